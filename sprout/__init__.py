@@ -1,0 +1,14 @@
+"""sprout: the Sprout transformer with TransformerLens hook points, its checkpoints, data and training."""
+from .config import PRESETS, SproutConfig
+from .model import Sprout
+
+__all__ = ["PRESETS", "Sprout", "SproutConfig", "load", "save"]
+
+
+def __getattr__(name):
+    # Checkpoint I/O pulls in safetensors and the tokenizer; import it only when asked for.
+    if name in ("save", "load"):
+        from . import checkpoint
+
+        return getattr(checkpoint, name)
+    raise AttributeError(f"module 'sprout' has no attribute {name!r}")

@@ -1,0 +1,302 @@
+"""Sprout: the course's model.py with TransformerLens hook points.
+
+A decoder-only transformer: pre-norm RMSNorm, rotary position embeddings on split-half pairs, causal
+multi-head attention with per-head QK-RMSNorm, a SwiGLU feed-forward layer, output layer tied to the
+embedding, no biases. Parameters and state-dict keys are exactly model.py's, so its checkpoints load
+with strict=True and give the same logits.
+
+Hook points carry TransformerLens' canonical names (`blocks.0.ln1.hook_scale`, `blocks.0.mlp.hook_post`,
+`ln_final.hook_normalized`, `unembed.hook_out`). model.py calls its modules `norm1`, `ffn`, `norm` and
+`head`, and a HookPoint's name is its module path, so the hook points of a norm, the MLP and the
+unembedding live in small weightless modules (`ln1`, `mlp`, `ln_final`, `unembed`) that sit beside the
+weighted ones and are handed to them in forward. The state dict keeps model.py's keys; the hooks keep
+TransformerLens' names; nothing is registered twice.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from transformer_lens.HookedRootModule import HookedRootModule
+from transformer_lens.hook_points import HookPoint
+
+from .config import SproutConfig
+
+
+def hooked(*points: HookPoint) -> bool:
+    """Whether any of these hook points has a forward or backward hook attached right now."""
+    return any(p._forward_hooks or p._backward_hooks for p in points)
+
+
+class NormHooks(nn.Module):
+    """The hook points of one norm (`ln1`, `ln2`, `ln_final`); the gain lives in the RMSNorm itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.hook_scale = HookPoint()  # [batch, pos, 1]: sqrt(mean(x^2) + eps)
+        self.hook_normalized = HookPoint()  # [batch, pos, d_model]: x / scale, before the gain
+
+
+class RMSNorm(nn.Module):
+    """Rescale a vector to unit root-mean-square, then apply a learned gain (computed in float32)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor, hooks: Optional[NormHooks] = None) -> torch.Tensor:
+        if hooks is None or not hooked(hooks.hook_scale, hooks.hook_normalized):
+            return F.rms_norm(x.float(), (x.size(-1),), self.weight.float(), self.eps).type_as(x)
+        xf = x.float()
+        scale = hooks.hook_scale((xf.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
+        return (hooks.hook_normalized(xf / scale) * self.weight.float()).type_as(x)
+
+
+def rope_tables(d_head: int, context: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of position * theta_i, each [context, d_head / 2]."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, d_head, 2).float() / d_head))
+    angles = torch.outer(torch.arange(context).float(), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the pairs (x[i], x[i + d/2]) of x [batch, pos, head, d_head]; cos/sin [pos, d_head/2]."""
+    d = x.size(-1) // 2
+    cos, sin = cos[:, None, :], sin[:, None, :]  # broadcast over heads
+    x1, x2 = x[..., :d], x[..., d:]
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+class Attention(nn.Module):
+    """Causal multi-head self-attention with per-head QK-RMSNorm and RoPE."""
+
+    def __init__(self, cfg: SproutConfig):
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.d_head = cfg.d_head
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.q_norm = RMSNorm(self.d_head)
+        self.k_norm = RMSNorm(self.d_head)
+        self.hook_q = HookPoint()  # [batch, pos, head, d_head]
+        self.hook_k = HookPoint()
+        self.hook_v = HookPoint()
+        self.hook_q_normed = HookPoint()  # after QK-norm
+        self.hook_k_normed = HookPoint()
+        self.hook_rot_q = HookPoint()  # after RoPE
+        self.hook_rot_k = HookPoint()
+        self.hook_attn_scores = HookPoint()  # [batch, head, query_pos, key_pos], masked with -inf
+        self.hook_pattern = HookPoint()  # [batch, head, query_pos, key_pos], rows sum to 1
+        self.hook_z = HookPoint()  # [batch, pos, head, d_head]
+        self.hook_result = HookPoint()  # [batch, pos, head, d_model]: each head's write to the stream
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=-1)
+        q = self.hook_q(q.view(B, T, self.n_head, self.d_head))
+        k = self.hook_k(k.view(B, T, self.n_head, self.d_head))
+        v = self.hook_v(v.view(B, T, self.n_head, self.d_head))
+        q = self.hook_q_normed(self.q_norm(q))
+        k = self.hook_k_normed(self.k_norm(k))
+        q = self.hook_rot_q(apply_rope(q, cos, sin))
+        k = self.hook_rot_k(apply_rope(k, cos, sin))
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, head, T, d_head)
+        if hooked(self.hook_attn_scores, self.hook_pattern):
+            # Materialise scores and pattern only when someone reads or edits them.
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.d_head)
+            causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            scores = self.hook_attn_scores(scores.masked_fill(~causal, float("-inf")))
+            pattern = self.hook_pattern(F.softmax(scores, dim=-1))
+            z = pattern @ v
+        else:
+            z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        z = self.hook_z(z.transpose(1, 2))  # (B, T, head, d_head)
+        if hooked(self.hook_result):
+            W_O = self.proj.weight.view(C, self.n_head, self.d_head)
+            result = self.hook_result(torch.einsum("bphd,mhd->bphm", z, W_O))
+            return result.sum(dim=2)
+        return self.proj(z.reshape(B, T, C))
+
+
+class MLPHooks(nn.Module):
+    """The hook points of the SwiGLU layer (`mlp`); the weights live in FeedForward (`ffn`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.hook_pre = HookPoint()  # [batch, pos, d_ff]: x W1, before SiLU
+        self.hook_pre_linear = HookPoint()  # [batch, pos, d_ff]: x W3, the linear half of the gate
+        self.hook_post = HookPoint()  # [batch, pos, d_ff]: silu(x W1) * x W3
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: silu(x W1) * (x W3), projected back with W2."""
+
+    def __init__(self, cfg: SproutConfig):
+        super().__init__()
+        self.w1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.w3 = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.w2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, hooks: Optional[MLPHooks] = None) -> torch.Tensor:
+        if hooks is None:
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        pre, pre_linear = hooks.hook_pre(self.w1(x)), hooks.hook_pre_linear(self.w3(x))
+        return self.w2(hooks.hook_post(F.silu(pre) * pre_linear))
+
+
+class Block(nn.Module):
+    """One pre-norm transformer block: x + attn(norm1(x)), then x + ffn(norm2(x))."""
+
+    def __init__(self, cfg: SproutConfig):
+        super().__init__()
+        # Registration order matches model.py's, so the same seed gives the same initial weights.
+        self.norm1 = RMSNorm(cfg.d_model)
+        self.attn = Attention(cfg)
+        self.norm2 = RMSNorm(cfg.d_model)
+        self.ffn = FeedForward(cfg)
+        self.ln1, self.ln2, self.mlp = NormHooks(), NormHooks(), MLPHooks()
+        self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
+        self.hook_attn_out = HookPoint()
+        self.hook_resid_mid = HookPoint()
+        self.hook_mlp_out = HookPoint()
+        self.hook_resid_post = HookPoint()
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = self.hook_resid_pre(x)
+        x = self.hook_resid_mid(x + self.hook_attn_out(self.attn(self.norm1(x, self.ln1), cos, sin)))
+        x = self.hook_resid_post(x + self.hook_mlp_out(self.ffn(self.norm2(x, self.ln2), self.mlp)))
+        return x
+
+
+class UnembedHooks(nn.Module):
+    """The hook point of the output layer (`unembed`); its weight is `head`, tied to `embed`."""
+
+    def __init__(self):
+        super().__init__()
+        self.hook_out = HookPoint()  # [batch, pos, vocab]: the logits
+
+
+TextOrTokens = Union[str, list, torch.Tensor]
+
+
+class Sprout(HookedRootModule):
+    """The Sprout transformer, hooked. `forward(idx, targets, loss_mask)` returns `(logits, loss)`."""
+
+    def __init__(self, cfg: SproutConfig, tokenizer=None):
+        super().__init__()
+        self.config = cfg
+        self.tokenizer = tokenizer  # optional tokenizers.Tokenizer, for text in and text out
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.hook_embed = HookPoint()  # [batch, pos, d_model]
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.norm = RMSNorm(cfg.d_model)
+        self.ln_final = NormHooks()
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.head.weight = self.embed.weight  # weight tying
+        self.unembed = UnembedHooks()
+        cos, sin = rope_tables(cfg.d_head, cfg.context, cfg.rope_base)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+        self.apply(self._init)
+        # residual projections start small so every block begins close to "do nothing"
+        for name, p in self.named_parameters():
+            if name.endswith("proj.weight") or name.endswith("w2.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+        self._lens_cfg = cfg.lens_config()
+        self.setup()
+
+    @staticmethod
+    def _init(m: nn.Module):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+
+    @property
+    def cfg(self):
+        """TransformerLens' view of the config (`n_layers`, `d_head`, ...); course names work too."""
+        self._lens_cfg.device = str(self.embed.weight.device)
+        self._lens_cfg.dtype = self.embed.weight.dtype
+        return self._lens_cfg
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    # --- text in, text out ------------------------------------------------------------------------
+
+    def to_tokens(self, text: TextOrTokens, prepend_bos: bool = False, **_ignored) -> torch.Tensor:
+        """Text (or a list of texts of equal token length) -> token ids [batch, pos]."""
+        from .text import to_tokens
+
+        return to_tokens(self, text, prepend_bos=prepend_bos)
+
+    def to_str_tokens(self, text: TextOrTokens, **_ignored) -> list:
+        """Each token as the piece of text it decodes to (a list per sequence for a batch)."""
+        from .text import to_str_tokens
+
+        return to_str_tokens(self, text)
+
+    def to_string(self, tokens) -> Union[str, list]:
+        """Token ids -> text (a list of texts for a batch)."""
+        from .text import to_string
+
+        return to_string(self, tokens)
+
+    # --- forward ----------------------------------------------------------------------------------
+
+    def forward(self, idx: TextOrTokens, targets: Optional[torch.Tensor] = None,
+                loss_mask: Optional[torch.Tensor] = None):
+        """Token ids [batch, pos] (or text) -> (logits [batch, pos, vocab], loss or None)."""
+        from .text import check_tokens
+
+        idx = check_tokens(self, idx)
+        T = idx.size(1)
+        x = self.hook_embed(self.embed(idx))
+        cos, sin = self.cos[:T], self.sin[:T]
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        logits = self.unembed.hook_out(self.head(self.norm(x, self.ln_final)))
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), reduction="none")
+        if loss_mask is None:
+            return logits, loss.mean()
+        mask = loss_mask.reshape(-1).float()
+        return logits, (loss * mask).sum() / mask.sum().clamp(min=1)
+
+    # --- TransformerLens' entry points, returning what TransformerLens users expect --------------
+
+    def run_with_cache(self, *model_args, **kwargs):
+        """Run and cache activations: `logits, cache = model.run_with_cache(tokens_or_text)`.
+
+        Returns an `ActivationCache`. Without `targets` the output is the logits alone (as in
+        TransformerLens); with `targets` it is forward's `(logits, loss)`. `names_filter` selects hooks.
+        """
+        from transformer_lens.ActivationCache import ActivationCache
+
+        out, cache = super().run_with_cache(*model_args, **kwargs)
+        return _logits_unless_loss(out), ActivationCache(cache, self)
+
+    def run_with_hooks(self, *model_args, **kwargs):
+        """Run with temporary hooks (removed afterwards, even if the forward raises); output as above."""
+        return _logits_unless_loss(super().run_with_hooks(*model_args, **kwargs))
+
+    @torch.no_grad()
+    def generate(self, idx: TextOrTokens, max_new: int, temperature: float = 0.8, top_k: Optional[int] = None,
+                 top_p: Optional[float] = 0.95, stop=None):
+        """Sample max_new tokens after idx (as model.py does); text in gives text out."""
+        from .text import sample
+
+        return sample(self, idx, max_new, temperature, top_k, top_p, stop)
+
+
+def _logits_unless_loss(out):
+    logits, loss = out
+    return logits if loss is None else out
+
+
+# The course's names, so code written against model.py runs unchanged.
+GPT = Sprout
+Config = SproutConfig

@@ -1,0 +1,35 @@
+"""Shared fixtures: a tiny random Sprout (2 layers, d_model 64) keeps the suite fast."""
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pytest
+import torch
+
+from sprout import Sprout, SproutConfig
+
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+TINY = SproutConfig(vocab_size=256, context=64, n_layer=2, n_head=4, d_model=64, d_ff=128)
+
+
+def randomize_gains(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Norm gains start at 1; give them other values so a test sees whether they are applied."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.copy_(0.5 + torch.rand(p.shape, generator=g))
+    return model
+
+
+@pytest.fixture
+def tiny_cfg() -> SproutConfig:
+    return TINY
+
+
+@pytest.fixture
+def tiny_model() -> Sprout:
+    torch.manual_seed(0)
+    return randomize_gains(Sprout(TINY).eval())
