@@ -247,14 +247,27 @@ class Sprout(HookedRootModule):
     # --- forward ----------------------------------------------------------------------------------
 
     def forward(self, idx: TextOrTokens, targets: Optional[torch.Tensor] = None,
-                loss_mask: Optional[torch.Tensor] = None):
-        """Token ids [batch, pos] (or text) -> (logits [batch, pos, vocab], loss or None)."""
+                loss_mask: Optional[torch.Tensor] = None, stop_at_layer: Optional[int] = None):
+        """Token ids [batch, pos] (or text) -> (logits [batch, pos, vocab], loss or None).
+
+        With `stop_at_layer=L` only blocks 0..L-1 run, `blocks.L.hook_resid_pre` still fires, and the
+        residual stream [batch, pos, d_model] is returned in place of the logits (loss None): a probe
+        of an early layer does not pay for the rest of the model.
+        """
         from .text import check_tokens
 
         idx = check_tokens(self, idx)
         T = idx.size(1)
         x = self.hook_embed(self.embed(idx))
         cos, sin = self.cos[:T], self.sin[:T]
+        if stop_at_layer is not None:
+            if not 0 <= stop_at_layer <= len(self.blocks):
+                raise ValueError(f"stop_at_layer must be in 0..{len(self.blocks)}, got {stop_at_layer}")
+            for block in self.blocks[:stop_at_layer]:
+                x = block(x, cos, sin)
+            if stop_at_layer < len(self.blocks):
+                x = self.blocks[stop_at_layer].hook_resid_pre(x)
+            return x, None
         for block in self.blocks:
             x = block(x, cos, sin)
         logits = self.unembed.hook_out(self.head(self.norm(x, self.ln_final)))
@@ -278,6 +291,21 @@ class Sprout(HookedRootModule):
 
         out, cache = super().run_with_cache(*model_args, **kwargs)
         return _logits_unless_loss(out), ActivationCache(cache, self)
+
+    def run_with_cache_into(self, tokens: torch.Tensor, buffers: dict, **forward_kwargs):
+        """Run, copying each named activation into a preallocated buffer instead of a new tensor.
+
+        For streaming analyses over many batches: `buffers` maps hook names to tensors at least as
+        large as the activations ([batch, pos, ...]); each is filled in `[:batch, :pos]`. Returns
+        forward's output (logits alone without targets).
+        """
+        def copy_into(x, hook):
+            buffers[hook.name][tuple(slice(0, n) for n in x.shape)].copy_(x)
+
+        unknown = sorted(set(buffers) - set(self.hook_dict))
+        if unknown:
+            raise ValueError(f"no hook points named {unknown}")
+        return self.run_with_hooks(tokens, fwd_hooks=[(name, copy_into) for name in buffers], **forward_kwargs)
 
     def run_with_hooks(self, *model_args, **kwargs):
         """Run with temporary hooks (removed afterwards, even if the forward raises); output as above."""

@@ -318,3 +318,27 @@ def test_generate_follows_the_sampler(tiny_model):
     for t in range(3, 8):
         logits, _ = tiny_model(out[:, :t])
         assert logits[0, -1].argmax().item() == out[0, t].item()
+
+
+def test_stop_at_layer_runs_only_the_blocks_asked_for(tiny_model):
+    tokens = torch.randint(0, TINY.vocab_size, (2, 9))
+    _, full = tiny_model.run_with_cache(tokens)
+    calls = []
+    tiny_model.blocks[1].register_forward_pre_hook(lambda m, a: calls.append(1))
+    resid, cache = tiny_model.run_with_cache(tokens, names_filter="blocks.1.hook_resid_pre", stop_at_layer=1)
+    assert calls == []  # block 1 never ran
+    assert torch.allclose(resid, full["blocks.1.hook_resid_pre"], atol=1e-6)
+    assert torch.allclose(cache["blocks.1.hook_resid_pre"], full["blocks.1.hook_resid_pre"], atol=1e-6)
+    with pytest.raises(ValueError, match="stop_at_layer must be in 0..2, got 3"):
+        tiny_model(tokens, stop_at_layer=3)
+
+
+def test_run_with_cache_into_fills_preallocated_buffers(tiny_model):
+    tokens = torch.randint(0, TINY.vocab_size, (2, 9))
+    _, cache = tiny_model.run_with_cache(tokens)
+    buffers = {"blocks.0.hook_resid_post": torch.full((4, 20, TINY.d_model), float("nan"))}
+    tiny_model.run_with_cache_into(tokens, buffers)
+    assert torch.allclose(buffers["blocks.0.hook_resid_post"][:2, :9], cache["blocks.0.hook_resid_post"], atol=1e-6)
+    assert torch.isnan(buffers["blocks.0.hook_resid_post"][2:]).all()
+    with pytest.raises(ValueError, match="no hook points named \\['blocks.9.hook_z'\\]"):
+        tiny_model.run_with_cache_into(tokens, {"blocks.9.hook_z": torch.zeros(1)})
