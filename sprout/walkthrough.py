@@ -1,0 +1,508 @@
+"""The walkthrough's character-level GPT, step by step, with TransformerLens hook points.
+
+The walkthrough (seed 002) grows a GPT-2-style character model in phase 4: multi-head attention on
+the embedding (4.2), a ReLU feed-forward layer (4.4), three stacked blocks (4.6), residual
+connections (4.7), two redundant extra projections (4.8, removed again in 4.9), pre-norm LayerNorm
+(4.9) and a final LayerNorm (4.10); the final script scales it to C 384, 6 heads, 6 layers, context
+256 and adds dropout. `WalkthroughConfig` describes any of these steps with a few flags and
+`build_step` builds them.
+
+Naming: our modules are named after TransformerLens' hook paths (`blocks.0.ln1`, `blocks.0.attn`,
+`blocks.0.mlp`, `ln_final`, `unembed`), and each hook point lives inside the module that computes it,
+so `blocks.0.ln1.weight` and `blocks.0.ln1.hook_scale` sit side by side and nothing is registered
+twice. Sprout needs weightless hook modules beside its weighted ones because its state dict must keep
+model.py's keys; here the walkthrough's own keys (`transformer_blocks.0.multi_head_attention...`, with
+a `mask` buffer per head) are converted once, by `from_walkthrough_state_dict`, and our checkpoints
+store our own keys. Steps without residual connections or norms have no residual or norm hooks, so an
+analysis that needs them can say so (`missing_hooks`) instead of reading something else.
+
+Parameters keep PyTorch's default initialisation and the walkthrough's registration order, as its
+scripts set no initialisation of their own.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Iterable, Optional, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from transformer_lens.HookedRootModule import HookedRootModule
+from transformer_lens.hook_points import HookPoint
+
+from .config import LensConfig
+from .model import Sprout, _logits_unless_loss, hooked
+
+
+@dataclass(frozen=True)
+class WalkthroughConfig:
+    """One step of the walkthrough's model. The defaults are the final script's (train_gpt.py)."""
+
+    vocab_size: int = 65  # distinct characters of the training text (65 for Tiny Shakespeare)
+    context: int = 256  # block_size: rows of the position table, longest sequence
+    d_model: int = 384  # C, the width of the embeddings and of the residual stream
+    n_head: int = 6  # attention heads per block, each of size C / n_head
+    n_layer: int = 6  # transformer blocks
+    dropout: float = 0.2  # on attention weights, after projections, after the ReLU, on each branch
+    blocks: bool = True  # False: one attention (+ feed-forward) directly on the embedding (4.2, 4.4)
+    feed_forward: bool = True  # ReLU feed-forward of width 4C after the attention (4.4 on)
+    residual: bool = True  # x + f(x) around each sub-layer (4.7 on)
+    layer_norm: bool = True  # pre-norm LayerNorm before each sub-layer (4.9 on)
+    final_layer_norm: bool = True  # LayerNorm before the LM head (4.10 on)
+    extra_projections: bool = False  # 4.8's extra Linear(C, C) after attention and feed-forward
+
+    def __post_init__(self):
+        for name in ("vocab_size", "context", "d_model", "n_head", "n_layer"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"WalkthroughConfig.{name} must be a positive integer, got {value!r}")
+        for name in ("blocks", "feed_forward", "residual", "layer_norm", "final_layer_norm", "extra_projections"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"WalkthroughConfig.{name} must be True or False, got {getattr(self, name)!r}")
+        if self.d_model % self.n_head:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout must be a number in [0, 1), got {self.dropout!r}")
+        if not self.blocks:
+            inside = [n for n in ("residual", "layer_norm", "extra_projections") if getattr(self, n)]
+            if self.n_layer != 1 or inside:
+                raise ValueError("blocks=False is the walkthrough's steps 4.2/4.4 (one attention on the "
+                                 f"embedding): it needs n_layer=1 and no {inside or 'block features'}, "
+                                 f"got n_layer={self.n_layer}")
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_head
+
+    @property
+    def d_mlp(self) -> int:
+        return 4 * self.d_model
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "WalkthroughConfig":
+        """Build from a dict; unknown keys are an error (a typo must not silently become a default)."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown WalkthroughConfig keys {unknown}; expected some of {sorted(known)}")
+        return cls(**d)
+
+    def lens_config(self) -> LensConfig:
+        """TransformerLens' description of this architecture (what its tools read as `model.cfg`)."""
+        has_norm = self.layer_norm or self.final_layer_norm
+        return LensConfig(
+            d_model=self.d_model, d_head=self.d_head, n_layers=self.n_layer, n_ctx=self.context,
+            n_heads=self.n_head, d_mlp=self.d_mlp, d_vocab=self.vocab_size, device="cpu",
+            positional_embedding_type="standard", n_key_value_heads=self.n_head, gated_mlp=False,
+            attn_only=not self.feed_forward, uses_rms_norm=False, eps=1e-5, act_fn="relu",
+            normalization_type="LN" if has_norm else None, final_rms=False, default_prepend_bos=False,
+            source=self,
+        )
+
+
+# Phase 4 at the walkthrough's toy size (C 32, 4 heads of 8, context 8), and the final script.
+TOY = dict(context=8, d_model=32, n_head=4, dropout=0.0)
+STEPS: dict[str, dict[str, Any]] = {
+    "4.2": dict(TOY, n_layer=1, blocks=False, feed_forward=False, residual=False, layer_norm=False,
+                final_layer_norm=False),
+    "4.4": dict(TOY, n_layer=1, blocks=False, residual=False, layer_norm=False, final_layer_norm=False),
+    "4.6": dict(TOY, n_layer=3, residual=False, layer_norm=False, final_layer_norm=False),
+    "4.7": dict(TOY, n_layer=3, layer_norm=False, final_layer_norm=False),
+    "4.8": dict(TOY, n_layer=3, layer_norm=False, final_layer_norm=False, extra_projections=True),
+    "4.9": dict(TOY, n_layer=3, final_layer_norm=False),
+    "4.10": dict(TOY, n_layer=3),
+    "final": dict(),
+}
+
+
+def step_config(step: str, vocab_size: int = 65, **overrides) -> WalkthroughConfig:
+    """The config of one walkthrough step ("4.2" ... "4.10", "final"); overrides change any field."""
+    if step not in STEPS:
+        raise ValueError(f"unknown walkthrough step {step!r}; choose one of {list(STEPS)}")
+    return WalkthroughConfig(**{**STEPS[step], "vocab_size": vocab_size, **overrides})
+
+
+def build_step(step: str, vocab_size: Optional[int] = None, tokenizer=None, **overrides) -> "WalkthroughGPT":
+    """A freshly initialised model of one walkthrough step.
+
+    Args:
+        step: "4.2", "4.4", "4.6", "4.7", "4.8", "4.9", "4.10" (C 32, 4 heads, context 8) or "final"
+            (C 384, 6 heads, 6 layers, context 256, dropout 0.2).
+        vocab_size: number of characters; defaults to the tokenizer's, else 65 (Tiny Shakespeare).
+        tokenizer: optional character tokenizer (`sprout.tokenizer.char_tokenizer(text)`).
+        **overrides: any other WalkthroughConfig field.
+    """
+    if vocab_size is None:
+        vocab_size = tokenizer.get_vocab_size() if tokenizer is not None else 65
+    return WalkthroughGPT(step_config(step, vocab_size, **overrides), tokenizer=tokenizer)
+
+
+def missing_hooks(model: nn.Module, names: Union[str, Iterable[str]]) -> list[str]:
+    """The hook names in `names` that `model` does not have (e.g. resid hooks of a step without residuals)."""
+    names = [names] if isinstance(names, str) else list(names)
+    return [n for n in names if n not in model.hook_dict]
+
+
+# ----------------------------------------------------------------------------- modules
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm over the last dimension (eps 1e-5, as nn.LayerNorm), with TransformerLens' hooks."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+        self.hook_scale = HookPoint()  # [batch, pos, 1]: sqrt(var(x) + eps)
+        self.hook_normalized = HookPoint()  # [batch, pos, d_model]: (x - mean) / scale, before gain and bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not hooked(self.hook_scale, self.hook_normalized):
+            return F.layer_norm(x, (x.size(-1),), self.weight, self.bias, self.eps)
+        x = x - x.mean(-1, keepdim=True)
+        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
+        return self.hook_normalized(x / scale) * self.weight + self.bias
+
+
+class Head(nn.Module):
+    """One attention head's projections, as the walkthrough keeps them: C -> head_size, no bias."""
+
+    def __init__(self, d_model: int, d_head: int):
+        super().__init__()
+        self.query = nn.Linear(d_model, d_head, bias=False)
+        self.key = nn.Linear(d_model, d_head, bias=False)
+        self.value = nn.Linear(d_model, d_head, bias=False)
+
+
+class Attention(nn.Module):
+    """Causal multi-head self-attention: separate heads, concatenated, then a biased projection."""
+
+    def __init__(self, cfg: WalkthroughConfig):
+        super().__init__()
+        self.n_head, self.d_head = cfg.n_head, cfg.d_head
+        self.heads = nn.ModuleList(Head(cfg.d_model, cfg.d_head) for _ in range(cfg.n_head))
+        self.projection = nn.Linear(cfg.d_model, cfg.d_model)
+        self.attn_dropout = nn.Dropout(cfg.dropout)  # on the attention weights
+        self.proj_dropout = nn.Dropout(cfg.dropout)  # after the projection
+        self.hook_q = HookPoint()  # [batch, pos, head, d_head]
+        self.hook_k = HookPoint()
+        self.hook_v = HookPoint()
+        self.hook_attn_scores = HookPoint()  # [batch, head, query_pos, key_pos], scaled, masked with -inf
+        self.hook_pattern = HookPoint()  # [batch, head, query_pos, key_pos], rows sum to 1
+        self.hook_z = HookPoint()  # [batch, pos, head, d_head]
+        self.hook_result = HookPoint()  # [batch, pos, head, d_model]: each head's write, before the bias
+
+    def _project(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        # All heads' weights stacked head after head: one matmul, the same numbers as head by head.
+        W = torch.cat([getattr(h, name).weight for h in self.heads])  # (head * d_head, C)
+        return F.linear(x, W).view(*x.shape[:2], self.n_head, self.d_head)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q = self.hook_q(self._project(x, "query"))
+        k = self.hook_k(self._project(x, "key"))
+        v = self.hook_v(self._project(x, "value"))
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, head, T, d_head)
+        if hooked(self.hook_attn_scores, self.hook_pattern):
+            # Materialise scores and pattern only when someone reads or edits them.
+            scores = (q @ k.transpose(-2, -1)) * self.d_head ** -0.5
+            causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            scores = self.hook_attn_scores(scores.masked_fill(~causal, float("-inf")))
+            pattern = self.hook_pattern(F.softmax(scores, dim=-1))
+            z = self.attn_dropout(pattern) @ v
+        else:
+            p = self.attn_dropout.p if self.training else 0.0
+            z = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        z = self.hook_z(z.transpose(1, 2))  # (B, T, head, d_head); heads concatenate in this order
+        if hooked(self.hook_result):
+            W_O = self.projection.weight.view(C, self.n_head, self.d_head)
+            result = self.hook_result(torch.einsum("bphd,mhd->bphm", z, W_O))
+            return self.proj_dropout(result.sum(dim=2) + self.projection.bias)
+        return self.proj_dropout(self.projection(z.reshape(B, T, C)))
+
+
+class MLP(nn.Module):
+    """The position-wise feed-forward layer: fc2(dropout(relu(fc1(x)))), width 4C, with biases."""
+
+    def __init__(self, cfg: WalkthroughConfig):
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.d_model, cfg.d_mlp)
+        self.fc2 = nn.Linear(cfg.d_mlp, cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)  # after the ReLU
+        self.hook_pre = HookPoint()  # [batch, pos, d_mlp]: fc1(x)
+        self.hook_post = HookPoint()  # [batch, pos, d_mlp]: relu(fc1(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.dropout(self.hook_post(F.relu(self.hook_pre(self.fc1(x))))))
+
+
+class Block(nn.Module):
+    """One block of a step: [ln1 ->] attention [-> extra projection], added to x if residual; then the
+    same for the feed-forward layer. Hooks exist only for what the step computes."""
+
+    def __init__(self, cfg: WalkthroughConfig):
+        super().__init__()
+        self.residual = cfg.residual
+        # Registration order follows the walkthrough's, so a seed draws the same initial weights.
+        self.attn = Attention(cfg)
+        self.mlp = MLP(cfg) if cfg.feed_forward else None
+        if cfg.extra_projections:
+            self.attention_projection = nn.Linear(cfg.d_model, cfg.d_model)
+            self.feedforward_projection = nn.Linear(cfg.d_model, cfg.d_model) if cfg.feed_forward else None
+        else:
+            self.attention_projection = self.feedforward_projection = None
+        self.ln1 = LayerNorm(cfg.d_model) if cfg.layer_norm else None
+        self.ln2 = LayerNorm(cfg.d_model) if cfg.layer_norm and cfg.feed_forward else None
+        self.dropout = nn.Dropout(cfg.dropout)  # on each branch, before it joins the stream
+        self.hook_attn_out = HookPoint()  # [batch, pos, d_model]: what the attention branch writes
+        if self.mlp is not None:
+            self.hook_mlp_out = HookPoint()
+        if cfg.residual:
+            self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
+            if self.mlp is not None:
+                self.hook_resid_mid = HookPoint()
+            self.hook_resid_post = HookPoint()
+
+    @staticmethod
+    def _maybe(module: Optional[nn.Module], x: torch.Tensor) -> torch.Tensor:
+        return x if module is None else module(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.residual:
+            x = self.hook_resid_pre(x)
+        a = self._maybe(self.attention_projection, self.attn(self._maybe(self.ln1, x)))
+        a = self.hook_attn_out(self.dropout(a))
+        if self.mlp is None:
+            return self.hook_resid_post(x + a) if self.residual else a
+        x = self.hook_resid_mid(x + a) if self.residual else a
+        m = self._maybe(self.feedforward_projection, self.mlp(self._maybe(self.ln2, x)))
+        m = self.hook_mlp_out(self.dropout(m))
+        return self.hook_resid_post(x + m) if self.residual else m
+
+
+class Unembed(nn.Linear):
+    """The LM head: Linear(C, vocab) with a bias, not tied to the embedding."""
+
+    def __init__(self, d_model: int, vocab_size: int):
+        super().__init__(d_model, vocab_size)
+        self.hook_out = HookPoint()  # [batch, pos, vocab]: the logits
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.hook_out(super().forward(x))
+
+
+class WalkthroughGPT(HookedRootModule):
+    """The walkthrough's character GPT, hooked. `forward(idx, targets, loss_mask)` returns `(logits, loss)`."""
+
+    family = "walkthrough"
+
+    def __init__(self, cfg: WalkthroughConfig, tokenizer=None):
+        super().__init__()
+        if tokenizer is not None and tokenizer.get_vocab_size() != cfg.vocab_size:
+            raise ValueError(f"the tokenizer has {tokenizer.get_vocab_size()} tokens but the config's "
+                             f"vocab_size is {cfg.vocab_size}")
+        self.config = cfg
+        self.tokenizer = tokenizer  # optional tokenizers.Tokenizer (one id per character)
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_embed = nn.Embedding(cfg.context, cfg.d_model)
+        self.hook_embed = HookPoint()  # [batch, pos, d_model]
+        self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_final = LayerNorm(cfg.d_model) if cfg.final_layer_norm else None
+        self.unembed = Unembed(cfg.d_model, cfg.vocab_size)
+        self._lens_cfg = cfg.lens_config()
+        self.setup()
+
+    @property
+    def cfg(self):
+        """TransformerLens' view of the config (`n_layers`, `d_head`, ...); the walkthrough's names work too."""
+        self._lens_cfg.device = str(self.embed.weight.device)
+        self._lens_cfg.dtype = self.embed.weight.dtype
+        return self._lens_cfg
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    # Text in and out go through sprout.text for every family; Sprout's delegating methods read only
+    # `self.cfg` and `self.tokenizer`, so they are shared rather than rewritten.
+    to_tokens = Sprout.to_tokens
+    to_str_tokens = Sprout.to_str_tokens
+    to_string = Sprout.to_string
+    generate = Sprout.generate
+
+    def forward(self, idx, targets: Optional[torch.Tensor] = None, loss_mask: Optional[torch.Tensor] = None):
+        """Token ids [batch, pos] (or text) -> (logits [batch, pos, vocab], loss or None).
+
+        The loss is the mean cross-entropy over positions, or over those where `loss_mask` is nonzero.
+        """
+        from .text import check_tokens
+
+        idx = check_tokens(self, idx)
+        B, T = idx.shape
+        pos = torch.arange(T, device=idx.device) % self.config.context  # the walkthrough wraps positions
+        x = self.hook_embed(self.embed(idx)) + self.hook_pos_embed(self.pos_embed(pos).expand(B, T, -1))
+        for block in self.blocks:
+            x = block(x)
+        if self.ln_final is not None:
+            x = self.ln_final(x)
+        logits = self.unembed(x)
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), reduction="none")
+        if loss_mask is None:
+            return logits, loss.mean()
+        mask = loss_mask.reshape(-1).float()
+        return logits, (loss * mask).sum() / mask.sum().clamp(min=1)
+
+    def run_with_cache(self, *model_args, **kwargs):
+        """`logits, cache = model.run_with_cache(tokens_or_text)`, as `Sprout.run_with_cache`."""
+        from transformer_lens.ActivationCache import ActivationCache
+
+        out, cache = super().run_with_cache(*model_args, **kwargs)
+        return _logits_unless_loss(out), ActivationCache(cache, self)
+
+    def run_with_hooks(self, *model_args, **kwargs):
+        """Run with temporary hooks; the logits alone without targets, `(logits, loss)` with them."""
+        return _logits_unless_loss(super().run_with_hooks(*model_args, **kwargs))
+
+
+# ----------------------------------------------------------------------------- the walkthrough's keys
+
+# Our top-level modules and the walkthrough's names for them; inside a block, `attn` is its
+# `multi_head_attention` and `mlp` its `feed_forward` (ln1, ln2, heads.{h}.query ... are the same).
+_TOP = {"embed.": "token_embedding_table.", "pos_embed.": "position_embedding_table.",
+        "ln_final.": "final_layer_norm.", "unembed.": "LM_head."}
+_IN_BLOCK = {"attn.": "multi_head_attention.", "mlp.": "feed_forward."}
+
+
+def walkthrough_name(key: str, cfg: WalkthroughConfig) -> str:
+    """Our state-dict key -> the walkthrough's (`blocks.0.attn.projection.weight` ->
+    `transformer_blocks.0.multi_head_attention.projection.weight`, or without the block prefix at 4.2/4.4)."""
+    for ours, theirs in _TOP.items():
+        if key.startswith(ours):
+            return theirs + key[len(ours):]
+    _, layer, rest = key.split(".", 2)  # blocks.{l}.rest
+    for ours, theirs in _IN_BLOCK.items():
+        if rest.startswith(ours):
+            rest = theirs + rest[len(ours):]
+    return f"transformer_blocks.{layer}.{rest}" if cfg.blocks else rest
+
+
+def _mask_names(cfg: WalkthroughConfig) -> list[str]:
+    prefix = [f"transformer_blocks.{l}." if cfg.blocks else "" for l in range(cfg.n_layer)]
+    return [f"{p}multi_head_attention.heads.{h}.mask" for p in prefix for h in range(cfg.n_head)]
+
+
+def to_walkthrough_state_dict(model: WalkthroughGPT) -> dict[str, torch.Tensor]:
+    """Our weights under the walkthrough's keys, with its lower-triangular `mask` buffers, so its own
+    classes (built with the same sizes) load them with strict=True."""
+    cfg = model.config
+    sd = {walkthrough_name(k, cfg): v.detach().clone() for k, v in model.state_dict().items()}
+    mask = torch.ones(cfg.context, cfg.context, device=model.embed.weight.device).tril()
+    sd.update({name: mask.clone() for name in _mask_names(cfg)})
+    return sd
+
+
+def _shape(sd: dict, key: str) -> tuple:
+    if key not in sd:
+        raise ValueError(f"walkthrough state dict has no {key!r}; found keys starting with "
+                         f"{sorted({k.split('.')[0] for k in sd})}")
+    return tuple(sd[key].shape)
+
+
+def infer_config(state_dict: dict[str, torch.Tensor]) -> WalkthroughConfig:
+    """The step a walkthrough state dict belongs to, read from its keys and shapes.
+
+    Residual connections leave no trace in the weights (steps 4.6 and 4.7 have the same keys), so
+    blocks are taken to have them; pass a config (`step_config("4.6")`) for a 4.6 checkpoint. Dropout
+    is not stored either and is set to 0.
+    """
+    vocab, C = _shape(state_dict, "token_embedding_table.weight")
+    context, C_pos = _shape(state_dict, "position_embedding_table.weight")
+    if C_pos != C:
+        raise ValueError(f"position_embedding_table.weight has width {C_pos} but token_embedding_table.weight "
+                         f"has {C}")
+    layers = {int(m.group(1)) for k in state_dict if (m := re.match(r"transformer_blocks\.(\d+)\.", k))}
+    blocks = bool(layers)
+    first = "transformer_blocks.0." if blocks else ""
+    if not any(k.startswith(first + "multi_head_attention.heads.") for k in state_dict):
+        raise ValueError(f"no attention heads in this state dict (expected keys like "
+                         f"{first}multi_head_attention.heads.0.query.weight): only phase 4's models "
+                         "(multi-head attention, steps 4.2 to the final script) can be loaded")
+    heads = {int(m.group(1)) for k in state_dict
+             if (m := re.match(re.escape(first) + r"multi_head_attention\.heads\.(\d+)\.", k))}
+    d_head = _shape(state_dict, first + "multi_head_attention.heads.0.query.weight")[0]
+    if d_head * len(heads) != C:
+        raise ValueError(f"{len(heads)} heads of size {d_head} do not fill C = {C}: only models whose "
+                         "heads split the embedding exactly are supported")
+    return WalkthroughConfig(
+        vocab_size=vocab, context=context, d_model=C, n_head=len(heads), n_layer=max(layers) + 1 if blocks else 1,
+        dropout=0.0, blocks=blocks, feed_forward=first + "feed_forward.fc1.weight" in state_dict,
+        residual=blocks, layer_norm=first + "ln1.weight" in state_dict,
+        final_layer_norm="final_layer_norm.weight" in state_dict,
+        extra_projections=first + "attention_projection.weight" in state_dict,
+    )
+
+
+def from_walkthrough_state_dict(state_dict: Union[dict, str, Path], config: Optional[WalkthroughConfig] = None,
+                                tokenizer=None, text: Optional[str] = None) -> WalkthroughGPT:
+    """Load weights saved from the walkthrough's own classes (`model.state_dict()` of its script).
+
+    Args:
+        state_dict: the walkthrough's state dict, a checkpoint dict holding it under "model_state_dict"
+            (as its train_gpt.py saves), or the path of a torch file with either (read weights_only).
+        config: the step; inferred from the keys and shapes when None (see `infer_config`).
+        tokenizer: the character tokenizer the model was trained with, or
+        text: its training text, from which `sprout.tokenizer.char_tokenizer` rebuilds the vocabulary.
+
+    Returns:
+        A WalkthroughGPT in eval mode with exactly those weights. Every weight must be present with
+        its shape, each `mask` buffer must be the causal lower triangle, and no key may be left over.
+    """
+    if isinstance(state_dict, (str, Path)):
+        state_dict = torch.load(state_dict, map_location="cpu", weights_only=True)
+    if "model_state_dict" in state_dict:
+        state_dict = state_dict["model_state_dict"]
+    if text is not None:
+        if tokenizer is not None:
+            raise ValueError("pass a tokenizer or the training text, not both")
+        from .tokenizer import char_tokenizer
+
+        tokenizer = char_tokenizer(text)
+    cfg = config if config is not None else infer_config(state_dict)
+    if tokenizer is not None and tokenizer.get_vocab_size() != cfg.vocab_size:
+        raise ValueError(f"the tokenizer has {tokenizer.get_vocab_size()} characters but the weights are for "
+                         f"{cfg.vocab_size} (token_embedding_table.weight {_shape(state_dict, 'token_embedding_table.weight')})")
+    model = WalkthroughGPT(cfg, tokenizer=tokenizer)
+    ours = model.state_dict()
+    converted = {}
+    for key, target in ours.items():
+        name = walkthrough_name(key, cfg)
+        if name not in state_dict:
+            raise ValueError(f"walkthrough state dict is missing {name!r} (shape {tuple(target.shape)}) for "
+                             f"{cfg}")
+        if tuple(state_dict[name].shape) != tuple(target.shape):
+            raise ValueError(f"{name!r} has shape {tuple(state_dict[name].shape)}, expected {tuple(target.shape)}")
+        converted[key] = state_dict[name]
+    causal = torch.ones(cfg.context, cfg.context).tril()
+    masks = [n for n in _mask_names(cfg) if n in state_dict]
+    for name in masks:
+        mask = state_dict[name].detach().cpu()
+        if tuple(mask.shape) != (cfg.context, cfg.context):
+            raise ValueError(f"{name!r} has shape {tuple(mask.shape)}, expected ({cfg.context}, {cfg.context}) "
+                             "(block_size x block_size)")
+        if not torch.equal((mask != 0).float(), causal):
+            raise ValueError(f"{name!r} is not the causal lower-triangular mask this model assumes")
+    used = {walkthrough_name(k, cfg) for k in ours} | set(masks)
+    unexpected = sorted(set(state_dict) - used)
+    if unexpected:
+        raise ValueError(f"walkthrough state dict has keys this {cfg} does not use: {unexpected[:10]}"
+                         + (f" and {len(unexpected) - 10} more" if len(unexpected) > 10 else ""))
+    model.load_state_dict(converted, strict=True)
+    return model.eval()
