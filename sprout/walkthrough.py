@@ -335,11 +335,15 @@ class WalkthroughGPT(HookedRootModule):
     to_str_tokens = Sprout.to_str_tokens
     to_string = Sprout.to_string
     generate = Sprout.generate
+    run_with_cache_into = Sprout.run_with_cache_into
 
-    def forward(self, idx, targets: Optional[torch.Tensor] = None, loss_mask: Optional[torch.Tensor] = None):
+    def forward(self, idx, targets: Optional[torch.Tensor] = None, loss_mask: Optional[torch.Tensor] = None,
+                stop_at_layer: Optional[int] = None):
         """Token ids [batch, pos] (or text) -> (logits [batch, pos, vocab], loss or None).
 
         The loss is the mean cross-entropy over positions, or over those where `loss_mask` is nonzero.
+        With `stop_at_layer=L` only blocks 0..L-1 run and their output [batch, pos, d_model] is returned
+        in place of the logits (loss None); `blocks.L.hook_resid_pre` fires when the step has it.
         """
         from .text import check_tokens
 
@@ -347,6 +351,14 @@ class WalkthroughGPT(HookedRootModule):
         B, T = idx.shape
         pos = torch.arange(T, device=idx.device) % self.config.context  # the walkthrough wraps positions
         x = self.hook_embed(self.embed(idx)) + self.hook_pos_embed(self.pos_embed(pos).expand(B, T, -1))
+        if stop_at_layer is not None:
+            if not 0 <= stop_at_layer <= len(self.blocks):
+                raise ValueError(f"stop_at_layer must be in 0..{len(self.blocks)}, got {stop_at_layer}")
+            for block in self.blocks[:stop_at_layer]:
+                x = block(x)
+            if stop_at_layer < len(self.blocks) and self.config.residual:
+                x = self.blocks[stop_at_layer].hook_resid_pre(x)
+            return x, None
         for block in self.blocks:
             x = block(x)
         if self.ln_final is not None:
