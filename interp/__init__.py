@@ -1,0 +1,21 @@
+"""interp: analyses of hooked models (Sprout, the walkthrough GPT) as pure functions returning DataFrames.
+
+Every analysis reads activations through TransformerLens' canonical hook names only, caches only the
+hooks it needs, runs in batches under `torch.inference_mode()`, and never plots or writes files (that
+is `figures` and `experiments`).
+"""
+from .ablation import ablate_heads
+from .attention import attention_patterns, pattern_tensor
+from .heads import KINDS, head_score_tensor, head_scores, repeated_tokens, target_mask
+from .induction import induction_stories, induction_table, story_names
+from .lens import first_top1_layer, lens_dataset_summary, lens_summary, logit_lens
+from .params import param_table
+from .residual import LogHistogram, residual_rms
+from .rope import rope_distance_check
+
+__all__ = [
+    "KINDS", "LogHistogram", "ablate_heads", "attention_patterns", "first_top1_layer", "head_score_tensor",
+    "head_scores", "induction_stories", "induction_table", "lens_dataset_summary", "lens_summary", "logit_lens",
+    "param_table", "pattern_tensor", "repeated_tokens", "residual_rms", "rope_distance_check", "story_names",
+    "target_mask",
+]

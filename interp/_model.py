@@ -1,0 +1,82 @@
+"""What interp needs to know about a model, in one place: hook names, the final norm, token strings.
+
+Every analysis reads activations through TransformerLens' canonical hook names only, so it runs on
+any hooked model here (Sprout, the walkthrough GPT). The one thing hooks cannot give is "apply the
+final norm and the unembedding to a residual vector" (the logit lens): `unembed` finds the model's
+own modules for that by name, and says clearly when it does not know the model.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+# (final norm, output layer) attribute pairs, in the order they are tried:
+# Sprout / the course's model.py: `norm`, `head`; GPT-2 / nanoGPT style: `ln_f`, `lm_head` or `head`.
+FINAL_MODULES = (("norm", "head"), ("ln_f", "lm_head"), ("ln_f", "head"), ("final_norm", "head"))
+
+
+def model_name(model) -> str:
+    return type(model).__name__
+
+
+def require_hooks(model, names) -> None:
+    """Raise a ValueError naming each hook point in `names` that `model` does not have."""
+    hook_dict = getattr(model, "hook_dict", None)
+    if hook_dict is None:
+        raise ValueError(f"{model_name(model)} is not a hooked model (no hook_dict): interp reads activations "
+                         "through TransformerLens hook points")
+    missing = [n for n in names if n not in hook_dict]
+    if missing:
+        raise ValueError(f"{model_name(model)} has no hook point {missing[0]!r}"
+                         + (f" (nor {missing[1:]})" if len(missing) > 1 else "")
+                         + "; this analysis needs it")
+
+
+def n_layers(model) -> int:
+    return int(model.cfg.n_layers)
+
+
+def n_heads(model) -> int:
+    return int(model.cfg.n_heads)
+
+
+def unembed(model, resid: torch.Tensor) -> torch.Tensor:
+    """The model's own final norm, then its output layer: resid [..., d_model] -> logits [..., d_vocab].
+
+    Raises:
+        ValueError: the model has none of the known (norm, output layer) module pairs.
+    """
+    for norm_name, head_name in FINAL_MODULES:
+        norm, head = getattr(model, norm_name, None), getattr(model, head_name, None)
+        if isinstance(norm, nn.Module) and isinstance(head, nn.Module):
+            return head(norm(resid))
+    tried = ", ".join(f"{n}+{h}" for n, h in FINAL_MODULES)
+    raise ValueError(f"cannot find the final norm and output layer of {model_name(model)} "
+                     f"(tried module pairs {tried}); the logit lens needs both")
+
+
+def str_tokens(model, ids: torch.Tensor) -> list[str]:
+    """Each id of a 1-D tensor as text (the model's tokenizer), or as "#id" when it has none."""
+    ids = ids.reshape(-1).tolist()
+    tok = getattr(model, "tokenizer", None)
+    if tok is None:
+        return [f"#{i}" for i in ids]
+    return [tok.decode([i], skip_special_tokens=False) for i in ids]
+
+
+def heads_of(model, layer=None, head=None) -> tuple[list[int], list[int]]:
+    """The layers and heads selected by `layer` / `head` (an int, a list, or None for all), checked."""
+    def pick(value, n, what):
+        chosen = list(range(n)) if value is None else ([value] if isinstance(value, int) else list(value))
+        bad = [v for v in chosen if not 0 <= v < n]
+        if bad:
+            raise ValueError(f"{what} {bad[0]} is out of range: {model_name(model)} has {n} {what}s (0..{n - 1})")
+        return chosen
+
+    return pick(layer, n_layers(model), "layer"), pick(head, n_heads(model), "head")
+
+
+def logits_of(model, ids: torch.Tensor) -> torch.Tensor:
+    """The model's output logits [batch, pos, d_vocab] for ids [batch, pos], no hooks added."""
+    out = model.run_with_hooks(ids)
+    return out[0] if isinstance(out, tuple) else out

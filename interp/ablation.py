@@ -1,0 +1,139 @@
+"""Causal check of a head: knock it out through `hook_z` and see how much the loss moves.
+
+A head's output is z_h W_O^h, so setting its z (`blocks.{l}.attn.hook_z`, [batch, pos, head, d_head])
+to zero is the same as zeroing its d_head columns of W_O (tested). Mean ablation puts the head's mean
+z over the data in its place instead, which keeps the average contribution and removes only what
+depends on the input. A head that scores high as a detector but whose ablation moves the loss by
+less than `min_delta` is flagged `no_effect`: its pattern looks right and nothing downstream uses it.
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from ._batching import TextOrTokens, batches, token_rows
+from ._model import heads_of, require_hooks
+from .heads import repeated_tokens
+
+METHODS = ("zero", "mean")
+
+
+def _as_heads(model, heads, top_k: Optional[int]) -> tuple[list[tuple[int, int]], dict]:
+    scores = {}
+    if isinstance(heads, pd.DataFrame):
+        missing = {"layer", "head"} - set(heads.columns)
+        if missing:
+            raise ValueError(f"the heads DataFrame needs columns 'layer' and 'head'; missing {sorted(missing)}")
+        if "score" in heads.columns:
+            heads = heads.sort_values("score", ascending=False, kind="stable")
+            scores = {(int(r.layer), int(r.head)): float(r.score) for r in heads.itertuples()}
+        heads = list(zip(heads.layer.astype(int), heads.head.astype(int)))
+    heads = [(int(l), int(h)) for l, h in heads][:top_k]
+    if not heads:
+        raise ValueError("no heads to ablate")
+    for l, h in heads:
+        heads_of(model, l, h)  # range check with a clear message
+    return heads, scores
+
+
+def _ablate_hook(heads_in_layer: list[int], value: Optional[torch.Tensor]):
+    def hook(z, hook):  # z [batch, pos, head, d_head]
+        z = z.clone()
+        for h in heads_in_layer:
+            z[:, :, h] = 0.0 if value is None else value[h]
+        return z
+    return hook
+
+
+@torch.inference_mode()
+def _mean_z(model, rows, layers, batch_size) -> dict[int, torch.Tensor]:
+    names = [f"blocks.{l}.attn.hook_z" for l in layers]
+    total, n = {}, 0
+    for _, ids in batches(rows, batch_size, device=model.cfg.device):
+        _, cache = model.run_with_cache(ids, names_filter=names)
+        for l, name in zip(layers, names):
+            total[l] = total.get(l, 0) + cache[name].double().sum((0, 1))  # [head, d_head]
+        n += ids.numel()
+    return {l: (t / n).to(model.cfg.dtype) for l, t in total.items()}
+
+
+@torch.inference_mode()
+def _loss(model, rows, batch_size, loss_from: int, hooks) -> float:
+    """Mean next-token loss over the predictions made at positions >= loss_from."""
+    total, n = 0.0, 0
+    for _, ids in batches(rows, batch_size, device=model.cfg.device):
+        logits = model.run_with_hooks(ids, fwd_hooks=hooks)
+        lp = F.log_softmax(logits[:, loss_from:-1].float(), dim=-1)
+        nll = -lp.gather(-1, ids[:, loss_from + 1:, None])
+        total += nll.double().sum().item()
+        n += nll.numel()
+    if n == 0:
+        raise ValueError(f"no predictions to score: sequences are too short for loss_from={loss_from}")
+    return total / n
+
+
+def ablate_heads(model, heads: Union[list, pd.DataFrame], text_or_tokens: Optional[TextOrTokens] = None, *,
+                 method: str = "zero", top_k: Optional[int] = None, together: bool = True,
+                 half_len: int = 32, n_seqs: int = 16, token_range: Optional[tuple] = None, seed: int = 0,
+                 batch_size: int = 8, min_delta: float = 0.01) -> pd.DataFrame:
+    """Loss with each head (and the chosen heads together) ablated, against the clean loss.
+
+    Args:
+        model: a hooked model with `blocks.{l}.attn.hook_z`.
+        heads: (layer, head) pairs, or a `head_scores` frame (taken best first).
+        text_or_tokens: what to score on; by default the seeded repeated random tokens of `head_scores`
+            (same `half_len`, `n_seqs`, `token_range`, `seed`), where the loss is measured on the
+            repeated half only (predictions of tokens 2..half_len of the second copy). On user text it
+            is the loss over all positions.
+        method: "zero" (z of the head set to 0) or "mean" (to its mean over the data).
+        top_k: use only the first k heads.
+        together: add a row with all the chosen heads ablated at once (when there are several).
+        min_delta: |delta| below this many nats is flagged `no_effect`.
+
+    Returns:
+        One row per head, then the joint row: `layer`, `head` (-1 in the joint row), `label`
+        ("L1H2", or "L1H2+L2H0"), `method`, `score` (from the frame, else NaN), `loss_clean`,
+        `loss_ablated`, `delta` (ablated - clean, nats per token), `no_effect`.
+
+    Example:
+        >>> import torch, interp
+        >>> from sprout import Sprout, SproutConfig
+        >>> model = Sprout(SproutConfig(vocab_size=64, context=16, n_layer=2, n_head=2, d_model=32, d_ff=64))
+        >>> df = interp.ablate_heads(model, [(0, 0), (1, 1)], half_len=8, n_seqs=4)
+        >>> df.label.tolist()
+        ['L0H0', 'L1H1', 'L0H0+L1H1']
+    """
+    if method not in METHODS:
+        raise ValueError(f"unknown ablation method {method!r}; choose one of {list(METHODS)}")
+    heads, scores = _as_heads(model, heads, top_k)
+    layers = sorted({l for l, _ in heads})
+    require_hooks(model, [f"blocks.{l}.attn.hook_z" for l in layers])
+    if text_or_tokens is None:
+        rows, loss_from = token_rows(model, repeated_tokens(model, half_len, n_seqs, token_range, seed)), half_len
+    else:
+        rows, loss_from = token_rows(model, text_or_tokens), 0
+    means = _mean_z(model, rows, layers, batch_size) if method == "mean" else {}
+
+    def hooks_for(group):
+        by_layer: dict[int, list[int]] = {}
+        for l, h in group:
+            by_layer.setdefault(l, []).append(h)
+        return [(f"blocks.{l}.attn.hook_z", _ablate_hook(hs, means.get(l))) for l, hs in by_layer.items()]
+
+    clean = _loss(model, rows, batch_size, loss_from, [])
+    groups = [[lh] for lh in heads] + ([heads] if together and len(heads) > 1 else [])
+    out = []
+    for group in groups:
+        ablated = _loss(model, rows, batch_size, loss_from, hooks_for(group))
+        single = len(group) == 1
+        out.append(dict(
+            layer=group[0][0] if single else -1, head=group[0][1] if single else -1,
+            label="+".join(f"L{l}H{h}" for l, h in group), method=method,
+            score=scores.get(group[0], float("nan")) if single else float("nan"),
+            loss_clean=clean, loss_ablated=ablated, delta=ablated - clean,
+            no_effect=abs(ablated - clean) < min_delta,
+        ))
+    return pd.DataFrame(out)

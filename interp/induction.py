@@ -1,0 +1,144 @@
+"""The induction demo: how sure each model is of a name's tokens the first time and when it comes back.
+
+At its first occurrence an invented name ("Zorbin Plax") cannot be predicted past its first letters;
+at the second, a model with an induction circuit copies it from earlier in the context. One layer is
+not enough for that (the chapter: gpt-1 below 1% on "or" both times, gpt-4 98%).
+"""
+from __future__ import annotations
+
+import random
+import re
+from typing import Union
+
+import pandas as pd
+import torch
+
+from ._model import logits_of, model_name
+
+# A capitalised word not at the start of a sentence: template words ("Once", "The") only start sentences.
+_WORD = re.compile(r"\b[A-Z][a-z]+\b")
+_SENTENCE_START = re.compile(r'(^|[.!?"\n]\s*)$')
+
+
+def _named(models) -> dict:
+    if isinstance(models, dict):
+        return dict(models)
+    if isinstance(models, (list, tuple)):
+        return {f"{model_name(m)}_{i}": m for i, m in enumerate(models)}
+    return {model_name(models): models}
+
+
+def _token_probs(model, text: str, spans: list[tuple[int, int]]) -> list[list[tuple[int, str, int, float]]]:
+    """For each char span: (token_index, token, pos, p(token | what precedes)) of the tokens overlapping it.
+
+    The text is cut at the model's context; spans past the cut are left out.
+    """
+    tok = getattr(model, "tokenizer", None)
+    if tok is None:
+        raise ValueError(f"{model_name(model)} has no tokenizer; the induction table reads text")
+    enc = tok.encode(text, add_special_tokens=False)
+    n = min(len(enc.ids), int(model.cfg.n_ctx))
+    ids = torch.tensor(enc.ids[:n], device=model.cfg.device)[None]
+    with torch.inference_mode():
+        lp = torch.log_softmax(logits_of(model, ids)[0].float(), dim=-1)  # [pos, vocab]
+    p = torch.full((n,), float("nan"))
+    p[1:] = lp[:-1].gather(-1, ids[0, 1:, None])[:, 0].exp().cpu()
+    out = []
+    for start, end in spans:
+        toks = [i for i in range(n) if enc.offsets[i][0] < end and enc.offsets[i][1] > start]
+        if toks and enc.offsets[toks[-1]][1] >= end:  # the whole span fits in the context
+            out.append([(j, tok.decode([enc.ids[i]], skip_special_tokens=False), i, float(p[i]))
+                        for j, i in enumerate(toks)])
+    return out
+
+
+def induction_table(models, text: str, name: str) -> pd.DataFrame:
+    """Probability each model gives each token of every occurrence of `name` in `text`.
+
+    Args:
+        models: a model, a list of models, or a dict {label: model} (each with a tokenizer).
+        text: the text, e.g. a story where an invented name comes back.
+        name: the repeated string, e.g. "Zorbin Plax"; it must occur at least twice.
+
+    Returns:
+        One row per model, occurrence and token: `model`, `occurrence` (1 = first), `token_index`
+        (0 = the name's first token), `token`, `pos` (in the text's tokens), `prob` (the model's
+        probability of that token given everything before it; NaN at position 0).
+
+    Example:
+        >>> import interp
+        >>> from sprout import Sprout, SproutConfig
+        >>> from sprout.tokenizer import train_bpe
+        >>> text = "Once there was Zorbin Plax. Everyone liked Zorbin Plax."
+        >>> model = Sprout(SproutConfig(vocab_size=300, context=64, n_layer=1, n_head=2, d_model=32, d_ff=64),
+        ...                tokenizer=train_bpe(text, vocab_size=300))
+        >>> df = interp.induction_table({"random": model}, text, "Zorbin Plax")
+        >>> sorted(df.occurrence.unique().tolist())
+        [1, 2]
+    """
+    spans = [(m.start(), m.end()) for m in re.finditer(re.escape(name), text)]
+    if len(spans) < 2:
+        raise ValueError(f"{name!r} occurs {len(spans)} time(s) in the text; the table needs it at least twice")
+    rows = []
+    for label, model in _named(models).items():
+        for occ, toks in enumerate(_token_probs(model, text, spans), start=1):
+            rows += [dict(model=label, occurrence=occ, token_index=j, token=t, pos=pos, prob=p)
+                     for j, t, pos, p in toks]
+    return pd.DataFrame(rows, columns=["model", "occurrence", "token_index", "token", "pos", "prob"])
+
+
+def story_names(story: str) -> dict[str, list[tuple[int, int]]]:
+    """The invented names of a story and where they occur (char spans).
+
+    A name is a capitalised word that occurs at least twice and at least once not at the start of a
+    sentence; that excludes the templates' sentence openers ("Once", "Everyone", "The").
+    """
+    spans: dict[str, list[tuple[int, int]]] = {}
+    mid_sentence: set[str] = set()
+    for m in _WORD.finditer(story):
+        spans.setdefault(m.group(), []).append(m.span())
+        if not _SENTENCE_START.search(story[:m.start()]):
+            mid_sentence.add(m.group())
+    return {w: s for w, s in spans.items() if len(s) >= 2 and w in mid_sentence}
+
+
+def induction_stories(models, n_stories: int = 50, seed: int = 0) -> pd.DataFrame:
+    """The induction table aggregated over generated stories whose names no model has seen.
+
+    Stories come from `sprout.data.generate_story` (names drawn fresh from random syllables); every
+    name (`story_names`) is scored at its first and at its later occurrences, within the models'
+    context.
+
+    Returns:
+        One row per model, token_index and occurrence: `model`, `token_index` (0 = a name's first
+        token), `occurrence` ("first" or "later"), `mean_prob`, `median_prob`, `n` (tokens averaged),
+        `n_names` (distinct names behind them).
+
+    Example:
+        >>> import interp
+        >>> from sprout import Sprout, SproutConfig
+        >>> from sprout.data import generate_corpus
+        >>> from sprout.tokenizer import train_bpe
+        >>> tok = train_bpe(generate_corpus(20_000), vocab_size=400)
+        >>> model = Sprout(SproutConfig(vocab_size=400, context=512, n_layer=1, n_head=2, d_model=32, d_ff=64), tok)
+        >>> df = interp.induction_stories({"random": model}, n_stories=3)
+        >>> sorted(df.occurrence.unique().tolist())
+        ['first', 'later']
+    """
+    from sprout.data import generate_story
+
+    models = _named(models)
+    rows = []
+    for i in range(n_stories):
+        story = generate_story(random.Random(f"{seed}-{i}"))
+        for name, spans in story_names(story).items():
+            for label, model in models.items():
+                for occ, toks in enumerate(_token_probs(model, story, spans)):
+                    rows += [dict(model=label, name=f"{i}:{name}", token_index=j,
+                                  occurrence="first" if occ == 0 else "later", prob=p) for j, _, _, p in toks]
+    if not rows:
+        raise ValueError("no repeated names found in the generated stories")
+    df = pd.DataFrame(rows).dropna(subset=["prob"])
+    g = df.groupby(["model", "token_index", "occurrence"], sort=True)
+    return pd.DataFrame({"mean_prob": g.prob.mean(), "median_prob": g.prob.median(), "n": g.size(),
+                         "n_names": g.name.nunique()}).reset_index()
