@@ -293,9 +293,10 @@ def from_state_dict(state_dict: dict[str, torch.Tensor], config: Union[SproutCon
     """Build the model these weights belong to and load them (strict: every key, every shape).
 
     Args:
-        state_dict: the weights, with model.py's keys (or the walkthrough GPT's).
-        config: a SproutConfig or its dict (a "family" entry picks the model family); None infers
-            it from the shapes, assuming a context of 512 tokens (with a warning).
+        state_dict: the weights, with model.py's keys; or the walkthrough GPT's, under its own names
+            (`token_embedding_table.weight`, ...) or WalkthroughGPT's (`embed.weight`, `pos_embed.weight`).
+        config: a SproutConfig or WalkthroughConfig, or its dict (a "family" entry picks the model
+            family); None infers it from the shapes, for Sprout assuming a context of 512 tokens.
         tokenizer: attached to the model as `model.tokenizer`.
         source: named in error messages (e.g. the file the weights came from).
 
@@ -306,33 +307,59 @@ def from_state_dict(state_dict: dict[str, torch.Tensor], config: Union[SproutCon
     if isinstance(config, dict):
         config = dict(config)
         family = config.pop("family", None)
+    elif config is not None:
+        family = "walkthrough" if type(config).__name__ == "WalkthroughConfig" else "sprout"
     if family is None:
         family = "walkthrough" if "token_embedding_table.weight" in state_dict else "sprout"
     if family == "walkthrough":
-        try:
-            from .walkthrough import from_walkthrough_state_dict
-        except ImportError as e:
-            raise ValueError(f"{source} holds the walkthrough GPT's weights, but sprout.walkthrough cannot "
-                             f"load them: {e}") from e
-        return from_walkthrough_state_dict(state_dict, config=config, tokenizer=tokenizer)
+        return _from_walkthrough(state_dict, config, tokenizer, source)
     if family != "sprout":
         raise ValueError(f"{source}: unknown model family {family!r}; expected 'sprout' or 'walkthrough'")
     if config is None:
         config = infer_config(state_dict, source)
     elif isinstance(config, dict):
-        try:
-            config = SproutConfig.from_dict(config)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{source}: bad config: {e}") from e
+        config = _parse(SproutConfig, config, source)
     if tokenizer is not None and tokenizer.get_vocab_size() > config.vocab_size:
         raise ValueError(f"{source}: the tokenizer has {tokenizer.get_vocab_size()} tokens but the model's "
                          f"vocabulary has only {config.vocab_size}")
     state_dict = dict(state_dict)
     if "head.weight" not in state_dict and "embed.weight" in state_dict:
         state_dict["head.weight"] = state_dict["embed.weight"]  # tied: stored once
-    model = Sprout(config, tokenizer=tokenizer)
+    return _build(Sprout, config, state_dict, tokenizer, source)
+
+
+def _from_walkthrough(state_dict, config, tokenizer, source: str) -> torch.nn.Module:
+    try:
+        from . import walkthrough
+    except ImportError as e:
+        raise ValueError(f"{source} holds the walkthrough GPT's weights, but sprout.walkthrough cannot "
+                         f"load them: {e}") from e
+    if isinstance(config, dict):
+        config = _parse(walkthrough.WalkthroughConfig, config, source)
+    if "token_embedding_table.weight" in state_dict:  # saved from the walkthrough's own classes
+        try:
+            return walkthrough.from_walkthrough_state_dict(state_dict, config=config, tokenizer=tokenizer)
+        except ValueError as e:
+            raise ValueError(f"{source}: {e}") from e
+    if config is None:
+        raise ValueError(f"{source}: WalkthroughGPT weights without a config; pass a WalkthroughConfig")
+    return _build(walkthrough.WalkthroughGPT, config, state_dict, tokenizer, source)
+
+
+def _parse(config_class, config: dict, source: str):
+    try:
+        return config_class.from_dict(config)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{source}: bad config: {e}") from e
+
+
+def _build(model_class, config, state_dict: dict[str, torch.Tensor], tokenizer, source: str) -> torch.nn.Module:
+    """Check every key and shape against a fresh model, and only then load (nothing half-loaded)."""
+    model = model_class(config, tokenizer=tokenizer)
     _check_fit(model, state_dict, config, source)
-    model.to(state_dict["embed.weight"].dtype)
+    dtype = next((t.dtype for t in state_dict.values() if t.is_floating_point()), None)
+    if dtype is not None:
+        model.to(dtype)
     model.load_state_dict(state_dict, strict=True)
     return model
 
@@ -368,10 +395,10 @@ def _check_fit(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], conf
         elif tuple(state_dict[k].shape) != shape:
             problems.append(f"{k}: expected {shape}, found {tuple(state_dict[k].shape)}")
     problems += [f"{k}: unexpected (found {tuple(t.shape)})" for k, t in state_dict.items() if k not in expected]
-    embed, head = state_dict.get("embed.weight"), state_dict.get("head.weight")
-    if not problems and not torch.equal(embed, head):
+    if not problems and isinstance(model, Sprout) and not torch.equal(state_dict["embed.weight"],
+                                                                      state_dict["head.weight"]):
         problems.append("head.weight: differs from embed.weight, but Sprout ties them (they must be equal)")
     if problems:
         shown = problems[:60] + ([f"... and {len(problems) - 60} more"] if len(problems) > 60 else [])
-        raise ValueError(f"{source}: the weights do not fit a Sprout with config {config} "
+        raise ValueError(f"{source}: the weights do not fit a {type(model).__name__} with config {config} "
                          f"({len(problems)} problem(s)):\n  " + "\n  ".join(shown))

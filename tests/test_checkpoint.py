@@ -357,3 +357,46 @@ def test_demo_names(tmp_path, monkeypatch):
     assert_same_model(model, checkpoint.load("tiny"))
     with pytest.raises(FileNotFoundError, match=r"no demo model of that name; demo models: tiny, tiny-2"):
         checkpoint.load("gpt-9")
+
+
+# --- the walkthrough GPT ----------------------------------------------------------------------------------
+
+def walkthrough_model(step: str = "4.10"):
+    from sprout.walkthrough import WalkthroughGPT, step_config
+
+    torch.manual_seed(0)
+    text = "First Citizen: speak, speak."
+    return randomize_gains(WalkthroughGPT(step_config(step, vocab_size=len(set(text))),
+                                          tokenizer=char_tokenizer(text)).eval())
+
+
+def test_walkthrough_round_trip(tmp_path):
+    model = walkthrough_model()
+    out = checkpoint.save(model, tmp_path / "ckpt")
+    assert json.loads((out / "config.json").read_text()) == {"family": "walkthrough", **model.config.to_dict()}
+    loaded = checkpoint.load(out)
+    assert type(loaded) is type(model) and loaded.config == model.config and not loaded.training
+    assert_same_model(model, loaded)
+    assert loaded.to_str_tokens("speak") == list("speak")
+
+
+@pytest.mark.parametrize("step", ["4.2", "4.10"])
+def test_walkthrough_state_dict_dispatch(tmp_path, step):
+    from sprout.walkthrough import to_walkthrough_state_dict
+
+    model = walkthrough_model(step)
+    sd = to_walkthrough_state_dict(model)
+    assert "token_embedding_table.weight" in sd
+    torch.save({"model_state_dict": {"_orig_mod." + k: v for k, v in sd.items()}}, tmp_path / "walk.pt")
+    loaded = checkpoint.load(tmp_path / "walk.pt", tokenizer=model.tokenizer)
+    assert type(loaded) is type(model)
+    assert_same_model(model, loaded)
+
+
+def test_walkthrough_weights_that_do_not_fit(tmp_path):
+    model = walkthrough_model()
+    checkpoint.save(model, tmp_path / "ckpt")
+    config = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps({**config, "d_model": 64}))
+    with pytest.raises(ValueError, match=r"do not fit a WalkthroughGPT.*\n.*embed\.weight: expected \(\d+, 64\), found \(\d+, 32\)"):
+        checkpoint.load(tmp_path / "ckpt")
