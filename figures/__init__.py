@@ -1,0 +1,18 @@
+"""Plotly builders: analysis DataFrames in, `plotly.graph_objects.Figure` out.
+
+They never see a model, never call `show()` and never write files; `experiments` does that.
+"""
+from .attention import attention_grid, attention_heatmap
+from .heads import ablation_bars, head_scores
+from .induction import induction_over_training, induction_table
+from .lens import logit_lens_grid
+from .params import param_breakdown
+from .residual import residual_rms
+from .style import escape_token
+from .training import loss_curves
+
+__all__ = [
+    "ablation_bars", "attention_grid", "attention_heatmap", "escape_token", "head_scores",
+    "induction_over_training", "induction_table", "logit_lens_grid", "loss_curves", "param_breakdown",
+    "residual_rms",
+]

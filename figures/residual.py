@@ -1,0 +1,84 @@
+"""Residual-stream RMS against depth, several models on one log-scale plot."""
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from .style import PALETTE, base_layout, require
+
+RMS_COLUMNS = ["site", "mean", "q05", "q95"]
+_SITE = re.compile(r"^(?:hook_embed|blocks\.(\d+)\.hook_resid_(pre|mid|post))$")
+
+
+def site_depth(site: str) -> float | None:
+    """Where a hook sits, in blocks: embedding and resid_pre 0 = 0, resid_mid l = l + 0.5,
+    resid_post l = l + 1 (so resid_pre l+1 and resid_post l share a depth). None for other sites."""
+    m = _SITE.match(site)
+    if m is None:
+        return None
+    if m.group(1) is None:
+        return 0.0
+    layer, where = int(m.group(1)), m.group(2)
+    return layer + {"pre": 0.0, "mid": 0.5, "post": 1.0}[where]
+
+
+def _with_alpha(hex_color: str, alpha: float) -> str:
+    r, g, b = (int(hex_color[i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgba({r},{g},{b},{alpha})"
+
+
+def residual_rms(df: pd.DataFrame, title: str = "Residual-stream growth") -> go.Figure:
+    """RMS of the residual stream per token against depth: the mean with a 5-95% quantile band.
+
+    Args:
+        df: `interp.residual_rms` output (columns `site`, `mean`, `q05`, `q95`; `q50` drawn if present),
+            with a `model` column when several models are shown. Rows whose site is not the embedding
+            or a resid_pre/mid/post hook (e.g. attention outputs) are left out; a depth shared by two
+            sites (resid_post l, resid_pre l+1) is drawn once.
+
+    Returns:
+        One line per model on a log y axis, x = depth in blocks (x.5 = after that block's attention).
+    """
+    require(df, RMS_COLUMNS, "residual_rms")
+    df = df.copy()
+    if "model" not in df.columns:
+        df["model"] = "model"
+    df["depth"] = df["site"].map(site_depth)
+    df = df.dropna(subset=["depth"]).drop_duplicates(subset=["model", "depth"]).sort_values(["model", "depth"])
+    if df.empty:
+        raise ValueError("residual_rms: no rows at hook_embed or blocks.{l}.hook_resid_pre/mid/post")
+
+    fig = go.Figure()
+    for i, (name, g) in enumerate(df.groupby("model", sort=False)):
+        color = PALETTE[i % len(PALETTE)]
+        x = g["depth"].tolist()
+        fig.add_trace(go.Scatter(  # the band: q95 forwards, q05 backwards, filled
+            x=x + x[::-1], y=g["q95"].tolist() + g["q05"].tolist()[::-1], fill="toself",
+            fillcolor=_with_alpha(color, 0.18), line=dict(width=0), hoverinfo="skip",
+            name=f"{name}: 5-95% of tokens", legendgroup=str(name), showlegend=True,
+        ))
+        fig.add_trace(go.Scatter(
+            x=x, y=g["mean"], mode="lines+markers", name=f"{name}: mean", legendgroup=str(name),
+            line=dict(color=color, width=2.5), customdata=g[["site"]].to_numpy(),
+            hovertemplate=f"{name}<br>%{{customdata[0]}}<br>depth %{{x}}<br>mean RMS %{{y:.3g}}<extra></extra>",
+        ))
+        if "q50" in g.columns:
+            fig.add_trace(go.Scatter(
+                x=x, y=g["q50"], mode="lines", name=f"{name}: median", legendgroup=str(name),
+                line=dict(color=color, width=1, dash="dot"), hovertemplate="median %{y:.3g}<extra></extra>",
+            ))
+    max_depth = int(df["depth"].max())
+    fig.update_layout(**base_layout(
+        f"{title}: how big the numbers in the stream get, block after block",
+        "RMS = sqrt(mean of x² over d_model), per token; line = mean over held-out tokens, band = 5th-95th percentile",
+        width=820, height=520, legend=dict(groupclick="togglegroup"),
+    ))
+    fig.update_xaxes(
+        title=dict(text="depth (blocks; x.5 = after the attention of block x+1)"),
+        tickmode="array", tickvals=list(range(max_depth + 1)),
+        ticktext=["embedding"] + [f"block {l}" for l in range(1, max_depth + 1)],
+    )
+    fig.update_yaxes(type="log", title=dict(text="RMS of the residual stream (log scale)"))
+    return fig

@@ -1,0 +1,102 @@
+"""What every figure shares: token escaping, the colour scale, axis ticks that stay readable.
+
+Tokens go on numeric axes (their positions) with the strings as tick labels, never on categorical
+axes: a text repeats tokens, and a categorical axis would merge the two "the"s into one column.
+"""
+from __future__ import annotations
+
+import html
+import math
+from typing import Sequence
+
+import pandas as pd
+
+# One sequential scale for every probability, attention weight and head score (all in [0, 1]), so the
+# same colour means the same number on every figure; a qualitative palette for models and components.
+SCALE = "Viridis"
+PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2"]
+FONT_SIZE = 11  # tick labels and cell text, in px
+CHAR_W = 0.62 * FONT_SIZE  # width of one character in px (a conservative average for sans-serif)
+LINE_H = 1.35 * FONT_SIZE  # height of one line of text in px
+MAX_LABEL = 8  # token labels are cut to this many characters (plus an ellipsis)
+
+_VISIBLE = {" ": "·", "\n": "⏎", "\t": "⇥", "\r": "␍"}
+
+
+def escape_token(token) -> str:
+    """A token string as a label: spaces as '·', newlines as '⏎', tabs as '⇥', other control
+    characters as \\xNN, and HTML metacharacters escaped (plotly renders labels as HTML).
+
+    >>> escape_token(" the\\n")
+    '·the⏎'
+    """
+    if token is None or (isinstance(token, float) and math.isnan(token)):
+        return ""
+    out = []
+    for ch in str(token):
+        if ch in _VISIBLE:
+            out.append(_VISIBLE[ch])
+        elif ord(ch) < 32 or 0x7F <= ord(ch) < 0xA0:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return html.escape("".join(out), quote=False)
+
+
+def short_label(token, limit: int = MAX_LABEL) -> str:
+    """escape_token, cut to `limit` visible characters so labels fit their cell."""
+    raw = escape_token(token)
+    text = html.unescape(raw)
+    if len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return html.escape(text, quote=False)
+
+
+def label_width(labels: Sequence[str]) -> float:
+    """Pixel width of the longest (escaped) label, for sizing margins and cells."""
+    longest = max((len(html.unescape(s)) for s in labels), default=1)
+    return longest * CHAR_W
+
+
+def token_axis(tokens: Sequence, angle: int = -90) -> dict:
+    """Layout for an axis whose values are positions 0..n-1 and whose labels are the tokens."""
+    return dict(
+        tickmode="array",
+        tickvals=list(range(len(tokens))),
+        ticktext=[short_label(t) for t in tokens],
+        tickangle=angle,
+        tickfont=dict(size=FONT_SIZE),
+        showgrid=False,
+        zeroline=False,
+    )
+
+
+def require(df: pd.DataFrame, columns: Sequence[str], what: str) -> None:
+    """Raise a clear error when a DataFrame lacks the columns a builder reads."""
+    if not isinstance(df, pd.DataFrame):
+        raise TypeError(f"{what}: expected a pandas DataFrame, got {type(df).__name__}")
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ValueError(f"{what}: DataFrame lacks column(s) {missing}; it has {list(df.columns)}")
+    if df.empty:
+        raise ValueError(f"{what}: the DataFrame is empty; there is nothing to plot")
+
+
+def base_layout(title: str, subtitle: str = "", **extra) -> dict:
+    """Title (with an optional smaller second line), white template and readable fonts."""
+    text = f"{title}<br><sup>{subtitle}</sup>" if subtitle else title
+    return dict(
+        title=dict(text=text, x=0.0, xanchor="left"),
+        template="plotly_white",
+        font=dict(size=12),
+        hoverlabel=dict(font=dict(family="monospace")),
+        **extra,
+    )
+
+
+def head_label(layer, head) -> str:
+    """'L2H1' for a head, or the raw value for rows like 'top-3 together'."""
+    try:
+        return f"L{int(layer)}H{int(head)}"
+    except (TypeError, ValueError):
+        return str(head) if layer is None or (isinstance(layer, float) and math.isnan(layer)) else f"L{layer} {head}"

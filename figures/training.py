@@ -1,0 +1,49 @@
+"""Training curves from a train_log.csv: loss against tokens seen."""
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from .style import PALETTE, base_layout, require
+
+
+def loss_curves(df: pd.DataFrame, title: str = "Training") -> go.Figure:
+    """Training and held-out loss against the number of training tokens seen.
+
+    Args:
+        df: rows of a train_log.csv (columns `tokens`, `train_loss`, `val_loss`; `step` and `lr` shown
+            in the hover when present; `val_loss` may be empty on steps without an evaluation), with a
+            `model` column when several runs are drawn.
+
+    Returns:
+        One colour per model: the training loss as a thin line, the held-out loss as markers and a line.
+    """
+    require(df, ["tokens", "train_loss", "val_loss"], "loss_curves")
+    df = df.copy()
+    if "model" not in df.columns:
+        df["model"] = "model"
+    fig = go.Figure()
+    for i, (name, g) in enumerate(df.groupby("model", sort=False)):
+        color = PALETTE[i % len(PALETTE)]
+        extra = [c for c in ("step", "lr") if c in g.columns]
+        hover = "".join(f"<br>{c} %{{customdata[{j}]:.4g}}" for j, c in enumerate(extra))
+        tr = g.dropna(subset=["train_loss"])
+        fig.add_trace(go.Scatter(
+            x=tr["tokens"], y=tr["train_loss"], mode="lines", name=f"{name}: train", legendgroup=str(name),
+            line=dict(color=color, width=1), opacity=0.55, customdata=tr[extra].to_numpy() if extra else None,
+            hovertemplate=f"{name} train<br>%{{x:.3s}} tokens<br>loss %{{y:.3f}}{hover}<extra></extra>",
+        ))
+        va = g.dropna(subset=["val_loss"])
+        fig.add_trace(go.Scatter(
+            x=va["tokens"], y=va["val_loss"], mode="lines+markers", name=f"{name}: held-out", legendgroup=str(name),
+            line=dict(color=color, width=2.5), customdata=va[extra].to_numpy() if extra else None,
+            hovertemplate=f"{name} held-out<br>%{{x:.3s}} tokens<br>loss %{{y:.3f}}{hover}<extra></extra>",
+        ))
+    fig.update_layout(**base_layout(
+        f"{title}: loss against training tokens",
+        "thin = training loss on the current batch, thick with markers = loss on held-out text",
+        width=860, height=500,
+    ))
+    fig.update_xaxes(title=dict(text="training tokens seen"))
+    fig.update_yaxes(title=dict(text="loss (nats per token)"))
+    return fig
