@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import shutil
 import tempfile
 import uuid
 import warnings
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
 import torch
 from safetensors import safe_open
@@ -162,9 +163,10 @@ def load(path: PathLike, map_location: Union[str, torch.device] = "cpu",
     if tokenizer is None and (path.parent / TOKENIZER).is_file():
         tokenizer = path.parent / TOKENIZER
     if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
-        from .tokenizer import load_tokenizer
-
-        tokenizer = load_tokenizer(tokenizer)
+        try:
+            tokenizer = Tokenizer.from_file(str(tokenizer))
+        except Exception as e:  # tokenizers raises a bare Exception for bad JSON
+            raise ValueError(f"cannot read the tokenizer {tokenizer}: {e}") from e
     _warn_non_finite(state_dict, path)
     model = from_state_dict(state_dict, config, tokenizer, source=str(path))
     return model.to(map_location).eval()
@@ -220,27 +222,31 @@ def _read_safetensors_file(path: Path) -> tuple[dict, Optional[dict]]:
         state_dict = _read_safetensors(str(path), device="cpu")
     except Exception as e:  # safetensors raises its own error type (and OSError) for bad files
         raise ValueError(f"cannot read {path}: not a valid safetensors file (truncated or corrupt?): {e}") from e
-    for name, target in json.loads(metadata.get("tied", "{}")).items():
-        state_dict.setdefault(name, state_dict[target])
+    for name, target in _json(metadata.get("tied", "{}"), f"{path}'s metadata").items():
+        if target in state_dict:
+            state_dict.setdefault(name, state_dict[target])
     beside = path.parent / CONFIG
     if beside.is_file():
-        try:
-            config = json.loads(beside.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"cannot read {beside}: not valid JSON ({e})") from e
-    elif "config" in metadata:
-        config = json.loads(metadata["config"])
-    else:
-        config = None
-    return state_dict, config
+        return state_dict, _json(beside.read_bytes(), beside)
+    if "config" in metadata:
+        return state_dict, _json(metadata["config"], f"{path}'s metadata")
+    return state_dict, None
+
+
+def _json(text, where) -> dict:
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read {where}: not valid JSON ({e})") from e
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(value).__name__}")
+    return value
 
 
 def _read_torch_file(path: Path) -> tuple[dict, Optional[dict]]:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        import pickle
-
         reason = str(e).split("WeightsUnpickler error:")[-1].split("Check the documentation")[0]
         reason = reason.split(". Please")[0].strip()  # not torch's advice to allowlist it
         # "Unsupported operand" is a byte the reader cannot parse (garbage); anything else it refuses

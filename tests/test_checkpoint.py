@@ -400,3 +400,15 @@ def test_walkthrough_weights_that_do_not_fit(tmp_path):
     (tmp_path / "ckpt" / "config.json").write_text(json.dumps({**config, "d_model": 64}))
     with pytest.raises(ValueError, match=r"do not fit a WalkthroughGPT.*\n.*embed\.weight: expected \(\d+, 64\), found \(\d+, 32\)"):
         checkpoint.load(tmp_path / "ckpt")
+
+
+def test_corrupt_config_and_tokenizer_files(tmp_path):
+    model = fresh()
+    model.tokenizer = char_tokenizer("abc")
+    checkpoint.save(model, tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "tokenizer.json").write_text('{"version": ')
+    with pytest.raises(ValueError, match=r"cannot read the tokenizer .*tokenizer\.json"):
+        checkpoint.load(tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"cannot read .*config\.json: not valid JSON"):
+        checkpoint.load(tmp_path / "ckpt")
