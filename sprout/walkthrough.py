@@ -250,15 +250,14 @@ class Block(nn.Module):
         super().__init__()
         self.residual = cfg.residual
         # Registration order follows the walkthrough's, so a seed draws the same initial weights.
+        # What a step lacks is an nn.Identity: no weights, no hooks, nothing in the state dict.
         self.attn = Attention(cfg)
         self.mlp = MLP(cfg) if cfg.feed_forward else None
-        if cfg.extra_projections:
-            self.attention_projection = nn.Linear(cfg.d_model, cfg.d_model)
-            self.feedforward_projection = nn.Linear(cfg.d_model, cfg.d_model) if cfg.feed_forward else None
-        else:
-            self.attention_projection = self.feedforward_projection = None
-        self.ln1 = LayerNorm(cfg.d_model) if cfg.layer_norm else None
-        self.ln2 = LayerNorm(cfg.d_model) if cfg.layer_norm and cfg.feed_forward else None
+        extra = cfg.extra_projections
+        self.attention_projection = nn.Linear(cfg.d_model, cfg.d_model) if extra else nn.Identity()
+        self.feedforward_projection = nn.Linear(cfg.d_model, cfg.d_model) if extra and cfg.feed_forward else nn.Identity()
+        self.ln1 = LayerNorm(cfg.d_model) if cfg.layer_norm else nn.Identity()
+        self.ln2 = LayerNorm(cfg.d_model) if cfg.layer_norm and cfg.feed_forward else nn.Identity()
         self.dropout = nn.Dropout(cfg.dropout)  # on each branch, before it joins the stream
         self.hook_attn_out = HookPoint()  # [batch, pos, d_model]: what the attention branch writes
         if self.mlp is not None:
@@ -269,20 +268,14 @@ class Block(nn.Module):
                 self.hook_resid_mid = HookPoint()
             self.hook_resid_post = HookPoint()
 
-    @staticmethod
-    def _maybe(module: Optional[nn.Module], x: torch.Tensor) -> torch.Tensor:
-        return x if module is None else module(x)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.residual:
             x = self.hook_resid_pre(x)
-        a = self._maybe(self.attention_projection, self.attn(self._maybe(self.ln1, x)))
-        a = self.hook_attn_out(self.dropout(a))
+        a = self.hook_attn_out(self.dropout(self.attention_projection(self.attn(self.ln1(x)))))
         if self.mlp is None:
             return self.hook_resid_post(x + a) if self.residual else a
         x = self.hook_resid_mid(x + a) if self.residual else a
-        m = self._maybe(self.feedforward_projection, self.mlp(self._maybe(self.ln2, x)))
-        m = self.hook_mlp_out(self.dropout(m))
+        m = self.hook_mlp_out(self.dropout(self.feedforward_projection(self.mlp(self.ln2(x)))))
         return self.hook_resid_post(x + m) if self.residual else m
 
 
@@ -314,7 +307,7 @@ class WalkthroughGPT(HookedRootModule):
         self.hook_embed = HookPoint()  # [batch, pos, d_model]
         self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
-        self.ln_final = LayerNorm(cfg.d_model) if cfg.final_layer_norm else None
+        self.ln_final = LayerNorm(cfg.d_model) if cfg.final_layer_norm else nn.Identity()
         self.unembed = Unembed(cfg.d_model, cfg.vocab_size)
         self._lens_cfg = cfg.lens_config()
         self.setup()
@@ -361,9 +354,7 @@ class WalkthroughGPT(HookedRootModule):
             return x, None
         for block in self.blocks:
             x = block(x)
-        if self.ln_final is not None:
-            x = self.ln_final(x)
-        logits = self.unembed(x)
+        logits = self.unembed(self.ln_final(x))
         if targets is None:
             return logits, None
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), reduction="none")
@@ -493,28 +484,28 @@ def from_walkthrough_state_dict(state_dict: Union[dict, str, Path], config: Opti
                          f"{cfg.vocab_size} (token_embedding_table.weight {_shape(state_dict, 'token_embedding_table.weight')})")
     model = WalkthroughGPT(cfg, tokenizer=tokenizer)
     ours = model.state_dict()
-    converted = {}
+    problems, converted = [], {}
     for key, target in ours.items():
         name = walkthrough_name(key, cfg)
         if name not in state_dict:
-            raise ValueError(f"walkthrough state dict is missing {name!r} (shape {tuple(target.shape)}) for "
-                             f"{cfg}")
-        if tuple(state_dict[name].shape) != tuple(target.shape):
-            raise ValueError(f"{name!r} has shape {tuple(state_dict[name].shape)}, expected {tuple(target.shape)}")
-        converted[key] = state_dict[name]
+            problems.append(f"missing {name!r} (expected shape {tuple(target.shape)})")
+        elif tuple(state_dict[name].shape) != tuple(target.shape):
+            problems.append(f"{name!r} has shape {tuple(state_dict[name].shape)}, expected {tuple(target.shape)}")
+        else:
+            converted[key] = state_dict[name]
     causal = torch.ones(cfg.context, cfg.context).tril()
     masks = [n for n in _mask_names(cfg) if n in state_dict]
     for name in masks:
         mask = state_dict[name].detach().cpu()
         if tuple(mask.shape) != (cfg.context, cfg.context):
-            raise ValueError(f"{name!r} has shape {tuple(mask.shape)}, expected ({cfg.context}, {cfg.context}) "
-                             "(block_size x block_size)")
-        if not torch.equal((mask != 0).float(), causal):
-            raise ValueError(f"{name!r} is not the causal lower-triangular mask this model assumes")
+            problems.append(f"{name!r} has shape {tuple(mask.shape)}, expected (block_size, block_size) = "
+                            f"({cfg.context}, {cfg.context})")
+        elif not torch.equal((mask != 0).float(), causal):
+            problems.append(f"{name!r} is not the causal lower-triangular mask this model assumes")
     used = {walkthrough_name(k, cfg) for k in ours} | set(masks)
-    unexpected = sorted(set(state_dict) - used)
-    if unexpected:
-        raise ValueError(f"walkthrough state dict has keys this {cfg} does not use: {unexpected[:10]}"
-                         + (f" and {len(unexpected) - 10} more" if len(unexpected) > 10 else ""))
+    problems += [f"unexpected {k!r}" for k in sorted(set(state_dict) - used)]
+    if problems:
+        shown = "\n  ".join(problems[:20]) + (f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else "")
+        raise ValueError(f"this walkthrough state dict does not fit {cfg}:\n  {shown}")
     model.load_state_dict(converted, strict=True)
     return model.eval()

@@ -175,8 +175,11 @@ def test_bad_walkthrough_state_dicts_are_named():
         from_walkthrough_state_dict(not_causal)
 
     extra = dict(good, **{"transformer_blocks.0.attention_projectionx.weight": torch.ones(32, 32)})
-    with pytest.raises(ValueError, match=r"attention_projectionx\.weight"):
+    del extra["LM_head.bias"]
+    with pytest.raises(ValueError) as error:  # one error lists every problem
         from_walkthrough_state_dict(extra)
+    assert "unexpected 'transformer_blocks.0.attention_projectionx.weight'" in str(error.value)
+    assert "missing 'LM_head.bias' (expected shape (65,))" in str(error.value)
 
     with pytest.raises(ValueError, match="no attention heads"):
         from_walkthrough_state_dict({k: v for k, v in good.items() if "multi_head_attention" not in k})
@@ -358,3 +361,12 @@ def test_infer_config_reads_the_step_from_shapes():
     for step in ("4.2", "4.4", "4.8", "4.9"):
         sd = walkthrough_keys(build_step(step, vocab_size=20))
         assert infer_config(sd) == step_config(step, vocab_size=20)
+
+
+@pytest.mark.parametrize("step", ["4.7", "4.9", "4.10"])
+def test_final_norm_and_unembed_turn_the_last_stream_into_the_logits(step):
+    """The logit lens's recipe: `ln_final` (an identity before step 4.10) then `unembed`."""
+    model = make(step)
+    logits, cache = model.run_with_cache(tokens(model))
+    with torch.no_grad():
+        assert torch.allclose(model.unembed(model.ln_final(cache["blocks.2.hook_resid_post"])), logits, atol=1e-5)
