@@ -1,0 +1,349 @@
+"""Hugging Face bridge: a Sprout is a Qwen3ForCausalLM with one key/value head per query head.
+
+Qwen3 has everything Sprout has (pre-norm RMSNorm with eps 1e-6, per-head QK-RMSNorm before RoPE,
+split-half rotary pairs, SwiGLU, no biases, tied embeddings), so an exported folder loads with
+`AutoModelForCausalLM.from_pretrained` and gives the same logits. The mapping is one rename per
+tensor, except that Sprout's fused `attn.qkv` is Qwen3's `q_proj`, `k_proj`, `v_proj` stacked by rows.
+
+Neither direction needs `transformers`: config.json is plain JSON and the weights are safetensors.
+A Qwen3 config that Sprout cannot represent (grouped KV heads, biases, untied embeddings, a sliding
+window, RoPE scaling, another head size or norm epsilon) is refused with the reason, never
+approximated.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any, Union
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tokenizers import Tokenizer
+
+from .config import SproutConfig
+from .model import Sprout
+
+PathLike = Union[str, os.PathLike]
+
+EPS = 1e-6  # Sprout's RMSNorm epsilon, fixed in model.py
+EOT = "<|endoftext|>"
+
+# Sprout key inside blocks.{l}. -> Qwen3 key inside model.layers.{l}. (qkv is handled apart)
+LAYER_KEYS = {
+    "norm1.weight": "input_layernorm.weight",
+    "attn.proj.weight": "self_attn.o_proj.weight",
+    "attn.q_norm.weight": "self_attn.q_norm.weight",
+    "attn.k_norm.weight": "self_attn.k_norm.weight",
+    "norm2.weight": "post_attention_layernorm.weight",
+    "ffn.w1.weight": "mlp.gate_proj.weight",
+    "ffn.w3.weight": "mlp.up_proj.weight",
+    "ffn.w2.weight": "mlp.down_proj.weight",
+}
+QKV = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
+
+
+# --- Sprout -> Qwen3 ------------------------------------------------------------------------------
+
+def qwen3_config(cfg: SproutConfig, tokenizer: Tokenizer | None = None,
+                 dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+    """The config.json of the Qwen3ForCausalLM that computes what a Sprout with `cfg` computes."""
+    eos = tokenizer.token_to_id(EOT) if tokenizer is not None else None
+    dtype_name = str(dtype).removeprefix("torch.")
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model,
+        "intermediate_size": cfg.d_ff,
+        "num_hidden_layers": cfg.n_layer,
+        "num_attention_heads": cfg.n_head,
+        "num_key_value_heads": cfg.n_head,  # plain multi-head attention: no grouped KV
+        "head_dim": cfg.d_head,
+        "hidden_act": "silu",
+        "max_position_embeddings": cfg.context,
+        "rms_norm_eps": EPS,
+        # transformers >= 5 reads rope_parameters, 4.x reads rope_theta; write both.
+        "rope_theta": float(cfg.rope_base),
+        "rope_parameters": {"rope_type": "default", "rope_theta": float(cfg.rope_base)},
+        "rope_scaling": None,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "layer_types": ["full_attention"] * cfg.n_layer,
+        "tie_word_embeddings": True,
+        "bos_token_id": None,  # Sprout is trained without a BOS token
+        "eos_token_id": eos,
+        "pad_token_id": None,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "torch_dtype": dtype_name,
+        "dtype": dtype_name,
+    }
+
+
+def to_qwen3(model: Sprout) -> dict[str, torch.Tensor]:
+    """Sprout's weights under Qwen3's names (CPU, contiguous, no shared storage; lm_head is tied)."""
+    sd = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    d_model = model.config.d_model
+    out = {"model.embed_tokens.weight": sd["embed.weight"], "model.norm.weight": sd["norm.weight"]}
+    for l in range(model.config.n_layer):
+        ours, theirs = f"blocks.{l}.", f"model.layers.{l}."
+        for name, hf_name in LAYER_KEYS.items():
+            out[theirs + hf_name] = sd[ours + name]
+        for hf_name, w in zip(QKV, sd[ours + "attn.qkv.weight"].split(d_model, dim=0)):
+            out[theirs + hf_name] = w
+    return {k: v.clone().contiguous() for k, v in out.items()}  # safetensors refuses shared views
+
+
+def tokenizer_config(tokenizer: Tokenizer, context: int) -> dict[str, Any]:
+    """tokenizer_config.json for loading tokenizer.json as a `PreTrainedTokenizerFast`."""
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": context,
+        "clean_up_tokenization_spaces": False,  # decode(encode(text)) must give the text back
+        "add_bos_token": False,
+        "add_eos_token": False,
+    }
+    if tokenizer.token_to_id(EOT) is not None:
+        config["eos_token"] = EOT
+    return config
+
+
+def export(model: Sprout, directory: PathLike, overwrite: bool = False) -> Path:
+    """Write `model` as a Hugging Face Qwen3ForCausalLM folder.
+
+    The folder holds config.json, model.safetensors and, when the model has a tokenizer,
+    tokenizer.json and tokenizer_config.json (a `PreTrainedTokenizerFast`). It is written to a
+    temporary sibling and renamed into place, so a failure leaves no half-written folder.
+
+    Args:
+        model: the Sprout to export (any device and dtype; weights are written in their dtype).
+        directory: the folder to create.
+        overwrite: replace `directory` if it already exists and is not empty.
+
+    Returns:
+        The folder written.
+    """
+    directory = Path(directory)
+    if directory.exists():
+        if not directory.is_dir():
+            raise FileExistsError(f"{directory} exists and is not a folder")
+        if any(directory.iterdir()) and not overwrite:
+            raise FileExistsError(f"{directory} exists and is not empty; choose a new folder or pass overwrite=True")
+    tok = getattr(model, "tokenizer", None)
+    dtype = model.embed.weight.dtype
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = directory.with_name(f".{directory.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir()
+    old = None
+    try:
+        _write_json(tmp / "config.json", qwen3_config(model.config, tok, dtype))
+        save_file(to_qwen3(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        if tok is not None:
+            tok.save(str(tmp / "tokenizer.json"))
+            _write_json(tmp / "tokenizer_config.json", tokenizer_config(tok, model.config.context))
+        if directory.exists():
+            old = directory.with_name(f".{directory.name}.old-{uuid.uuid4().hex[:8]}")
+            os.rename(directory, old)
+        os.rename(tmp, directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not directory.exists():
+            os.rename(old, directory)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return directory
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    path.write_text(json.dumps(obj, indent=2) + "\n")
+
+
+# --- Qwen3 -> Sprout ------------------------------------------------------------------------------
+
+def sprout_config(hf: dict[str, Any], source: str = "config.json") -> SproutConfig:
+    """The SproutConfig equal to a Qwen3 config, or ValueError naming what Sprout cannot represent."""
+    def refuse(why: str):
+        raise ValueError(f"{source}: Sprout cannot represent this model: {why}")
+
+    if hf.get("model_type") != "qwen3":
+        refuse(f"model_type is {hf.get('model_type')!r}; only 'qwen3' (Qwen3ForCausalLM) is supported")
+    archs = hf.get("architectures") or ["Qwen3ForCausalLM"]
+    if "Qwen3ForCausalLM" not in archs:
+        refuse(f"architectures is {archs}; expected Qwen3ForCausalLM")
+    need = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"]
+    missing = [k for k in need if k not in hf]
+    if missing:
+        refuse(f"missing keys {missing}")
+    d_model, n_head = hf["hidden_size"], hf["num_attention_heads"]
+    kv = hf.get("num_key_value_heads") or n_head
+    if kv != n_head:
+        refuse(f"grouped KV heads (num_key_value_heads={kv} != num_attention_heads={n_head}); "
+               "Sprout has one key/value head per query head")
+    head_dim = hf.get("head_dim", 128)  # Qwen3Config's default when the key is absent
+    if head_dim * n_head != d_model:
+        refuse(f"head_dim={head_dim} but hidden_size / num_attention_heads = {d_model} / {n_head}; "
+               "Sprout's heads split the residual stream exactly")
+    if hf.get("attention_bias", False):
+        refuse("attention_bias=true; Sprout has no biases")
+    if not hf.get("tie_word_embeddings", False):  # Qwen3Config's default is untied
+        refuse("tie_word_embeddings is not true; Sprout's output layer is the embedding matrix")
+    types = set(hf.get("layer_types") or ["full_attention"])
+    if hf.get("use_sliding_window", False) or types != {"full_attention"}:
+        refuse(f"sliding-window attention (use_sliding_window={hf.get('use_sliding_window')}, "
+               f"layer_types {sorted(types)}); Sprout attends to the whole context")
+    eps = hf.get("rms_norm_eps", EPS)
+    if eps != EPS:
+        refuse(f"rms_norm_eps={eps}; Sprout's RMSNorm uses {EPS}")
+    if hf.get("hidden_act", "silu") != "silu":
+        refuse(f"hidden_act={hf['hidden_act']!r}; Sprout's MLP is SwiGLU (silu)")
+    if hf.get("quantization_config"):
+        refuse("the weights are quantized; Sprout needs floating-point weights")
+    return SproutConfig(
+        vocab_size=hf["vocab_size"], context=hf.get("max_position_embeddings", 32768),
+        n_layer=hf["num_hidden_layers"], n_head=n_head, d_model=d_model, d_ff=hf["intermediate_size"],
+        rope_base=_rope_theta(hf, refuse),
+    )
+
+
+def _rope_theta(hf: dict[str, Any], refuse) -> float:
+    params = dict(hf.get("rope_parameters") or {})
+    scaling = hf.get("rope_scaling") or {}
+    for p in (params, scaling):
+        kind = p.get("rope_type", p.get("type", "default"))
+        if kind != "default":
+            refuse(f"RoPE scaling of type {kind!r}; Sprout uses plain RoPE")
+        extra = sorted(set(p) - {"rope_type", "type", "rope_theta", "partial_rotary_factor"})
+        if extra:
+            refuse(f"RoPE parameters {extra}; Sprout uses plain RoPE")
+        if p.get("partial_rotary_factor", 1.0) != 1.0:
+            refuse(f"partial_rotary_factor={p['partial_rotary_factor']}; Sprout rotates every dimension")
+    return float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+
+
+def from_qwen3(tensors: dict[str, torch.Tensor], cfg: SproutConfig, source: str = "weights") -> dict[str, torch.Tensor]:
+    """Qwen3 tensors -> Sprout's state dict, after checking every key and shape (one error lists all)."""
+    C, F, V = cfg.d_model, cfg.d_ff, cfg.vocab_size
+    expected = {"model.embed_tokens.weight": (V, C), "model.norm.weight": (C,)}
+    for l in range(cfg.n_layer):
+        p = f"model.layers.{l}."
+        expected.update({p + "input_layernorm.weight": (C,), p + "post_attention_layernorm.weight": (C,),
+                         p + "self_attn.o_proj.weight": (C, C), p + "self_attn.q_norm.weight": (cfg.d_head,),
+                         p + "self_attn.k_norm.weight": (cfg.d_head,), p + "mlp.gate_proj.weight": (F, C),
+                         p + "mlp.up_proj.weight": (F, C), p + "mlp.down_proj.weight": (C, F)})
+        expected.update({p + name: (C, C) for name in QKV})
+    tensors = dict(tensors)
+    lm_head = tensors.pop("lm_head.weight", None)
+    problems = [f"{k}: missing (expected {s})" for k, s in expected.items() if k not in tensors]
+    problems += [f"{k}: expected {s}, found {tuple(tensors[k].shape)}" for k, s in expected.items()
+                 if k in tensors and tuple(tensors[k].shape) != s]
+    for k, t in tensors.items():
+        if k not in expected:
+            why = "a bias, and Sprout has none" if k.endswith(".bias") else "not part of a Qwen3 Sprout"
+            problems.append(f"{k}: unexpected ({why}), shape {tuple(t.shape)}")
+        elif not t.is_floating_point():
+            problems.append(f"{k}: dtype {t.dtype} is not floating point")
+    embed = tensors.get("model.embed_tokens.weight")
+    if not problems and lm_head is not None and not torch.equal(lm_head, embed):
+        problems.append("lm_head.weight: differs from model.embed_tokens.weight, but Sprout ties them")
+    if problems:
+        raise ValueError(f"{source}: the weights do not fit a Sprout with config {cfg} ({len(problems)} "
+                         "problem(s)):\n  " + "\n  ".join(problems[:60]))
+    sd = {"embed.weight": embed, "norm.weight": tensors["model.norm.weight"]}
+    for l in range(cfg.n_layer):
+        ours, theirs = f"blocks.{l}.", f"model.layers.{l}."
+        for name, hf_name in LAYER_KEYS.items():
+            sd[ours + name] = tensors[theirs + hf_name]
+        sd[ours + "attn.qkv.weight"] = torch.cat([tensors[theirs + n] for n in QKV], dim=0)
+    return sd
+
+
+def read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a folder: model.safetensors, or the shards named in model.safetensors.index.json."""
+    index = directory / "model.safetensors.index.json"
+    if (directory / "model.safetensors").is_file():
+        files = [directory / "model.safetensors"]
+    elif index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = [directory / f for f in sorted(set(weight_map.values()))]
+    else:
+        raise ValueError(f"{directory}: no model.safetensors or model.safetensors.index.json "
+                         "(only safetensors weights are read)")
+    tensors = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as sf:
+                for k in sf.keys():
+                    tensors[k] = sf.get_tensor(k)
+        except Exception as e:  # safetensors raises its own error types for unreadable files
+            raise ValueError(f"cannot read {f}: not a valid safetensors file ({e})") from e
+    return tensors
+
+
+def import_(directory: PathLike) -> Sprout:
+    """Read a Qwen3ForCausalLM folder (as `export` writes) into a Sprout, in eval mode.
+
+    Args:
+        directory: a folder with config.json and model.safetensors (or safetensors shards), and
+            optionally tokenizer.json, which becomes `model.tokenizer`.
+
+    Returns:
+        The Sprout, on the CPU, in the dtype of the stored weights.
+
+    Raises:
+        ValueError: the config describes a model Sprout cannot represent (the message says why), or
+            the weights do not fit it (the message lists every offending key).
+    """
+    from .checkpoint import from_state_dict
+
+    directory = Path(directory)
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise ValueError(f"{directory}: no config.json; is this a Hugging Face model folder?")
+    try:
+        hf = json.loads(config_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read {config_path}: not valid JSON ({e})") from e
+    cfg = sprout_config(hf, source=str(config_path))
+    sd = from_qwen3(read_safetensors(directory), cfg, source=str(directory))
+    tok_path = directory / "tokenizer.json"
+    tokenizer = Tokenizer.from_file(str(tok_path)) if tok_path.is_file() else None
+    return from_state_dict(sd, cfg, tokenizer, source=str(directory)).eval()
+
+
+# --- command line ---------------------------------------------------------------------------------
+
+def export_main(argv=None) -> int:
+    """`sprout export-hf CHECKPOINT OUT_DIR`: write a checkpoint as a Qwen3ForCausalLM folder."""
+    from .checkpoint import load
+
+    ap = argparse.ArgumentParser(prog="sprout export-hf", description=export_main.__doc__)
+    ap.add_argument("checkpoint", help="a Sprout checkpoint (anything sprout.load reads)")
+    ap.add_argument("out_dir", help="the Hugging Face folder to write")
+    ap.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
+    args = ap.parse_args(argv)
+    model = load(args.checkpoint)
+    if not isinstance(model, Sprout):
+        raise SystemExit(f"sprout export-hf: {args.checkpoint} is a {type(model).__name__}, not a Sprout; "
+                         "only Sprout models map onto Qwen3")
+    print(f"wrote {export(model, args.out_dir, overwrite=args.overwrite)}")
+    return 0
+
+
+def import_main(argv=None) -> int:
+    """`sprout import-hf DIR OUT_CHECKPOINT`: read a Qwen3ForCausalLM folder into a Sprout checkpoint."""
+    from .checkpoint import save
+
+    ap = argparse.ArgumentParser(prog="sprout import-hf", description=import_main.__doc__)
+    ap.add_argument("hf_dir", help="a Hugging Face Qwen3ForCausalLM folder")
+    ap.add_argument("out_checkpoint", help="the Sprout checkpoint folder to write")
+    args = ap.parse_args(argv)
+    print(f"wrote {save(import_(args.hf_dir), args.out_checkpoint)}")
+    return 0
