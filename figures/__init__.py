@@ -8,11 +8,12 @@ from .induction import induction_over_training, induction_table
 from .lens import logit_lens_grid
 from .params import param_breakdown
 from .residual import residual_rms
+from .rope import rope_distance
 from .style import escape_token
 from .training import loss_curves
 
 __all__ = [
     "ablation_bars", "attention_grid", "attention_heatmap", "escape_token", "head_scores",
     "induction_over_training", "induction_table", "logit_lens_grid", "loss_curves", "param_breakdown",
-    "residual_rms",
+    "residual_rms", "rope_distance",
 ]

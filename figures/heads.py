@@ -69,16 +69,18 @@ def ablation_bars(df: pd.DataFrame, title: str = "Head ablation") -> go.Figure:
 
     Args:
         df: `interp.ablate_heads` output, columns `layer`, `head`, `loss_clean`, `loss_ablated`, `delta`
-            (rows for several heads together may carry a text in `head`, e.g. "top-3"); an optional
-            `ablation` column ("zero"/"mean") gives one bar colour each.
+            and, when present, `label` ("L1H2", "L1H2+L2H0" for heads ablated together) and `method`
+            ("zero"/"mean": one bar colour each when both are there).
 
     Returns:
         Bars of `delta` in nats per token, one per row, largest first, hover with both losses.
     """
     require(df, ["layer", "head", "loss_clean", "loss_ablated", "delta"], "ablation_bars")
     df = df.copy()
-    df["label"] = [head_label(l, h) for l, h in zip(df["layer"], df["head"])]
-    group = "ablation" if "ablation" in df.columns else None
+    if "label" not in df.columns:
+        df["label"] = [head_label(l, h) for l, h in zip(df["layer"], df["head"])]
+    group = next((c for c in ("method", "ablation") if c in df.columns and df[c].nunique() > 1), None)
+    suffix = f" ({df['method'].iloc[0]} ablation)" if "method" in df.columns and group is None else ""
     order = df.groupby("label", sort=False)["delta"].max().sort_values(ascending=False).index.tolist()
     fig = go.Figure()
     for i, (name, g) in enumerate(df.groupby(group, sort=False) if group else [("ablated", df)]):
@@ -91,7 +93,7 @@ def ablation_bars(df: pd.DataFrame, title: str = "Head ablation") -> go.Figure:
         ))
     fig.add_hline(y=0, line=dict(color="black", width=1))
     fig.update_layout(**base_layout(
-        f"{title}: the change in loss when heads are removed",
+        f"{title}: the change in loss when heads are removed{suffix}",
         "loss on the repeated half of the sequences; bigger = the model relied on this head more",
         width=int(max(560, 60 * len(order) + 200)), height=460, barmode="group", showlegend=group is not None,
     ))

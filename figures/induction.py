@@ -8,53 +8,63 @@ import plotly.graph_objects as go
 from .style import FONT_SIZE, PALETTE, SCALE, base_layout, escape_token, head_label, label_width, require, short_label
 
 
-def induction_table(df: pd.DataFrame, first: str = "p_first", second: str = "p_second",
+def _occurrence_name(o) -> str:
+    return {1: "1st time", 2: "2nd time", 3: "3rd time", "first": "1st time", "later": "later"}.get(o, f"{o}th time")
+
+
+def induction_table(df: pd.DataFrame, prob: str = "prob",
                     title: str = "Copying a name it has seen once") -> go.Figure:
-    """For each model, the probability of each token of a name at its first and its second occurrence.
+    """For each model, the probability of each token of a name at its first and later occurrences.
 
     Args:
-        df: `interp.induction_table` output: one row per token and model, columns `model`, `token`,
-            and the probability the model gave that token at its first occurrence (`first`) and at
-            its second occurrence (`second`). Rows keep the text's order within each model.
+        df: `interp.induction_table` output (columns `model`, `occurrence`, `token_index`, `token`,
+            `prob`), or `interp.induction_stories` output with `prob="mean_prob"` (no `token` column:
+            the columns are then "token 1", "token 2", ...).
+        prob: the probability column to show.
 
     Returns:
-        A table-like heatmap: two rows per model (1st, 2nd occurrence), one column per token, each
+        A table-like heatmap: one row per model and occurrence, one column per token of the name, each
         cell the probability as a percentage on the common 0-1 colour scale.
     """
-    require(df, ["model", "token", first, second], "induction_table")
+    require(df, ["model", "occurrence", "token_index", prob], "induction_table")
     models = list(dict.fromkeys(df["model"]))
-    tokens = df[df["model"] == models[0]]["token"].tolist()
-    for m in models[1:]:
-        if df[df["model"] == m]["token"].tolist() != tokens:
-            raise ValueError(f"induction_table: model {m!r} has other tokens than {models[0]!r}; "
-                             "all models must read the same text")
-    rows, z = [], []
-    for m in models:
-        d = df[df["model"] == m]
-        rows += [f"{m} · 1st time", f"{m} · 2nd time"]
-        z += [d[first].astype(float).tolist(), d[second].astype(float).tolist()]
-    z = np.array(z)
+    occurrences = list(dict.fromkeys(df.sort_values("occurrence", kind="stable")["occurrence"]))
+    cols = sorted(df["token_index"].unique())
+    if "token" in df.columns:
+        first = df[(df["model"] == models[0]) & (df["occurrence"] == occurrences[0])].set_index("token_index")["token"]
+        tokens = [first.get(i, "") for i in cols]
+        ref = dict(zip(first.index, first))
+        for (m, o), g in df.groupby(["model", "occurrence"], sort=False):
+            if any(ref.get(i, t) != t for i, t in zip(g["token_index"], g["token"])):
+                raise ValueError(f"induction_table: model {m!r} (occurrence {o}) has other tokens than {models[0]!r}; "
+                                 "all rows must be the same name read by the same tokenizer")
+    else:
+        tokens = [f"token {i + 1}" for i in cols]
+    rows = [(m, o) for m in models for o in occurrences]
+    cell = df.set_index(["model", "occurrence", "token_index"])[prob]
+    z = np.array([[float(cell.get((m, o, i), np.nan)) for i in cols] for m, o in rows])
     text = np.vectorize(lambda v: "" if np.isnan(v) else (f"{100 * v:.0f}%" if v >= 0.01 else "<1%"))(z)
+    names = [f"{m} · {_occurrence_name(o)}" for m, o in rows]
     shown = [escape_token(t) for t in tokens]
-    hover = np.array([[f"{r}<br>token {shown[c]}" for c in range(len(tokens))] for r in rows], dtype=object)
+    hover = np.array([[f"{r}<br>token {shown[c]}" for c in range(len(cols))] for r in names], dtype=object)
     fig = go.Figure(go.Heatmap(
-        z=z, x=list(range(len(tokens))), y=list(range(len(rows))), zmin=0, zmax=1, colorscale=SCALE,
+        z=z, x=list(range(len(cols))), y=list(range(len(rows))), zmin=0, zmax=1, colorscale=SCALE,
         text=text, texttemplate="%{text}", customdata=hover, xgap=2, ygap=2,
         hovertemplate="%{customdata}<br>p = %{z:.2%}<extra></extra>",
         colorbar=dict(title=dict(text="probability of<br>this token"), tickformat=".0%"),
     ))
-    for i in range(1, len(models)):  # a gap line between models
-        fig.add_hline(y=2 * i - 0.5, line=dict(color="white", width=6))
-    labels = [short_label(t) for t in tokens]
+    for i in range(1, len(models)):  # a white gap between models
+        fig.add_hline(y=len(occurrences) * i - 0.5, line=dict(color="white", width=6))
+    labels = [short_label(t) for t in tokens] if "token" in df.columns else tokens
     cell_w = max(label_width(labels) + 16, 52)
     fig.update_layout(**base_layout(
-        title, "the probability each model gives each token of the name when it appears the 1st and the 2nd time",
-        width=int(len(tokens) * cell_w + label_width(rows) + 200), height=int(len(rows) * 36 + 230),
-        margin=dict(l=int(label_width(rows) + 30)),
+        title, "the probability each model gives each token of the name, given the text before it",
+        width=int(len(cols) * cell_w + label_width(names) + 200), height=int(len(rows) * 36 + 230),
+        margin=dict(l=int(label_width(names) + 30)),
     ))
-    fig.update_xaxes(tickmode="array", tickvals=list(range(len(tokens))), ticktext=labels,
+    fig.update_xaxes(tickmode="array", tickvals=list(range(len(cols))), ticktext=labels,
                      tickfont=dict(size=FONT_SIZE + 1), title=dict(text="token of the name"), showgrid=False)
-    fig.update_yaxes(tickmode="array", tickvals=list(range(len(rows))), ticktext=rows, autorange="reversed",
+    fig.update_yaxes(tickmode="array", tickvals=list(range(len(rows))), ticktext=names, autorange="reversed",
                      showgrid=False)
     return fig
 

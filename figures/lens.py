@@ -12,11 +12,18 @@ CELL_CHARS = 6  # characters of the top-1 token shown inside a cell
 FRAME_COLOR = "#ff2d55"
 
 
-def layer_names(n_layers: int) -> list[str]:
-    """Row labels: 0 is the embedding, l is the stream after block l, the last one is the output."""
-    names = ["embedding"] + [f"after block {l}" for l in range(1, n_layers + 1)]
-    if n_layers:
-        names[-1] = f"after block {n_layers} = output"
+def layer_names(layers) -> list[str]:
+    """Row labels: 0 is the embedding, l is the stream after block l (the last one is the output),
+    l + 0.5 is the stream after block l + 1's attention (a logit lens read mid-block)."""
+    last = max(layers)
+    names = []
+    for l in layers:
+        if l == 0:
+            names.append("embedding")
+        elif float(l).is_integer():
+            names.append(f"after block {int(l)}" + (" = output" if l == last else ""))
+        else:
+            names.append(f"block {int(l) + 1} mid (after attention)")
     return names
 
 
@@ -39,30 +46,35 @@ def _hover(row) -> str:
     return "<br>".join(lines)
 
 
-def logit_lens_grid(df: pd.DataFrame, title: str = "Logit lens") -> go.Figure:
+def logit_lens_grid(df: pd.DataFrame, title: str = "Logit lens", seq=None) -> go.Figure:
     """The top-1 token at every layer (rows) and position (columns), coloured by its probability.
 
     Args:
         df: `interp.logit_lens` output, one row per (layer, pos), with columns `layer` (0 = after the
-            embedding, l = after block l), `pos`, `token`, `next_token` (None/NaN at the last
+            embedding, l = after block l, l + 0.5 mid-block), `pos`, `token`, `next_token` (None/NaN at the last
             position), `top_tokens` and `top_probs` (lists, best first); `p_next` is used if present.
         title: the figure title (the model name is a good addition).
+        seq: which sequence to draw when `df` has a `seq` column (default: the first).
 
     Returns:
         A heatmap [n_layers + 1, pos] with the embedding row at the top and the output at the bottom;
         a frame marks each cell whose top-1 token is the actual next token; hovering shows the top-k.
     """
     require(df, LENS_COLUMNS, "logit_lens_grid")
+    if "seq" in df.columns:  # a lens over several sequences: draw one
+        seq = df["seq"].iloc[0] if seq is None else seq
+        df = df[df["seq"] == seq]
     df = df.sort_values(["layer", "pos"]).reset_index(drop=True)
     layers = sorted(df["layer"].unique())
     positions = sorted(df["pos"].unique())
-    if layers != list(range(len(layers))) or positions != list(range(positions[0], positions[0] + len(positions))):
-        raise ValueError(f"logit_lens_grid: expected layers 0..L and consecutive positions, got layers {layers[:10]}")
+    if layers[0] != 0 or positions != list(range(positions[0], positions[0] + len(positions))):
+        raise ValueError(f"logit_lens_grid: expected layers from 0 (the embedding) and consecutive positions, "
+                         f"got layers {layers[:10]}")
     n_rows, n_cols, p0 = len(layers), len(positions), positions[0]
     if len(df) != n_rows * n_cols:
         raise ValueError(f"logit_lens_grid: {len(df)} rows for {n_rows} layers x {n_cols} positions")
-    names = layer_names(n_rows - 1)
-    df["layer_name"] = df["layer"].map(lambda l: names[l])
+    names = layer_names(layers)
+    df["layer_name"] = df["layer"].map(dict(zip(layers, names)))
     top_tok, top_p = _top1(df)
 
     shape = (n_rows, n_cols)

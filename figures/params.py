@@ -7,18 +7,24 @@ import plotly.graph_objects as go
 from .style import PALETTE, base_layout, require
 
 
+PART_NAMES = {"embedding": "embedding (= output layer)", "attention": "attention W_Q W_K W_V W_O",
+              "qk_norm": "QK-norm gains", "ffn": "SwiGLU feed-forward", "norms": "block norms",
+              "final_norm": "final norm"}
+
+
 def param_breakdown(df: pd.DataFrame, title: str = "Parameters per preset") -> go.Figure:
     """Stacked bars: one bar per preset, one segment per component (embedding, attention, ...).
 
     Args:
-        df: `interp.param_table` rows for several configs, with columns `preset`, `component` and
-            `params` (a count); the embedding's share is written above each bar when a component is
-            called "embedding".
+        df: `interp.param_table` rows for several configs (columns `config`, `part`, `count`; the
+            "total" rows are left out, the bars add up to them); the embedding's share is written
+            above each bar.
 
     Returns:
         A stacked bar chart of parameter counts, the total and the embedding share above each bar.
     """
-    require(df, ["preset", "component", "params"], "param_breakdown")
+    require(df, ["config", "part", "count"], "param_breakdown")
+    df = df[df["part"] != "total"].rename(columns={"config": "preset", "part": "component", "count": "params"})
     presets = list(dict.fromkeys(df["preset"]))
     components = list(dict.fromkeys(df["component"]))
     totals = df.groupby("preset", sort=False)["params"].sum()
@@ -27,7 +33,7 @@ def param_breakdown(df: pd.DataFrame, title: str = "Parameters per preset") -> g
         d = df[df["component"] == comp].groupby("preset", sort=False)["params"].sum().reindex(presets, fill_value=0)
         share = d / totals.reindex(presets)
         fig.add_trace(go.Bar(
-            x=presets, y=d.values, name=str(comp), marker_color=PALETTE[i % len(PALETTE)],
+            x=presets, y=d.values, name=PART_NAMES.get(comp, str(comp)), marker_color=PALETTE[i % len(PALETTE)],
             customdata=share.values, hovertemplate=f"{comp}<br>%{{x}}: %{{y:,}} parameters (%{{customdata:.1%}})<extra></extra>",
         ))
     for p in presets:

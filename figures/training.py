@@ -13,7 +13,8 @@ def loss_curves(df: pd.DataFrame, title: str = "Training") -> go.Figure:
     Args:
         df: rows of a train_log.csv (columns `tokens`, `train_loss`, `val_loss`; `step` and `lr` shown
             in the hover when present; `val_loss` may be empty on steps without an evaluation), with a
-            `model` column when several runs are drawn.
+            `model` column when several runs are drawn; `rep_second` (loss on the second copy of
+            repeated random tokens) is drawn dotted when present.
 
     Returns:
         One colour per model: the training loss as a thin line, the held-out loss as markers and a line.
@@ -39,9 +40,19 @@ def loss_curves(df: pd.DataFrame, title: str = "Training") -> go.Figure:
             line=dict(color=color, width=2.5), customdata=va[extra].to_numpy() if extra else None,
             hovertemplate=f"{name} held-out<br>%{{x:.3s}} tokens<br>loss %{{y:.3f}}{hover}<extra></extra>",
         ))
+        if "rep_second" in g.columns and g["rep_second"].notna().any():
+            rep = g.dropna(subset=["rep_second"])
+            fig.add_trace(go.Scatter(
+                x=rep["tokens"], y=rep["rep_second"], mode="lines", name=f"{name}: repeated half",
+                legendgroup=str(name), line=dict(color=color, width=1.5, dash="dot"),
+                hovertemplate=f"{name}: loss on the second copy of random tokens<br>%{{x:.3s}} tokens"
+                              "<br>loss %{y:.3f}<extra></extra>",
+            ))
     fig.update_layout(**base_layout(
         f"{title}: loss against training tokens",
-        "thin = training loss on the current batch, thick with markers = loss on held-out text",
+        "thin = training loss on the current batch, thick with markers = loss on held-out text"
+        + ("; dotted = loss on the repeat of random tokens (drops when induction heads form)"
+           if "rep_second" in df.columns else ""),
         width=860, height=500,
     ))
     fig.update_xaxes(title=dict(text="training tokens seen"))

@@ -120,6 +120,16 @@ def test_logit_lens_grid_64_tokens_has_room_for_every_label():
     assert cell_px >= max(len(t) for t in np.array(hm.text).ravel()) * CHAR_W
 
 
+def test_logit_lens_grid_picks_one_sequence_and_labels_mid_block_rows():
+    a, b = lens_df(TOKENS, 2).assign(seq=0), lens_df(TOKENS[::-1], 2, seed=1).assign(seq=1)
+    fig = figures.logit_lens_grid(pd.concat([a, b]), seq=1)
+    assert fig.layout.xaxis.ticktext[0] == "."
+    mid = lens_df(TOKENS, 2)
+    mid["layer"] = mid["layer"].map({0: 0, 1: 0.5, 2: 1})
+    assert list(figures.logit_lens_grid(mid).layout.yaxis.ticktext) == [
+        "embedding", "block 1 mid (after attention)", "after block 1 = output"]
+
+
 def test_logit_lens_grid_rejects_bad_input():
     with pytest.raises(ValueError, match="top_probs"):
         figures.logit_lens_grid(lens_df(TOKENS, 2).drop(columns="top_probs"))
@@ -180,15 +190,17 @@ def test_head_scores_one_heatmap_per_kind_with_the_scores():
 
 
 def test_ablation_bars_sorted_with_labels():
-    df = pd.DataFrame(dict(layer=[0, 2, 1, None], head=[1, 0, 2, "top-2"], loss_clean=[2.0] * 4,
-                           loss_ablated=[2.1, 2.9, 2.0, 3.5]))
+    df = pd.DataFrame(dict(layer=[0, 2, 1, -1], head=[1, 0, 2, -1], label=["L0H1", "L2H0", "L1H2", "L0H1+L2H0+L1H2"],
+                           method="zero", loss_clean=[2.0] * 4, loss_ablated=[2.1, 2.9, 2.0, 3.5]))
     df["delta"] = df.loss_ablated - df.loss_clean
     fig = figures.ablation_bars(df)
     (bar,) = fig.data
     assert isinstance(bar, go.Bar)
-    assert list(bar.x) == ["top-2", "L2H0", "L0H1", "L1H2"]
+    assert list(bar.x) == ["L0H1+L2H0+L1H2", "L2H0", "L0H1", "L1H2"]
     np.testing.assert_allclose(bar.y, [1.5, 0.9, 0.1, 0.0], atol=1e-12)
-    assert "nats" in fig.layout.yaxis.title.text
+    assert "nats" in fig.layout.yaxis.title.text and "zero ablation" in fig.layout.title.text
+    both = figures.ablation_bars(pd.concat([df, df.assign(method="mean", loss_ablated=2.5, delta=0.5)]))
+    assert [t.name for t in both.data] == ["zero ablation", "mean ablation"]
 
 
 # ----------------------------------------------------------------------------- attention
@@ -231,21 +243,28 @@ def test_attention_grid_one_panel_per_head():
 # ----------------------------------------------------------------------------- induction
 
 def test_induction_table_rows_per_model_and_occurrence():
-    df = pd.DataFrame(dict(model=["gpt-1"] * 3 + ["gpt-4"] * 3, token=[" Z", "orbin", " Plax"] * 2,
-                           p_first=[0.001, 0.002, 0.0005, 0.001, 0.003, 0.001],
-                           p_second=[0.004, 0.005, 0.001, 0.05, 0.98, 0.93]))
+    probs = {("gpt-1", 1): [0.001, 0.002, 0.0005], ("gpt-1", 2): [0.004, 0.005, 0.001],
+             ("gpt-4", 1): [0.001, 0.003, 0.001], ("gpt-4", 2): [0.05, 0.98, 0.93]}
+    df = pd.DataFrame([dict(model=m, occurrence=o, token_index=i, token=t, pos=10 * o + i, prob=p[i])
+                       for (m, o), p in probs.items() for i, t in enumerate([" Z", "orbin", " Plax"])])
     fig = figures.induction_table(df)
     (hm,) = fig.data
     z = np.array(hm.z, dtype=float)
     assert z.shape == (4, 3)
-    np.testing.assert_allclose(z[3], [0.05, 0.98, 0.93])
+    np.testing.assert_allclose(z, [probs[k] for k in probs])
     assert list(np.array(hm.text)[3]) == ["5%", "98%", "93%"] and np.array(hm.text)[0, 0] == "<1%"
     assert list(fig.layout.yaxis.ticktext) == ["gpt-1 · 1st time", "gpt-1 · 2nd time", "gpt-4 · 1st time", "gpt-4 · 2nd time"]
     assert list(fig.layout.xaxis.ticktext) == ["·Z", "orbin", "·Plax"]
     bad = df.copy()
-    bad.loc[5, "token"] = " Plox"
+    bad.loc[11, "token"] = " Plox"
     with pytest.raises(ValueError, match="other tokens"):
         figures.induction_table(bad)
+    # interp.induction_stories: aggregated, no token strings
+    agg = df.rename(columns={"prob": "mean_prob"}).drop(columns="token")
+    agg["occurrence"] = agg["occurrence"].map({1: "first", 2: "later"})
+    fig = figures.induction_table(agg, prob="mean_prob")
+    assert list(fig.layout.xaxis.ticktext) == ["token 1", "token 2", "token 3"]
+    assert fig.layout.yaxis.ticktext[1] == "gpt-1 · later"
 
 
 def test_induction_over_training_highlights_top_heads():
@@ -265,8 +284,9 @@ def test_induction_over_training_highlights_top_heads():
 # ----------------------------------------------------------------------------- params and training
 
 def test_param_breakdown_stacks_to_the_total():
-    df = pd.DataFrame(dict(preset=["gpt-1"] * 3 + ["sprout"] * 3, component=["embedding", "attention", "mlp"] * 2,
-                           params=[1572864, 110592, 294912, 3145728, 4719616, 9437184]))
+    parts = ["embedding", "attention", "ffn"]
+    df = pd.DataFrame(dict(config=["gpt-1"] * 4 + ["sprout"] * 4, part=parts + ["total"] + parts + ["total"],
+                           count=[1572864, 110592, 294912, 1978368, 3145728, 4719616, 9437184, 17302528]))
     fig = figures.param_breakdown(df)
     assert fig.layout.barmode == "stack" and len(fig.data) == 3
     totals = np.sum([np.array(t.y) for t in fig.data], axis=0)
@@ -282,7 +302,52 @@ def test_loss_curves_train_and_held_out():
     fig = figures.loss_curves(pd.concat([log.assign(model="gpt-1"), log.assign(model="gpt-4")]))
     assert len(fig.data) == 4
     np.testing.assert_allclose(fig.data[1].y, [9.1, 4.2, 3.1])
+    with_rep = figures.loss_curves(log.assign(rep_second=[8, None, None, 2, None, 1]))
+    assert len(with_rep.data) == 3 and list(with_rep.data[2].y) == [8, 2, 1]
     np.testing.assert_allclose(fig.data[1].x, [0, 3000, 5000])
     assert "nats" in fig.layout.yaxis.title.text and "tokens" in fig.layout.xaxis.title.text
     with pytest.raises(ValueError, match="val_loss"):
         figures.loss_curves(log.drop(columns="val_loss"))
+
+
+def test_rope_distance_one_flat_line_per_distance():
+    df = pd.DataFrame([dict(m=m, n=m - d, distance=d, score=float(d)) for d in (1, 3) for m in range(3, 40, 9)])
+    fig = figures.rope_distance(df)
+    assert [t.name for t in fig.data] == ["m - n = 1", "m - n = 3"]
+    assert list(fig.data[1].y) == [3.0] * 5 and list(fig.data[1].x) == list(range(3, 40, 9))
+
+
+def test_builders_take_interp_output_unchanged(tiny_cfg):
+    """The real DataFrames of `interp` (not hand-made ones) go straight into the builders."""
+    import dataclasses
+
+    import torch
+
+    import interp
+    from sprout import Sprout
+    from sprout.tokenizer import train_bpe
+
+    text = "Once Zorbin Plax met Mira. Then Zorbin Plax left. " * 2
+    torch.manual_seed(0)
+    tiny_model = Sprout(dataclasses.replace(tiny_cfg, vocab_size=300), tokenizer=train_bpe(text * 4, vocab_size=300)).eval()
+    lens = interp.logit_lens(tiny_model, text, k=3)
+    n_pos = lens["pos"].nunique()
+    fig = figures.logit_lens_grid(lens)
+    assert np.array(fig.data[0].z).shape == (3, n_pos)
+    assert len(fig.layout.shapes) == int(lens["is_top1"].sum())
+    rms = interp.residual_rms(tiny_model, text)
+    assert len(figures.residual_rms(rms).data) == 3
+    scores = interp.head_scores(tiny_model, "induction", half_len=8, n_seqs=2)
+    assert np.array(figures.head_scores(scores).data[0].z).shape == (2, 4)
+    top2 = [(int(l), int(h)) for l, h in zip(scores["layer"][:2], scores["head"][:2])]
+    abl = interp.ablate_heads(tiny_model, top2, half_len=8, n_seqs=2)
+    assert len(figures.ablation_bars(abl).data[0].x) == 3
+    att = interp.attention_patterns(tiny_model, text, layer=1)
+    assert len(figures.attention_grid(att).data) == 4
+    assert np.array(figures.attention_heatmap(att, head=0).data[0].z).shape == (n_pos, n_pos)
+    table = interp.induction_table({"tiny": tiny_model}, text, "Zorbin Plax")
+    assert len(figures.induction_table(table).layout.yaxis.ticktext) == table["occurrence"].nunique()
+    from sprout import SproutConfig
+    params = pd.concat([interp.param_table(SproutConfig.preset(p), p) for p in ("gpt-1", "sprout")])
+    assert figures.param_breakdown(params).layout.annotations[1].text.startswith("17,309,056")
+    assert len(figures.rope_distance(interp.rope_distance_check()).data) == 2
