@@ -10,9 +10,10 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-# (final norm, output layer) attribute pairs, in the order they are tried:
-# Sprout / the course's model.py: `norm`, `head`; GPT-2 / nanoGPT style: `ln_f`, `lm_head` or `head`.
-FINAL_MODULES = (("norm", "head"), ("ln_f", "lm_head"), ("ln_f", "head"), ("final_norm", "head"))
+# (final norm, output layer) attribute pairs, in the order they are tried. Sprout keeps model.py's
+# `norm` and `head` (its `ln_final` / `unembed` only hold hook points); the walkthrough GPT's are
+# `ln_final` (nn.Identity at steps without a final norm) and `unembed`; nanoGPT-style models use `ln_f`.
+FINAL_MODULES = (("norm", "head"), ("ln_final", "unembed"), ("ln_f", "lm_head"))
 
 
 def model_name(model) -> str:
@@ -27,9 +28,8 @@ def require_hooks(model, names) -> None:
                          "through TransformerLens hook points")
     missing = [n for n in names if n not in hook_dict]
     if missing:
-        raise ValueError(f"{model_name(model)} has no hook point {missing[0]!r}"
-                         + (f" (nor {missing[1:]})" if len(missing) > 1 else "")
-                         + "; this analysis needs it")
+        more = f" (and {len(missing) - 1} more of the {len(names)} it reads)" if len(missing) > 1 else ""
+        raise ValueError(f"{model_name(model)} has no hook point {missing[0]!r}{more}; this analysis needs it")
 
 
 def n_layers(model) -> int:
@@ -43,16 +43,25 @@ def n_heads(model) -> int:
 def unembed(model, resid: torch.Tensor) -> torch.Tensor:
     """The model's own final norm, then its output layer: resid [..., d_model] -> logits [..., d_vocab].
 
+    A final norm that is None or nn.Identity (a walkthrough step without one) means no norm, as in forward.
+
     Raises:
         ValueError: the model has none of the known (norm, output layer) module pairs.
     """
     for norm_name, head_name in FINAL_MODULES:
-        norm, head = getattr(model, norm_name, None), getattr(model, head_name, None)
-        if isinstance(norm, nn.Module) and isinstance(head, nn.Module):
-            return head(norm(resid))
-    tried = ", ".join(f"{n}+{h}" for n, h in FINAL_MODULES)
+        if not hasattr(model, norm_name):
+            continue
+        norm, head = getattr(model, norm_name), getattr(model, head_name, None)
+        # a module holding only hook points (Sprout's `ln_final`, `unembed`) has no weight to apply
+        if _has_weight(head) and (norm is None or isinstance(norm, nn.Identity) or _has_weight(norm)):
+            return head(resid if norm is None else norm(resid))
+    tried = ", ".join(f"{n} + {h}" for n, h in FINAL_MODULES)
     raise ValueError(f"cannot find the final norm and output layer of {model_name(model)} "
-                     f"(tried module pairs {tried}); the logit lens needs both")
+                     f"(tried the module pairs {tried}); the logit lens needs both")
+
+
+def _has_weight(module) -> bool:
+    return isinstance(module, nn.Module) and isinstance(getattr(module, "weight", None), torch.Tensor)
 
 
 def str_tokens(model, ids: torch.Tensor) -> list[str]:

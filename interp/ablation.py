@@ -30,7 +30,7 @@ def _as_heads(model, heads, top_k: Optional[int]) -> tuple[list[tuple[int, int]]
         if "score" in heads.columns:
             heads = heads.sort_values("score", ascending=False, kind="stable")
             scores = {(int(r.layer), int(r.head)): float(r.score) for r in heads.itertuples()}
-        heads = list(zip(heads.layer.astype(int), heads.head.astype(int)))
+        heads = list(zip(heads["layer"].astype(int), heads["head"].astype(int)))
     heads = [(int(l), int(h)) for l, h in heads][:top_k]
     if not heads:
         raise ValueError("no heads to ablate")

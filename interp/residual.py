@@ -107,8 +107,7 @@ def residual_rms(model, texts_or_tokens: TextOrTokens, batch_size: int = 8, seq_
     if len(quantiles) != 3:
         raise ValueError(f"quantiles must be three levels (reported as q05, q50, q95), got {quantiles}")
     sites = rms_sites(model, include_mid, include_writes)
-    names = sorted({s["site"] for s in sites} | {s["adds_to"] for s in sites if "adds_to" in s}
-                   | {s["block_in"] for s in sites if "block_in" in s})
+    names = list(dict.fromkeys(n for s in sites for n in (s.get("block_in"), s.get("adds_to"), s["site"]) if n))
     require_hooks(model, names)
     hist = {s["site"]: LogHistogram() for s in sites}
     total = {name: 0.0 for name in names}
