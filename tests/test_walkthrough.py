@@ -370,3 +370,62 @@ def test_final_norm_and_unembed_turn_the_last_stream_into_the_logits(step):
     logits, cache = model.run_with_cache(tokens(model))
     with torch.no_grad():
         assert torch.allclose(model.unembed(model.ln_final(cache["blocks.2.hook_resid_post"])), logits, atol=1e-5)
+
+
+def test_sprout_save_and_load_round_trip(tmp_path):
+    import sprout
+
+    text = "to be, or not to be\n"
+    model = make("4.10", vocab_size=len(set(text)))
+    model.tokenizer = char_tokenizer(text)
+    loaded = sprout.load(sprout.save(model, tmp_path / "ck"))
+    assert type(loaded) is WalkthroughGPT and loaded.config == model.config
+    assert json.loads((tmp_path / "ck" / "config.json").read_text())["family"] == "walkthrough"
+    idx = tokens(model)
+    with torch.no_grad():
+        assert torch.equal(loaded(idx)[0], model(idx)[0])
+    assert loaded.to_string(loaded.to_tokens("not to")[0]) == "not to"
+
+
+def walkthrough_modules(cfg: WalkthroughConfig) -> torch.nn.Module:
+    """Empty modules named and registered in the walkthrough's order (from the facts note), for init."""
+    nn, C = torch.nn, cfg.d_model
+
+    def attention():
+        heads = nn.ModuleList()
+        for _ in range(cfg.n_head):
+            h = nn.Module()
+            h.query, h.key, h.value = (nn.Linear(C, C // cfg.n_head, bias=False) for _ in range(3))
+            heads.append(h)
+        m = nn.Module()
+        m.heads, m.projection = heads, nn.Linear(C, C)
+        return m
+
+    def feed_forward():
+        m = nn.Module()
+        m.fc1, m.fc2 = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
+        return m
+
+    top = nn.Module()
+    top.token_embedding_table, top.position_embedding_table = nn.Embedding(cfg.vocab_size, C), nn.Embedding(cfg.context, C)
+    blocks = nn.ModuleList()
+    for _ in range(cfg.n_layer):
+        b = top if not cfg.blocks else nn.Module()
+        b.multi_head_attention, b.feed_forward = attention(), feed_forward()
+        if cfg.extra_projections:
+            b.attention_projection, b.feedforward_projection = nn.Linear(C, C), nn.Linear(C, C)
+        blocks.append(b)
+    top.LM_head = nn.Linear(C, cfg.vocab_size)
+    return top if not cfg.blocks else nn.ModuleDict({"top": top, "transformer_blocks": blocks})
+
+
+@pytest.mark.parametrize("step", ["4.4", "4.8", "4.10"])
+def test_a_seed_draws_the_walkthroughs_initial_weights(step):
+    """PyTorch's default initialisation in the walkthrough's registration order: same seed, same weights."""
+    cfg = step_config(step)
+    torch.manual_seed(42)
+    theirs = {k.removeprefix("top."): v for k, v in walkthrough_modules(cfg).state_dict().items()}
+    torch.manual_seed(42)
+    ours = walkthrough_keys(build_step(step))
+    for key, value in theirs.items():
+        assert torch.equal(ours[key], value), key
