@@ -317,3 +317,33 @@ def test_neuron_helpers_need_mlp_weights_sprout_does_not_expose(run):
     with pytest.raises(AttributeError, match="W_out"):
         cache.stack_neuron_results(layer=TINY.n_layer)
 
+
+
+# --- the same helpers on TransformerLens' own bridge ------------------------------------------------
+
+def test_helpers_agree_with_transformer_bridge_in_compatibility_mode(model, run, tokens, tmp_path):
+    """The bridge over the exported Qwen3, with the norm gains folded into W_U, is the reference."""
+    from transformers import AutoModelForCausalLM
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from sprout.hf import export
+
+    folder = export(model, tmp_path / "qwen3")
+    qwen3 = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
+    bridge = TransformerBridge.boot_transformers(str(folder), hf_model=qwen3.eval(), device="cpu")
+    bridge.enable_compatibility_mode()  # fold_ln: the gains move into W_U, as in our W_U
+    clean, _ = tokens
+    logits, ours = run
+    with torch.no_grad():
+        their_logits, theirs = bridge.run_with_cache(clean)
+    # compatibility mode centres the unembedding, which shifts each position's logits by a constant
+    torch.testing.assert_close(their_logits.log_softmax(-1), logits.log_softmax(-1), atol=1e-5, rtol=0)
+    for helper in ("accumulated_resid", "decompose_resid", "stack_head_results"):
+        a, b = getattr(theirs, helper)(apply_ln=True), getattr(ours, helper)(apply_ln=True)
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=helper)
+    a = theirs.logit_attrs(theirs.decompose_resid(), 66, incorrect_tokens=65)
+    b = ours.logit_attrs(ours.decompose_resid(), 66, incorrect_tokens=65)
+    torch.testing.assert_close(a, b, atol=1e-4, rtol=0)  # a difference of two logits: the centring cancels
+    for kind in ("previous_token_head", "induction_head"):
+        torch.testing.assert_close(head_detector.detect_head(bridge, TEXT, kind),
+                                   head_detector.detect_head(model, TEXT, kind), atol=1e-5, rtol=0)
