@@ -15,20 +15,16 @@ TransformerLens' names; nothing is registered twice.
 from __future__ import annotations
 
 import math
-from typing import Optional, Union
+from typing import Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from transformer_lens.HookedRootModule import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from .config import SproutConfig
-
-
-def hooked(*points: HookPoint) -> bool:
-    """Whether any of these hook points has a forward or backward hook attached right now."""
-    return any(p._forward_hooks or p._backward_hooks for p in points)
+from .hooked import HookedLM, TextOrTokens, check_stop_at_layer, hooked, lm_loss
+from .text import check_tokens
 
 
 class NormHooks(nn.Module):
@@ -180,10 +176,7 @@ class UnembedHooks(nn.Module):
         self.hook_out = HookPoint()  # [batch, pos, vocab]: the logits
 
 
-TextOrTokens = Union[str, list, torch.Tensor]
-
-
-class Sprout(HookedRootModule):
+class Sprout(HookedLM):
     """The Sprout transformer, hooked. `forward(idx, targets, loss_mask)` returns `(logits, loss)`."""
 
     def __init__(self, cfg: SproutConfig, tokenizer=None):
@@ -206,43 +199,12 @@ class Sprout(HookedRootModule):
         for name, p in self.named_parameters():
             if name.endswith("proj.weight") or name.endswith("w2.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
-        self._lens_cfg = cfg.lens_config()
         self.setup()
 
     @staticmethod
     def _init(m: nn.Module):
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
-
-    @property
-    def cfg(self):
-        """TransformerLens' view of the config (`n_layers`, `d_head`, ...); course names work too."""
-        self._lens_cfg.device = str(self.embed.weight.device)
-        self._lens_cfg.dtype = self.embed.weight.dtype
-        return self._lens_cfg
-
-    def num_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())
-
-    # --- text in, text out ------------------------------------------------------------------------
-
-    def to_tokens(self, text: TextOrTokens, prepend_bos: bool = False, **_ignored) -> torch.Tensor:
-        """Text (or a list of texts of equal token length) -> token ids [batch, pos]."""
-        from .text import to_tokens
-
-        return to_tokens(self, text, prepend_bos=prepend_bos)
-
-    def to_str_tokens(self, text: TextOrTokens, **_ignored) -> list:
-        """Each token as the piece of text it decodes to (a list per sequence for a batch)."""
-        from .text import to_str_tokens
-
-        return to_str_tokens(self, text)
-
-    def to_string(self, tokens) -> Union[str, list]:
-        """Token ids -> text (a list of texts for a batch)."""
-        from .text import to_string
-
-        return to_string(self, tokens)
 
     # --- forward ----------------------------------------------------------------------------------
 
@@ -254,15 +216,12 @@ class Sprout(HookedRootModule):
         residual stream [batch, pos, d_model] is returned in place of the logits (loss None): a probe
         of an early layer does not pay for the rest of the model.
         """
-        from .text import check_tokens
-
         idx = check_tokens(self, idx)
         T = idx.size(1)
         x = self.hook_embed(self.embed(idx))
         cos, sin = self.cos[:T], self.sin[:T]
         if stop_at_layer is not None:
-            if not 0 <= stop_at_layer <= len(self.blocks):
-                raise ValueError(f"stop_at_layer must be in 0..{len(self.blocks)}, got {stop_at_layer}")
+            check_stop_at_layer(self, stop_at_layer)
             for block in self.blocks[:stop_at_layer]:
                 x = block(x, cos, sin)
             if stop_at_layer < len(self.blocks):
@@ -273,56 +232,7 @@ class Sprout(HookedRootModule):
         logits = self.unembed.hook_out(self.head(self.norm(x, self.ln_final)))
         if targets is None:
             return logits, None
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), reduction="none")
-        if loss_mask is None:
-            return logits, loss.mean()
-        mask = loss_mask.reshape(-1).float()
-        return logits, (loss * mask).sum() / mask.sum().clamp(min=1)
-
-    # --- TransformerLens' entry points, returning what TransformerLens users expect --------------
-
-    def run_with_cache(self, *model_args, **kwargs):
-        """Run and cache activations: `logits, cache = model.run_with_cache(tokens_or_text)`.
-
-        Returns an `ActivationCache`. Without `targets` the output is the logits alone (as in
-        TransformerLens); with `targets` it is forward's `(logits, loss)`. `names_filter` selects hooks.
-        """
-        from transformer_lens.ActivationCache import ActivationCache
-
-        out, cache = super().run_with_cache(*model_args, **kwargs)
-        return _logits_unless_loss(out), ActivationCache(cache, self)
-
-    def run_with_cache_into(self, tokens: torch.Tensor, buffers: dict, **forward_kwargs):
-        """Run, copying each named activation into a preallocated buffer instead of a new tensor.
-
-        For streaming analyses over many batches: `buffers` maps hook names to tensors at least as
-        large as the activations ([batch, pos, ...]); each is filled in `[:batch, :pos]`. Returns
-        forward's output (logits alone without targets).
-        """
-        def copy_into(x, hook):
-            buffers[hook.name][tuple(slice(0, n) for n in x.shape)].copy_(x)
-
-        unknown = sorted(set(buffers) - set(self.hook_dict))
-        if unknown:
-            raise ValueError(f"no hook points named {unknown}")
-        return self.run_with_hooks(tokens, fwd_hooks=[(name, copy_into) for name in buffers], **forward_kwargs)
-
-    def run_with_hooks(self, *model_args, **kwargs):
-        """Run with temporary hooks (removed afterwards, even if the forward raises); output as above."""
-        return _logits_unless_loss(super().run_with_hooks(*model_args, **kwargs))
-
-    @torch.no_grad()
-    def generate(self, idx: TextOrTokens, max_new: int, temperature: float = 0.8, top_k: Optional[int] = None,
-                 top_p: Optional[float] = 0.95, stop=None):
-        """Sample max_new tokens after idx (as model.py does); text in gives text out."""
-        from .text import sample
-
-        return sample(self, idx, max_new, temperature, top_k, top_p, stop)
-
-
-def _logits_unless_loss(out):
-    logits, loss = out
-    return logits if loss is None else out
+        return logits, lm_loss(logits, targets, loss_mask)
 
 
 # The course's names, so code written against model.py runs unchanged.

@@ -29,11 +29,11 @@ from typing import Any, Iterable, Optional, Union
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from transformer_lens.HookedRootModule import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from .config import LensConfig
-from .model import Sprout, _logits_unless_loss, hooked
+from .hooked import HookedLM, check_stop_at_layer, hooked, lm_loss
+from .text import check_tokens
 
 
 @dataclass(frozen=True)
@@ -290,7 +290,7 @@ class Unembed(nn.Linear):
         return self.hook_out(super().forward(x))
 
 
-class WalkthroughGPT(HookedRootModule):
+class WalkthroughGPT(HookedLM):
     """The walkthrough's character GPT, hooked. `forward(idx, targets, loss_mask)` returns `(logits, loss)`."""
 
     family = "walkthrough"
@@ -309,26 +309,7 @@ class WalkthroughGPT(HookedRootModule):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_final = LayerNorm(cfg.d_model) if cfg.final_layer_norm else nn.Identity()
         self.unembed = Unembed(cfg.d_model, cfg.vocab_size)
-        self._lens_cfg = cfg.lens_config()
         self.setup()
-
-    @property
-    def cfg(self):
-        """TransformerLens' view of the config (`n_layers`, `d_head`, ...); the walkthrough's names work too."""
-        self._lens_cfg.device = str(self.embed.weight.device)
-        self._lens_cfg.dtype = self.embed.weight.dtype
-        return self._lens_cfg
-
-    def num_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())
-
-    # Text in and out go through sprout.text for every family; Sprout's delegating methods read only
-    # `self.cfg` and `self.tokenizer`, so they are shared rather than rewritten.
-    to_tokens = Sprout.to_tokens
-    to_str_tokens = Sprout.to_str_tokens
-    to_string = Sprout.to_string
-    generate = Sprout.generate
-    run_with_cache_into = Sprout.run_with_cache_into
 
     def forward(self, idx, targets: Optional[torch.Tensor] = None, loss_mask: Optional[torch.Tensor] = None,
                 stop_at_layer: Optional[int] = None):
@@ -338,15 +319,12 @@ class WalkthroughGPT(HookedRootModule):
         With `stop_at_layer=L` only blocks 0..L-1 run and their output [batch, pos, d_model] is returned
         in place of the logits (loss None); `blocks.L.hook_resid_pre` fires when the step has it.
         """
-        from .text import check_tokens
-
         idx = check_tokens(self, idx)
         B, T = idx.shape
         pos = torch.arange(T, device=idx.device) % self.config.context  # the walkthrough wraps positions
         x = self.hook_embed(self.embed(idx)) + self.hook_pos_embed(self.pos_embed(pos).expand(B, T, -1))
         if stop_at_layer is not None:
-            if not 0 <= stop_at_layer <= len(self.blocks):
-                raise ValueError(f"stop_at_layer must be in 0..{len(self.blocks)}, got {stop_at_layer}")
+            check_stop_at_layer(self, stop_at_layer)
             for block in self.blocks[:stop_at_layer]:
                 x = block(x)
             if stop_at_layer < len(self.blocks) and self.config.residual:
@@ -357,22 +335,7 @@ class WalkthroughGPT(HookedRootModule):
         logits = self.unembed(self.ln_final(x))
         if targets is None:
             return logits, None
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), reduction="none")
-        if loss_mask is None:
-            return logits, loss.mean()
-        mask = loss_mask.reshape(-1).float()
-        return logits, (loss * mask).sum() / mask.sum().clamp(min=1)
-
-    def run_with_cache(self, *model_args, **kwargs):
-        """`logits, cache = model.run_with_cache(tokens_or_text)`, as `Sprout.run_with_cache`."""
-        from transformer_lens.ActivationCache import ActivationCache
-
-        out, cache = super().run_with_cache(*model_args, **kwargs)
-        return _logits_unless_loss(out), ActivationCache(cache, self)
-
-    def run_with_hooks(self, *model_args, **kwargs):
-        """Run with temporary hooks; the logits alone without targets, `(logits, loss)` with them."""
-        return _logits_unless_loss(super().run_with_hooks(*model_args, **kwargs))
+        return logits, lm_loss(logits, targets, loss_mask)
 
 
 # ----------------------------------------------------------------------------- the walkthrough's keys

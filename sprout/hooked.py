@@ -1,0 +1,106 @@
+"""What every hooked language model here shares: TransformerLens' run_with_* entry points, text in and
+out, the course's loss. Sprout and the walkthrough GPT differ only in their layers."""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+import torch.nn.functional as F
+from transformer_lens.ActivationCache import ActivationCache
+from transformer_lens.HookedRootModule import HookedRootModule
+from transformer_lens.hook_points import HookPoint
+
+from . import text
+
+TextOrTokens = Union[str, list, torch.Tensor]
+
+
+def hooked(*points: HookPoint) -> bool:
+    """Whether any of these hook points has a forward or backward hook attached right now."""
+    return any(p._forward_hooks or p._backward_hooks for p in points)
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor, loss_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """model.py's loss: mean next-token cross-entropy, over the positions where loss_mask is nonzero."""
+    loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), reduction="none")
+    if loss_mask is None:
+        return loss.mean()
+    mask = loss_mask.reshape(-1).float()
+    return (loss * mask).sum() / mask.sum().clamp(min=1)
+
+
+def check_stop_at_layer(model, stop_at_layer: int):
+    if not 0 <= stop_at_layer <= len(model.blocks):
+        raise ValueError(f"stop_at_layer must be in 0..{len(model.blocks)}, got {stop_at_layer}")
+
+
+def _logits_unless_loss(out):
+    logits, loss = out
+    return logits if loss is None else out
+
+
+class HookedLM(HookedRootModule):
+    """A HookedRootModule whose forward is `(idx, targets=None, loss_mask=None) -> (logits, loss)`.
+
+    Subclasses set `self.config` (with `lens_config()`), `self.embed`, `self.tokenizer`, build their
+    layers, then call `self.setup()`.
+    """
+
+    @property
+    def cfg(self):
+        """TransformerLens' view of the config (`n_layers`, `d_head`, ...); the course's names work too."""
+        lens = self.__dict__.get("_lens_cfg")
+        if lens is None:
+            lens = self.__dict__["_lens_cfg"] = self.config.lens_config()
+        lens.device = str(self.embed.weight.device)
+        lens.dtype = self.embed.weight.dtype
+        return lens
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def to_tokens(self, text_: TextOrTokens, prepend_bos: bool = False, **_ignored) -> torch.Tensor:
+        """Text (or a list of texts of equal token length) -> token ids [batch, pos]."""
+        return text.to_tokens(self, text_, prepend_bos=prepend_bos)
+
+    def to_str_tokens(self, text_: TextOrTokens, **_ignored) -> list:
+        """Each token as the piece of text it decodes to (a list per sequence for a batch)."""
+        return text.to_str_tokens(self, text_)
+
+    def to_string(self, tokens) -> Union[str, list]:
+        """Token ids -> text (a list of texts for a batch)."""
+        return text.to_string(self, tokens)
+
+    @torch.no_grad()
+    def generate(self, idx: TextOrTokens, max_new: int, temperature: float = 0.8, top_k: Optional[int] = None,
+                 top_p: Optional[float] = 0.95, stop=None):
+        """Sample max_new tokens after idx (as model.py does); text in gives text out."""
+        return text.sample(self, idx, max_new, temperature, top_k, top_p, stop)
+
+    def run_with_cache(self, *model_args, **kwargs):
+        """Run and cache activations: `logits, cache = model.run_with_cache(tokens_or_text)`.
+
+        Returns an `ActivationCache`. Without `targets` the output is the logits alone (as in
+        TransformerLens); with `targets` it is forward's `(logits, loss)`. `names_filter` selects hooks.
+        """
+        out, cache = super().run_with_cache(*model_args, **kwargs)
+        return _logits_unless_loss(out), ActivationCache(cache, self)
+
+    def run_with_hooks(self, *model_args, **kwargs):
+        """Run with temporary hooks (removed afterwards, even if the forward raises); output as above."""
+        return _logits_unless_loss(super().run_with_hooks(*model_args, **kwargs))
+
+    def run_with_cache_into(self, tokens: torch.Tensor, buffers: dict, **forward_kwargs):
+        """Run, copying each named activation into a preallocated buffer instead of a new tensor.
+
+        For streaming analyses over many batches: `buffers` maps hook names to tensors at least as
+        large as the activations ([batch, pos, ...]); each is filled in `[:batch, :pos]`. Returns
+        forward's output (logits alone without targets).
+        """
+        def copy_into(x, hook):
+            buffers[hook.name][tuple(slice(0, n) for n in x.shape)].copy_(x)
+
+        unknown = sorted(set(buffers) - set(self.hook_dict))
+        if unknown:
+            raise ValueError(f"no hook points named {unknown}")
+        return self.run_with_hooks(tokens, fwd_hooks=[(name, copy_into) for name in buffers], **forward_kwargs)
