@@ -1,8 +1,9 @@
 """sprout: the Sprout transformer with TransformerLens hook points, its checkpoints, data and training."""
 from .config import PRESETS, SproutConfig
 from .model import Sprout
+from .walkthrough import WalkthroughConfig, WalkthroughGPT, build_step
 
-__all__ = ["PRESETS", "Sprout", "SproutConfig", "load", "save"]
+__all__ = ["PRESETS", "Sprout", "SproutConfig", "WalkthroughConfig", "WalkthroughGPT", "build_step", "load", "save"]
 
 
 def __getattr__(name):
