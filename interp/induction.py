@@ -31,24 +31,27 @@ def _named(models) -> dict:
 def _token_probs(model, text: str, spans: list[tuple[int, int]]) -> list[list[tuple[int, str, int, float]]]:
     """For each char span: (token_index, token, pos, p(token | what precedes)) of the tokens overlapping it.
 
-    The text is cut at the model's context; spans past the cut are left out.
+    The text is cut at the model's context; a span past the cut gets an empty list.
     """
     tok = getattr(model, "tokenizer", None)
     if tok is None:
         raise ValueError(f"{model_name(model)} has no tokenizer; the induction table reads text")
     enc = tok.encode(text, add_special_tokens=False)
-    n = min(len(enc.ids), int(model.cfg.n_ctx))
-    ids = torch.tensor(enc.ids[:n], device=model.cfg.device)[None]
+    offsets, all_ids = enc.offsets, enc.ids  # each access converts the whole list: read them once
+    n = min(len(all_ids), int(model.cfg.n_ctx))
+    ids = torch.tensor(all_ids[:n], device=model.cfg.device)[None]
     with torch.inference_mode():
         lp = torch.log_softmax(logits_of(model, ids)[0].float(), dim=-1)  # [pos, vocab]
     p = torch.full((n,), float("nan"))
     p[1:] = lp[:-1].gather(-1, ids[0, 1:, None])[:, 0].exp().cpu()
     out = []
     for start, end in spans:
-        toks = [i for i in range(n) if enc.offsets[i][0] < end and enc.offsets[i][1] > start]
-        if toks and enc.offsets[toks[-1]][1] >= end:  # the whole span fits in the context
-            out.append([(j, tok.decode([enc.ids[i]], skip_special_tokens=False), i, float(p[i]))
+        toks = [i for i in range(n) if offsets[i][0] < end and offsets[i][1] > start]
+        if toks and offsets[toks[-1]][1] >= end:  # the whole span fits in the context
+            out.append([(j, tok.decode([all_ids[i]], skip_special_tokens=False), i, float(p[i]))
                         for j, i in enumerate(toks)])
+        else:
+            out.append([])
     return out
 
 
@@ -81,7 +84,7 @@ def induction_table(models, text: str, name: str) -> pd.DataFrame:
         raise ValueError(f"{name!r} occurs {len(spans)} time(s) in the text; the table needs it at least twice")
     rows = []
     for label, model in _named(models).items():
-        for occ, toks in enumerate(_token_probs(model, text, spans), start=1):
+        for occ, toks in enumerate((t for t in _token_probs(model, text, spans) if t), start=1):
             rows += [dict(model=label, occurrence=occ, token_index=j, token=t, pos=pos, prob=p)
                      for j, t, pos, p in toks]
     return pd.DataFrame(rows, columns=["model", "occurrence", "token_index", "token", "pos", "prob"])
@@ -119,8 +122,8 @@ def induction_stories(models, n_stories: int = 50, seed: int = 0) -> pd.DataFram
         >>> from sprout import Sprout, SproutConfig
         >>> from sprout.data import generate_corpus
         >>> from sprout.tokenizer import train_bpe
-        >>> tok = train_bpe(generate_corpus(20_000), vocab_size=400)
-        >>> model = Sprout(SproutConfig(vocab_size=400, context=512, n_layer=1, n_head=2, d_model=32, d_ff=64), tok)
+        >>> tok = train_bpe(generate_corpus(5_000), vocab_size=300)
+        >>> model = Sprout(SproutConfig(vocab_size=300, context=512, n_layer=1, n_head=2, d_model=32, d_ff=64), tok)
         >>> df = interp.induction_stories({"random": model}, n_stories=3)
         >>> sorted(df.occurrence.unique().tolist())
         ['first', 'later']
@@ -131,11 +134,17 @@ def induction_stories(models, n_stories: int = 50, seed: int = 0) -> pd.DataFram
     rows = []
     for i in range(n_stories):
         story = generate_story(random.Random(f"{seed}-{i}"))
-        for name, spans in story_names(story).items():
-            for label, model in models.items():
-                for occ, toks in enumerate(_token_probs(model, story, spans)):
-                    rows += [dict(model=label, name=f"{i}:{name}", token_index=j,
-                                  occurrence="first" if occ == 0 else "later", prob=p) for j, _, _, p in toks]
+        names = story_names(story)
+        owner = [name for name, spans in names.items() for _ in spans]
+        for label, model in models.items():  # one forward per story and model
+            seen = set()
+            for name, toks in zip(owner, _token_probs(model, story, [s for v in names.values() for s in v])):
+                if not toks:
+                    continue
+                occurrence = "later" if name in seen else "first"
+                seen.add(name)
+                rows += [dict(model=label, name=f"{i}:{name}", token_index=j, occurrence=occurrence, prob=p)
+                         for j, _, _, p in toks]
     if not rows:
         raise ValueError("no repeated names found in the generated stories")
     df = pd.DataFrame(rows).dropna(subset=["prob"])
