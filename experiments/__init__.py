@@ -1,0 +1,7 @@
+"""Thin scripts that reproduce the chapter: load -> interp -> figures -> results/<experiment>/.
+
+`python -m experiments.<name> [--model gpt-4] [--text ...] [--out DIR]` runs one;
+`python -m experiments.run_all` runs them all and writes an index.html.
+"""
+EXPERIMENTS = ["param_counts", "rope_check", "residual_growth", "logit_lens", "head_detection",
+               "attention_maps", "induction_demo", "training_dynamics"]

@@ -1,0 +1,48 @@
+"""Attention patterns on a text with a repeated name: every head of every layer, and the top heads."""
+from __future__ import annotations
+
+import pandas as pd
+
+import figures
+import interp
+
+from .common import ZORBIN, fit_text, number, standalone
+
+NAME = "attention_maps"
+DOC = "Attention heatmaps (string tokens on both axes) for every layer's heads and for the top heads."
+SUMMARY = ("Where each head looks, on a text in which a name comes back: a previous-token head makes a "
+           "line just below the diagonal, an induction head a line from the second occurrence to the "
+           "token after the first.")
+TEXT = ZORBIN
+MAX_TOKENS = 64
+
+
+def run(models, out, args) -> list[dict]:
+    rows, tables = [], []
+    for label, model in models.items():
+        text = fit_text(model, args.text, MAX_TOKENS)
+        pat = interp.attention_patterns(model, text)
+        tables.append(pat.assign(model=label))
+        for layer in sorted(pat["layer"].unique()):
+            out.figure(figures.attention_grid(pat, layer=int(layer), title=f"Attention, {label}"),
+                       f"grid_{label}_layer{int(layer)}", f"{label}, layer {int(layer)}: every head's pattern on the text.")
+        half = min(32, int(model.cfg.n_ctx) // 2)
+        for kind in ("previous_token", "induction"):
+            best = interp.head_scores(model, kind, half_len=half, n_seqs=16).iloc[0]  # as in head_detection
+            l, h = int(best.layer), int(best['head'])
+            out.figure(figures.attention_heatmap(pat, l, h, title=f"Top {kind.replace('_', '-')} head of {label}"),
+                       f"{kind}_{label}", f"{label}: the head with the highest {kind.replace('_', '-')} score, "
+                       f"L{l}H{h} ({best.score:.2f}), on the text.")
+            rows.append(number(f"top {kind.replace('_', '-')} head (score on random tokens)",
+                               f"L{l}H{h} ({best.score:.2f})", None, label))
+    out.table(pd.concat(tables, ignore_index=True), "patterns")
+    return rows
+
+
+def main(argv=None) -> int:
+    import sys
+    return standalone(sys.modules[__name__], argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

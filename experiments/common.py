@@ -1,0 +1,219 @@
+"""What every experiment script shares: arguments, loading models, texts, and writing results.
+
+An experiment is a module with `run(models, out, args) -> list[dict]` (the headline numbers) and
+`main(argv)`. `Output` writes its figures as standalone HTML next to one shared plotly.min.js, PNGs
+when kaleido and a Chromium are available, and its tables as CSV and numbers as JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+
+DEFAULT_MODELS = ["gpt-1", "gpt-4"]
+RESULTS = Path("results")
+
+# The chapter's demo text: an invented name comes back, so only copying can predict it the second time.
+ZORBIN = ("Once upon a time, a baker named Zorbin Plax lived near the old mill. Every morning he "
+          "carried bread to the market. One day a girl asked who made the sweet bread, and the "
+          "miller smiled and said: Zorbin Plax")
+# A short text for the logit lens and the attention maps (it also repeats a name).
+LENS_TEXT = ("Mira Tolk found a red kite in the garden. She gave the kite to her friend Dob. "
+             "Later that day, Mira Tolk and Dob flew the red kite over the hill.")
+
+
+# ----------------------------------------------------------------------------- arguments and models
+
+def parser(name: str, doc: str, text: Optional[str] = None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"python -m experiments.{name}", description=doc)
+    p.add_argument("--model", "--models", dest="models", nargs="+", default=None, metavar="MODEL",
+                   help=f"demo names or checkpoint paths (default: {' '.join(DEFAULT_MODELS)})")
+    if text is not None:
+        p.add_argument("--text", default=text, help="the text to analyse")
+    p.add_argument("--out", default=None, help=f"output folder (default: results/{name})")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    return p
+
+
+def model_label(spec: str) -> str:
+    """'gpt-4' for a demo name, the folder name for a checkpoint path."""
+    p = Path(spec)
+    if p.name in ("model.safetensors",) or p.suffix in (".safetensors", ".pt", ".pth", ".bin"):
+        p = p.parent
+    return p.name or str(spec)
+
+
+def load_models(specs, threads: int = 2) -> dict:
+    """{label: model} for demo names or paths, loaded once, in eval mode, on the CPU."""
+    import torch
+
+    import sprout
+
+    torch.set_num_threads(max(1, threads))
+    models = {}
+    for spec in specs or DEFAULT_MODELS:
+        label = model_label(spec)
+        if label in models:
+            raise ValueError(f"two models are called {label!r}; rename one of the checkpoint folders")
+        models[label] = sprout.load(spec)
+        models[label].spec = str(spec)
+    return models
+
+
+def model_dir(model) -> Optional[Path]:
+    """The folder a model was loaded from (a demo's or a checkpoint's), if it can be found."""
+    spec = getattr(model, "spec", None)
+    if spec is None:
+        return None
+    p = Path(spec)
+    if p.is_file():
+        return p.parent
+    if p.is_dir():
+        return p
+    from sprout.checkpoint import demo_dir
+
+    d = demo_dir() / spec
+    return d if d.is_dir() else None
+
+
+def held_out_text(model, n_chars: int = 30_000) -> str:
+    """Text the model did not train on: a `val.txt` beside its weights, else freshly generated stories
+    (their names are drawn at random, so no model has seen them)."""
+    d = model_dir(model)
+    for name in ("val.txt", "held_out.txt"):
+        if d is not None and (d / name).is_file():
+            return (d / name).read_text(encoding="utf-8")[:n_chars]
+    from sprout.data import generate_corpus
+
+    return generate_corpus(n_chars, seed=20_261_129)
+
+
+def fit_text(model, text: str, max_tokens: Optional[int] = None) -> str:
+    """The longest prefix of `text` (cut at a word) that fits the model's context (and max_tokens)."""
+    limit = min(int(model.cfg.n_ctx), max_tokens or 10**9)
+    if len(model.to_tokens(text)[0]) <= limit:
+        return text
+    words = text.split(" ")
+    lo, hi = 1, len(words)
+    while lo < hi:  # binary search on the number of words
+        mid = (lo + hi + 1) // 2
+        if len(model.to_tokens(" ".join(words[:mid]))[0]) <= limit:
+            lo = mid
+        else:
+            hi = mid - 1
+    return " ".join(words[:lo])
+
+
+# ----------------------------------------------------------------------------- output
+
+def kaleido_ready() -> bool:
+    """PNG export needs the kaleido package and a Chromium for it to drive."""
+    if importlib.util.find_spec("kaleido") is None:
+        return False
+    return any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome", "chrome"))
+
+
+@dataclass
+class Figure:
+    experiment: str
+    stem: str
+    caption: str
+    fig: object
+    html: Path
+
+
+@dataclass
+class Output:
+    """Where one experiment writes (`dir`), and the folder holding the one plotly.min.js (`js_dir`:
+    `dir` itself for a lone experiment, the common root under run_all)."""
+
+    dir: Path
+    experiment: str
+    js_dir: Optional[Path] = None
+    figures: list = field(default_factory=list)
+
+    def __post_init__(self):
+        self.dir = Path(self.dir)
+        self.js_dir = self.dir if self.js_dir is None else Path(self.js_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def plotly_js(self) -> Path:
+        """Write plotly.min.js into the root once; every HTML file below it references that copy."""
+        path = self.js_dir / "plotly.min.js"
+        if not path.is_file():
+            from plotly.offline import get_plotlyjs
+
+            tmp = path.with_suffix(".js.tmp")
+            tmp.write_text(get_plotlyjs(), encoding="utf-8")
+            os.replace(tmp, path)
+        return path
+
+    def figure(self, fig, stem: str, caption: str) -> Path:
+        """Write `<stem>.html` (and `<stem>.png` when kaleido can) and remember it for the index."""
+        html = self.dir / f"{stem}.html"
+        js = os.path.relpath(self.plotly_js(), self.dir).replace(os.sep, "/")
+        fig.write_html(html, include_plotlyjs=js, full_html=True, config=dict(responsive=False))
+        if kaleido_ready():
+            try:
+                fig.write_image(self.dir / f"{stem}.png", scale=2)
+            except Exception:  # a kaleido without a working browser: HTML is the real output
+                pass
+        self.figures.append(Figure(self.experiment, stem, caption, fig, html))
+        return html
+
+    def table(self, df: pd.DataFrame, stem: str) -> Path:
+        path = self.dir / f"{stem}.csv"
+        df.to_csv(path, index=False)
+        return path
+
+    def numbers(self, rows: list[dict]) -> list[dict]:
+        """The headline numbers as numbers.json: quantity, model, measured, chapter, note."""
+        with open(self.dir / "numbers.json", "w", encoding="utf-8") as f:
+            json.dump(rows, f, indent=2, default=float)
+        return rows
+
+
+def number(quantity: str, measured, chapter=None, model: str = "", fmt: str = "{:.3g}", note: str = "") -> dict:
+    """One headline number, measured beside the chapter's (None when the chapter gives none)."""
+    shown = "n/a" if measured is None else (fmt.format(measured) if isinstance(measured, (int, float)) else str(measured))
+    return dict(quantity=quantity, model=model, measured=measured, shown=shown,
+                chapter=chapter, note=note)
+
+
+def output_for(args, name: str) -> Output:
+    return Output(Path(args.out) if args.out else RESULTS / name, name)
+
+
+def args_for(module, argv=()) -> argparse.Namespace:
+    """An experiment's arguments with its defaults (what run_all passes it)."""
+    p = parser(module.NAME, module.DOC, getattr(module, "TEXT", None))
+    if hasattr(module, "add_args"):
+        module.add_args(p)
+    return p.parse_args(list(argv))
+
+
+def standalone(module, argv=None) -> int:
+    """`python -m experiments.<name>`: parse, load, run, write numbers.json, print the numbers."""
+    args = args_for(module, argv if argv is not None else __import__("sys").argv[1:])
+    out = output_for(args, module.NAME)
+    needs = getattr(module, "NEEDS_MODELS", True)
+    models = load_models(args.models, args.threads) if (args.models or needs) else {}
+    rows = out.numbers(module.run(models, out, args))
+    print(f"wrote {len(out.figures)} figure(s) and numbers.json to {out.dir}")
+    print(format_numbers(rows))
+    return 0
+
+
+def format_numbers(rows: list[dict]) -> str:
+    lines = []
+    for r in rows:
+        chapter = "" if r["chapter"] is None else f"   (chapter: {r['chapter']})"
+        lines.append(f"  {r['model'] or '-':<14} {r['quantity']:<56} {r['shown']}{chapter}")
+    return "\n".join(lines)

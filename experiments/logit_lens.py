@@ -1,0 +1,54 @@
+"""The logit lens: read the residual stream after every block through the final norm and unembedding."""
+from __future__ import annotations
+
+import pandas as pd
+
+import figures
+import interp
+
+from .common import LENS_TEXT, fit_text, held_out_text, number, standalone
+
+NAME = "logit_lens"
+DOC = "Logit-lens grid for a text, and the lens' mean confidence per layer on held-out text."
+SUMMARY = ("What each model would predict if it stopped after each block: the top-1 token per layer and "
+           "position, coloured by its probability and framed where it is the actual next token.")
+TEXT = LENS_TEXT
+MAX_TOKENS = 64
+
+
+def add_args(p):
+    p.add_argument("--chars", type=int, default=12_000, help="characters of held-out text for the per-layer summary")
+
+
+def run(models, out, args) -> list[dict]:
+    rows, summaries = [], []
+    for label, model in models.items():
+        lens = interp.logit_lens(model, fit_text(model, args.text, MAX_TOKENS), k=5)
+        out.table(lens.drop(columns=["top_ids"]), f"lens_{label}")
+        out.figure(figures.logit_lens_grid(lens, title=f"Logit lens, {label}"), f"lens_{label}",
+                   f"{label}: the top-1 token after each block; frames mark the actual next token; hover for the top 5.")
+        summary = interp.lens_dataset_summary(model, held_out_text(model, args.chars)).assign(model=label)
+        summaries.append(summary)
+        conf = summary.set_index("layer")["mean_top1_prob"]
+        last = int(conf.index.max())
+        # the chapter's numbers are the 8-block Sprout's: 77% after block 7, 59% after block 8
+        ch8 = last == 8
+        if last >= 2:
+            rows.append(number(f"mean top-1 probability after block {last - 1}", float(conf[last - 1]),
+                               "77% (after block 7 of 8)" if ch8 else None, label, fmt="{:.0%}"))
+        rows.append(number(f"mean top-1 probability after block {last} (output)", float(conf[last]),
+                           "59% (after block 8 of 8)" if ch8 else None, label, fmt="{:.0%}"))
+        hit = summary.set_index("layer")["frac_next_top1"]
+        rows.append(number("next token is top-1 at the output", float(hit[last]), None, label, fmt="{:.0%}"))
+        rows.append(number("layer where the lens is most confident", int(conf.idxmax()), None, label, fmt="{}"))
+    out.table(pd.concat(summaries, ignore_index=True), "lens_summary")
+    return rows
+
+
+def main(argv=None) -> int:
+    import sys
+    return standalone(sys.modules[__name__], argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

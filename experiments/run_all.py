@@ -1,0 +1,114 @@
+"""Every experiment, one command: `python -m experiments.run_all [--models gpt-1 gpt-4] [--out results]`.
+
+Writes `OUT/<experiment>/` for each experiment (figures as HTML, tables as CSV, numbers.json), one
+`OUT/plotly.min.js` they all share, `OUT/numbers.csv` with every headline number, and `OUT/index.html`
+showing every figure with a sentence on what it shows and the measured numbers beside the chapter's.
+"""
+from __future__ import annotations
+
+import argparse
+import html
+import importlib
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+from tqdm import tqdm
+
+from . import EXPERIMENTS
+from .common import DEFAULT_MODELS, Output, args_for, format_numbers, load_models
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m experiments.run_all", description=__doc__.splitlines()[0])
+    p.add_argument("--models", "--model", dest="models", nargs="+", default=None,
+                   help=f"demo names or checkpoint paths (default: {' '.join(DEFAULT_MODELS)})")
+    p.add_argument("--out", default="results", help="output folder (default: results)")
+    p.add_argument("--only", nargs="+", choices=EXPERIMENTS, default=None, help="run only these experiments")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    return p.parse_args(argv)
+
+
+def run_all(models: dict, out: Path, only=None, progress: bool = True) -> dict:
+    """Run the experiments on loaded models into `out`; returns {experiment: (module, Output, rows)}."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    done = {}
+    names = [n for n in EXPERIMENTS if only is None or n in only]
+    bar = tqdm(names, desc="experiments", unit="exp", disable=not progress, file=sys.stderr)
+    for name in bar:
+        bar.set_postfix_str(name)
+        module = importlib.import_module(f"experiments.{name}")
+        o = Output(out / name, name, js_dir=out)
+        args = args_for(module)
+        done[name] = (module, o, o.numbers(module.run(models, o, args)))
+    rows = [dict(experiment=n, **{k: v for k, v in r.items() if k != "measured"}, measured=r["measured"])
+            for n, (_, _, rs) in done.items() for r in rs]
+    pd.DataFrame(rows).to_csv(out / "numbers.csv", index=False)
+    write_index(done, models, out)
+    return done
+
+
+def _numbers_table(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    cells = "".join(
+        f"<tr><td>{html.escape(r['model'] or '-')}</td><td>{html.escape(r['quantity'])}</td>"
+        f"<td class=num>{html.escape(r['shown'])}</td>"
+        f"<td class=num>{html.escape('' if r['chapter'] is None else str(r['chapter']))}</td></tr>"
+        for r in rows)
+    return ("<table><thead><tr><th>model</th><th>quantity</th><th>measured</th><th>chapter</th></tr></thead>"
+            f"<tbody>{cells}</tbody></table>")
+
+
+INDEX_CSS = """
+body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1500px;padding:0 1em;color:#222}
+h1{margin-bottom:0} h2{margin-top:2.2em;border-bottom:1px solid #ddd}
+p.what{max-width:60em} figure{margin:1.5em 0;overflow-x:auto} figcaption{color:#555;margin:.3em 0}
+table{border-collapse:collapse;margin:.8em 0} td,th{border-bottom:1px solid #eee;padding:.25em .8em;text-align:left}
+td.num{font-family:monospace;text-align:right} nav a{margin-right:1em}
+"""
+
+
+def write_index(done: dict, models: dict, out: Path) -> Path:
+    """index.html: the headline numbers, then each experiment's sentence, numbers and figures."""
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>sprout-interp results</title>"
+             f"<style>{INDEX_CSS}</style><script src='plotly.min.js'></script></head><body>",
+             "<h1>sprout-interp: the chapter, reproduced</h1>",
+             f"<p>Models: {html.escape(', '.join(models) or 'none')}. Generated {time.strftime('%Y-%m-%d %H:%M')}. "
+             "Every figure is interactive (hover, zoom); each experiment's folder holds the same figures as "
+             "standalone HTML, the tables as CSV and the numbers as JSON.</p>",
+             "<nav>" + "".join(f"<a href='#{n}'>{n.replace('_', ' ')}</a>" for n in done) + "</nav>",
+             "<h2 id='numbers'>Headline numbers</h2>",
+             _numbers_table([r for _, _, rows in done.values() for r in rows if r["chapter"] is not None])]
+    k = 0
+    for name, (module, o, rows) in done.items():
+        parts += [f"<h2 id='{name}'>{name.replace('_', ' ')}</h2>", f"<p class=what>{html.escape(module.SUMMARY)}</p>",
+                  f"<p>Files: <a href='{name}/'>{name}/</a> · <code>python -m experiments.{name}</code></p>",
+                  _numbers_table(rows)]
+        for f in o.figures:
+            div = f.fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig{k}",
+                                config=dict(responsive=False))
+            parts.append(f"<figure>{div}<figcaption>{html.escape(f.caption)} "
+                         f"(<a href='{name}/{f.html.name}'>standalone</a>)</figcaption></figure>")
+            k += 1
+    parts.append("</body></html>")
+    path = out / "index.html"
+    path.write_text("\n".join(parts), encoding="utf-8")
+    return path
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    start = time.time()
+    models = load_models(args.models, args.threads)
+    done = run_all(models, Path(args.out), args.only)
+    n_fig = sum(len(o.figures) for _, o, _ in done.values())
+    print(f"{len(done)} experiments, {n_fig} figures in {time.time() - start:.0f} s -> {Path(args.out) / 'index.html'}")
+    print(format_numbers([r for _, _, rows in done.values() for r in rows]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

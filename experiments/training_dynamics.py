@@ -1,0 +1,116 @@
+"""Training curves, and induction heads forming during training (Olsson et al. 2022's phase change)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+import figures
+import interp
+
+from .common import model_dir, number, standalone
+
+NAME = "training_dynamics"
+DOC = "Loss curves from train_log.csv and the induction score of every head at each saved snapshot."
+SUMMARY = ("Training and held-out loss against tokens seen, and every head's induction score at the "
+           "snapshots saved during training: induction heads appear fairly suddenly, and the loss on "
+           "repeated text drops with them.")
+CHAPTER_LOSS = {"gpt-1": "2.87", "gpt-4": "2.26"}
+STEP = re.compile(r"^step_(\d+)$")
+
+
+def add_args(p):
+    p.add_argument("--runs", nargs="*", default=[], help="training run folders (train_log.csv, checkpoints/step_*)")
+    p.add_argument("--max-snapshots", type=int, default=16, help="snapshots scored per run (log-spaced subset)")
+
+
+def run_dirs(models, extra) -> dict[str, Path]:
+    """{label: folder with a train_log.csv}: given run folders, then each model's own folder (or the run it
+    came from, for a checkpoint inside `checkpoints/`)."""
+    found = {Path(r).name: Path(r) for r in extra}
+    for label, model in models.items():
+        d = model_dir(model)
+        for cand in [d, d and d.parent.parent, Path("runs") / label]:
+            if cand is not None and (cand / "train_log.csv").is_file() and label not in found:
+                found[label] = cand
+    return found
+
+
+def snapshot_dirs(run: Path) -> list[tuple[int, Path]]:
+    snaps = []
+    for parent in (run / "checkpoints", run / "snapshots"):
+        if parent.is_dir():
+            snaps += [(int(m.group(1)), d) for d in parent.iterdir() if (m := STEP.match(d.name)) and d.is_dir()]
+    return sorted(snaps)
+
+
+def induction_snapshots(run: Path, log: pd.DataFrame, limit: int) -> Optional[pd.DataFrame]:
+    """Induction score per head at each snapshot: a shipped induction_snapshots.csv, else scored here."""
+    if (run / "induction_snapshots.csv").is_file():
+        return pd.read_csv(run / "induction_snapshots.csv")
+    snaps = snapshot_dirs(run)
+    if len(snaps) < 2:
+        return None
+    if len(snaps) > limit:  # keep the first and last, evenly spaced in between
+        keep = np.unique(np.linspace(0, len(snaps) - 1, limit).round().astype(int))
+        snaps = [snaps[i] for i in keep]
+    import sprout
+
+    per_step = (log["tokens"] / log["step"].clip(lower=1)).iloc[-1]
+    tokens_at = dict(zip(log["step"], log["tokens"]))
+    val = log.dropna(subset=["val_loss"]).set_index("step")["val_loss"]
+    frames = []
+    for step, d in snaps:
+        model = sprout.load(d)
+        df = interp.head_scores(model, "induction", half_len=min(32, int(model.cfg.n_ctx) // 2), n_seqs=4)
+        frames.append(df.assign(step=step, tokens=tokens_at.get(step, step * per_step),
+                                val_loss=val.get(step, np.nan)))
+    return pd.concat(frames, ignore_index=True)
+
+
+def run(models, out, args) -> list[dict]:
+    rows, logs, snaps = [], [], []
+    runs = run_dirs(models, args.runs)
+    for label in list(models) + [l for l in runs if l not in models]:
+        if label not in runs:
+            rows.append(number("final held-out loss (nats/token)", "no train_log.csv found", CHAPTER_LOSS.get(label), label))
+            continue
+        log = pd.read_csv(runs[label] / "train_log.csv")
+        logs.append(log.assign(model=label))
+        val = log.dropna(subset=["val_loss"])
+        if len(val):
+            rows.append(number("final held-out loss (nats/token)", float(val["val_loss"].iloc[-1]),
+                               CHAPTER_LOSS.get(label), label, fmt="{:.2f}"))
+        s = induction_snapshots(runs[label], log, args.max_snapshots)
+        if s is not None:
+            snaps.append(s.assign(model=label))
+            best = s.groupby("tokens")["score"].max()
+            formed = best[best >= 0.3]
+            rows.append(number("training tokens when a head first reaches induction score 0.3",
+                               float(formed.index[0]) if len(formed) else "not reached", None, label, fmt="{:,.0f}"))
+    if logs:
+        table = pd.concat(logs, ignore_index=True)
+        out.table(table, "train_logs")
+        out.figure(figures.loss_curves(table), "loss_curves",
+                   "Training loss (thin), held-out loss (thick) and loss on repeated random tokens (dotted) "
+                   "against tokens seen.")
+    if snaps:
+        table = pd.concat(snaps, ignore_index=True)
+        out.table(table, "induction_snapshots")
+        for label, g in table.groupby("model", sort=False):
+            out.figure(figures.induction_over_training(g.drop(columns="model"), title=f"Induction heads forming, {label}"),
+                       f"induction_over_training_{label}",
+                       f"{label}: each head's induction score at each training snapshot (the phase change).")
+    return rows
+
+
+def main(argv=None) -> int:
+    import sys
+    return standalone(sys.modules[__name__], argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
