@@ -88,3 +88,18 @@ def test_bad_input_is_named(tiny_model):
         interp.ablate_heads(tiny_model, [(0, 7)])
     with pytest.raises(ValueError, match="no heads"):
         interp.ablate_heads(tiny_model, [])
+
+
+def test_walkthrough_gpt_ablation_equals_zeroed_projection_columns():
+    from sprout.walkthrough import build_step
+
+    torch.manual_seed(0)
+    model = build_step("4.10", context=32).eval()
+    tokens = torch.randint(0, 65, (2, 20), generator=torch.Generator().manual_seed(1))
+    edited = copy.deepcopy(model)
+    dh = model.cfg.d_head
+    with torch.no_grad():
+        edited.blocks[1].attn.projection.weight[:, 2 * dh:3 * dh] = 0.0  # the bias stays, as in the hook
+        _, loss = edited(tokens[:, :-1], tokens[:, 1:])
+    df = interp.ablate_heads(model, [(1, 2)], tokens)
+    assert df.loss_ablated[0] == pytest.approx(loss.item(), abs=1e-5)

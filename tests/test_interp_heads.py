@@ -141,3 +141,15 @@ def test_repeated_tokens_and_bad_input(tiny_model):
         interp.repeated_tokens(tiny_model, half_len=40)
     with pytest.raises(ValueError, match="no query position"):
         interp.head_scores(tiny_model, "duplicate_token", torch.arange(1, 30))
+
+
+def test_walkthrough_gpt_runs_unchanged():
+    from sprout.walkthrough import build_step
+
+    torch.manual_seed(0)
+    model = build_step("4.10", context=32).eval()
+    seq = torch.randint(0, 65, (24,), generator=torch.Generator().manual_seed(0))
+    mine, n_rows = interp.head_score_tensor(model, "previous_token", seq[None])
+    assert torch.allclose(mine * n_rows / len(seq), detect_head(model, seq, "previous_token_head"), atol=1e-5)
+    df = interp.head_scores(model, "induction", half_len=8, n_seqs=2, token_range=(0, 65))
+    assert len(df) == 3 * 4 and df.score.between(0, 1).all()
