@@ -84,7 +84,27 @@ class HookedLM(HookedRootModule):
         TransformerLens); with `targets` it is forward's `(logits, loss)`. `names_filter` selects hooks.
         """
         out, cache = super().run_with_cache(*model_args, **kwargs)
-        return _logits_unless_loss(out), ActivationCache(cache, self)
+        batched = not kwargs.get("remove_batch_dim", False)
+        return _logits_unless_loss(out), ActivationCache(cache, self, has_batch_dim=batched)
+
+    def to_single_token(self, string: str) -> int:
+        """The id of a text that is exactly one token."""
+        ids = self.to_tokens(string)[0]
+        if ids.numel() != 1:
+            raise ValueError(f"{string!r} is {ids.numel()} tokens, not one")
+        return int(ids[0])
+
+    def tokens_to_residual_directions(self, tokens) -> torch.Tensor:
+        """The residual direction [..., d_model] whose dot product with ln_final(x) is each token's logit.
+
+        Reads `self.W_U` [d_model, vocab] (the unembedding with the final norm's gain folded in), which
+        a model defines where that folding is exact (Sprout; not the walkthrough GPT's biased LayerNorm).
+        """
+        if isinstance(tokens, str):
+            tokens = self.to_single_token(tokens)
+        if isinstance(tokens, int) or (isinstance(tokens, torch.Tensor) and tokens.dim() == 0):
+            return self.W_U[:, int(tokens)]
+        return self.W_U[:, tokens].movedim(0, -1)
 
     def run_with_hooks(self, *model_args, **kwargs):
         """Run with temporary hooks (removed afterwards, even if the forward raises); output as above."""

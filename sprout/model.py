@@ -35,6 +35,15 @@ class NormHooks(nn.Module):
         self.hook_scale = HookPoint()  # [batch, pos, 1]: sqrt(mean(x^2) + eps)
         self.hook_normalized = HookPoint()  # [batch, pos, d_model]: x / scale, before the gain
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x / rms(x), without the gain and without firing the hooks.
+
+        TransformerLens' helpers call `model.ln_final(x)` to renormalise a stack of streams
+        (`accumulated_resid(apply_ln=True)`, `logit_lens`); the gain is folded into `Sprout.W_U`.
+        """
+        xf = x.float()
+        return (xf / (xf.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()).type_as(x)
+
 
 class RMSNorm(nn.Module):
     """Rescale a vector to unit root-mean-square, then apply a learned gain (computed in float32)."""
@@ -89,6 +98,11 @@ class Attention(nn.Module):
         self.hook_pattern = HookPoint()  # [batch, head, query_pos, key_pos], rows sum to 1
         self.hook_z = HookPoint()  # [batch, pos, head, d_head]
         self.hook_result = HookPoint()  # [batch, pos, head, d_model]: each head's write to the stream
+
+    @property
+    def W_O(self) -> torch.Tensor:
+        """[head, d_head, d_model]: each head's output matrix (TransformerLens' layout)."""
+        return self.proj.weight.T.reshape(self.n_head, self.d_head, -1)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
@@ -147,6 +161,8 @@ class FeedForward(nn.Module):
 class Block(nn.Module):
     """One pre-norm transformer block: x + attn(norm1(x)), then x + ffn(norm2(x))."""
 
+    hook_out_is_single_residual_stream = True  # TransformerLens' logit_lens asks
+
     def __init__(self, cfg: SproutConfig):
         super().__init__()
         # Registration order matches model.py's, so the same seed gives the same initial weights.
@@ -200,6 +216,21 @@ class Sprout(HookedLM):
             if name.endswith("proj.weight") or name.endswith("w2.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
         self.setup()
+
+    @property
+    def W_U(self) -> torch.Tensor:
+        """[d_model, vocab]: the unembedding with the final norm's gain folded in (TransformerLens'
+        fold_ln convention), so `ln_final(x) @ W_U` are the logits and `ln_final` needs no weight."""
+        return self.norm.weight[:, None] * self.head.weight.T
+
+    @property
+    def b_U(self) -> torch.Tensor:
+        """[vocab]: zero; Sprout has no biases."""
+        return self.embed.weight.new_zeros(self.config.vocab_size)
+
+    def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> torch.Tensor:
+        """[d_model]: zero, the sum of the biases written to the stream before `layer` (there are none)."""
+        return self.embed.weight.new_zeros(self.config.d_model)
 
     @staticmethod
     def _init(m: nn.Module):

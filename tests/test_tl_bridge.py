@@ -1,9 +1,4 @@
-"""TransformerLens' own tools on a Sprout, each checked against an independent computation.
-
-`lens_surface` adds, for the length of a test, the few members TransformerLens' ActivationCache
-helpers reach for that sprout/model.py does not define yet (see PROPOSED in the report of issue 7).
-Each is added only when missing, so once model.py has them these tests run on the real thing.
-"""
+"""TransformerLens' own tools on a Sprout, each checked against an independent computation."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,7 +7,6 @@ from transformer_lens.config import TransformerLensConfig
 from transformer_lens.model_protocol import TransformerLensModel, TransformerLensModelWithWeights
 
 from sprout import Sprout
-from sprout.model import Attention, Block, NormHooks
 from sprout.tokenizer import train_bpe
 from tests.conftest import TINY, randomize_gains
 
@@ -20,69 +14,8 @@ EPS = 1e-6
 TEXT = "the cat sat. the cat sat."  # 25 byte tokens with repeats: duplicate and induction targets exist
 
 
-# --- the members model.py is missing (added only when missing) ------------------------------------
-
-def _rms_normalize(self, x):
-    xf = x.float()
-    return (xf / (xf.pow(2).mean(-1, keepdim=True) + EPS).sqrt()).type_as(x)
-
-
-def _W_O(self):
-    return self.proj.weight.T.reshape(self.n_head, self.d_head, -1)
-
-
-def _W_U(self):
-    return self.norm.weight[:, None] * self.head.weight.T
-
-
-def _b_U(self):
-    return torch.zeros(self.config.vocab_size, dtype=self.head.weight.dtype, device=self.head.weight.device)
-
-
-def _tokens_to_residual_directions(self, tokens):
-    if isinstance(tokens, str):
-        tokens = self.to_single_token(tokens)
-    if isinstance(tokens, int) or (isinstance(tokens, torch.Tensor) and tokens.dim() == 0):
-        return self.W_U[:, int(tokens)]
-    return self.W_U[:, tokens].movedim(0, -1)
-
-
-def _to_single_token(self, string):
-    ids = self.to_tokens(string)[0]
-    if ids.numel() != 1:
-        raise ValueError(f"{string!r} is {ids.numel()} tokens, not one")
-    return int(ids[0])
-
-
-def _accumulated_bias(self, layer, mlp_input=False, include_mlp_biases=True):
-    return torch.zeros(self.config.d_model, dtype=self.embed.weight.dtype, device=self.embed.weight.device)
-
-
 @pytest.fixture
-def lens_surface(monkeypatch):
-    if NormHooks.forward is torch.nn.Module.forward:
-        monkeypatch.setattr(NormHooks, "forward", _rms_normalize)
-    if not hasattr(Attention, "W_O"):
-        monkeypatch.setattr(Attention, "W_O", property(_W_O), raising=False)
-    if not hasattr(Block, "hook_out_is_single_residual_stream"):
-        monkeypatch.setattr(Block, "hook_out_is_single_residual_stream", True, raising=False)
-    for name, value in [("W_U", property(_W_U)), ("b_U", property(_b_U)), ("to_single_token", _to_single_token),
-                        ("tokens_to_residual_directions", _tokens_to_residual_directions),
-                        ("accumulated_bias", _accumulated_bias)]:
-        if not hasattr(Sprout, name):
-            monkeypatch.setattr(Sprout, name, value, raising=False)
-    run_with_cache = Sprout.run_with_cache
-
-    def run_with_cache_batchless(self, *args, **kwargs):  # the cache must know its batch dim is gone
-        out, cache = run_with_cache(self, *args, **kwargs)
-        cache.has_batch_dim = not kwargs.get("remove_batch_dim", False)
-        return out, cache
-
-    monkeypatch.setattr(Sprout, "run_with_cache", run_with_cache_batchless)
-
-
-@pytest.fixture
-def model(lens_surface):
+def model():
     torch.manual_seed(0)
     m = randomize_gains(Sprout(TINY).eval())
     m.tokenizer = train_bpe("abc", vocab_size=256, special_tokens=())  # the 256 bytes, one id each
