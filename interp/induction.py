@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 import re
-from typing import Union
+from typing import Optional
 
 import pandas as pd
 import torch
@@ -55,18 +55,20 @@ def _token_probs(model, text: str, spans: list[tuple[int, int]]) -> list[list[tu
     return out
 
 
-def induction_table(models, text: str, name: str) -> pd.DataFrame:
-    """Probability each model gives each token of every occurrence of `name` in `text`.
+def induction_table(models, text: str, name: Optional[str] = None) -> pd.DataFrame:
+    """Probability each model gives each token of every occurrence of a repeated name in `text`.
 
     Args:
         models: a model, a list of models, or a dict {label: model} (each with a tokenizer).
         text: the text, e.g. a story where an invented name comes back.
-        name: the repeated string, e.g. "Zorbin Plax"; it must occur at least twice.
+        name: the repeated string, e.g. "Zorbin Plax"; it must occur at least twice. By default every
+            name `story_names` finds (single capitalised words, so "Zorbin" and "Plax" separately).
 
     Returns:
-        One row per model, occurrence and token: `model`, `occurrence` (1 = first), `token_index`
-        (0 = the name's first token), `token`, `pos` (in the text's tokens), `prob` (the model's
-        probability of that token given everything before it; NaN at position 0).
+        One row per model, name, occurrence and token: `model`, `name`, `occurrence` (1 = first),
+        `token_index` (0 = the name's first token), `token`, `pos` (in the text's tokens), `prob` (the
+        model's probability of that token given everything before it; NaN at position 0). Occurrences
+        past a model's context are left out.
 
     Example:
         >>> import interp
@@ -79,15 +81,26 @@ def induction_table(models, text: str, name: str) -> pd.DataFrame:
         >>> sorted(df.occurrence.unique().tolist())
         [1, 2]
     """
-    spans = [(m.start(), m.end()) for m in re.finditer(re.escape(name), text)]
-    if len(spans) < 2:
-        raise ValueError(f"{name!r} occurs {len(spans)} time(s) in the text; the table needs it at least twice")
+    if name is None:
+        names = story_names(text)
+        if not names:
+            raise ValueError("found no repeated name in the text (a capitalised word that occurs twice, "
+                             "once mid-sentence); pass name=")
+    else:
+        names = {name: [(m.start(), m.end()) for m in re.finditer(re.escape(name), text)]}
+        if len(names[name]) < 2:
+            raise ValueError(f"{name!r} occurs {len(names[name])} time(s) in the text; the table needs it at least twice")
+    owner = [n for n, spans in names.items() for _ in spans]
+    spans = [s for v in names.values() for s in v]
     rows = []
     for label, model in _named(models).items():
-        for occ, toks in enumerate((t for t in _token_probs(model, text, spans) if t), start=1):
-            rows += [dict(model=label, occurrence=occ, token_index=j, token=t, pos=pos, prob=p)
-                     for j, t, pos, p in toks]
-    return pd.DataFrame(rows, columns=["model", "occurrence", "token_index", "token", "pos", "prob"])
+        occurrence: dict[str, int] = {}
+        for n, toks in zip(owner, _token_probs(model, text, spans)):
+            if toks:
+                occurrence[n] = occurrence.get(n, 0) + 1
+                rows += [dict(model=label, name=n, occurrence=occurrence[n], token_index=j, token=t, pos=pos, prob=p)
+                         for j, t, pos, p in toks]
+    return pd.DataFrame(rows, columns=["model", "name", "occurrence", "token_index", "token", "pos", "prob"])
 
 
 def story_names(story: str) -> dict[str, list[tuple[int, int]]]:

@@ -56,3 +56,9 @@ def test_stories_aggregate(models):
     first = df[(df.model == "m0") & (df.token_index == 0) & (df.occurrence == "first")]
     expected = sum(len(interp.story_names(generate_story(random.Random(f"0-{i}")))) for i in range(2))
     assert first.n.item() == first.n_names.item() <= expected  # one first token per name that fits the context
+
+
+def test_names_found_when_not_given(models):
+    df = interp.induction_table(models["m0"], TEXT)
+    assert set(df.name) == {"Zorbin", "Plax"}
+    assert df.groupby("name").occurrence.max().to_dict() == {"Plax": 3, "Zorbin": 3}
