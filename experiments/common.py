@@ -21,9 +21,8 @@ DEFAULT_MODELS = ["gpt-1", "gpt-4"]
 RESULTS = Path("results")
 
 # The chapter's demo text: an invented name comes back, so only copying can predict it the second time.
-ZORBIN = ("Once upon a time, a baker named Zorbin Plax lived near the old mill. Every morning he "
-          "carried bread to the market. One day a girl asked who made the sweet bread, and the "
-          "miller smiled and said: Zorbin Plax")
+ZORBIN = ("Once there was a baker named Zorbin Plax. He baked bread for the whole town. One day a "
+          "girl asked who made it, and the miller said: Zorbin Plax")
 # A short text for the logit lens and the attention maps (it also repeats a name).
 LENS_TEXT = ("Mira Tolk found a red kite in the garden. She gave the kite to her friend Dob. "
              "Later that day, Mira Tolk and Dob flew the red kite over the hill.")
@@ -97,14 +96,17 @@ def held_out_text(model, n_chars: int = 30_000) -> str:
 
 def fit_text(model, text: str, max_tokens: Optional[int] = None) -> str:
     """The longest prefix of `text` (cut at a word) that fits the model's context (and max_tokens)."""
+    from sprout.tokenizer import encode
+
     limit = min(int(model.cfg.n_ctx), max_tokens or 10**9)
-    if len(model.to_tokens(text)[0]) <= limit:
+    n_tokens = lambda t: len(encode(model.tokenizer, t))
+    if n_tokens(text) <= limit:
         return text
     words = text.split(" ")
     lo, hi = 1, len(words)
     while lo < hi:  # binary search on the number of words
         mid = (lo + hi + 1) // 2
-        if len(model.to_tokens(" ".join(words[:mid]))[0]) <= limit:
+        if n_tokens(" ".join(words[:mid])) <= limit:
             lo = mid
         else:
             hi = mid - 1

@@ -30,8 +30,11 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def run_all(models: dict, out: Path, only=None, progress: bool = True) -> dict:
-    """Run the experiments on loaded models into `out`; returns {experiment: (module, Output, rows)}."""
+def run_all(models: dict, out: Path, only=None, progress: bool = True, options: dict | None = None) -> dict:
+    """Run the experiments on loaded models into `out`; returns {experiment: (module, Output, rows)}.
+
+    `options` maps an experiment to extra command-line arguments, e.g. {"residual_growth": ["--chars", "4000"]}.
+    """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     done = {}
@@ -41,7 +44,7 @@ def run_all(models: dict, out: Path, only=None, progress: bool = True) -> dict:
         bar.set_postfix_str(name)
         module = importlib.import_module(f"experiments.{name}")
         o = Output(out / name, name, js_dir=out)
-        args = args_for(module)
+        args = args_for(module, (options or {}).get(name, ()))
         done[name] = (module, o, o.numbers(module.run(models, o, args)))
     rows = [dict(experiment=n, **{k: v for k, v in r.items() if k != "measured"}, measured=r["measured"])
             for n, (_, _, rs) in done.items() for r in rs]

@@ -1,0 +1,184 @@
+"""run_all on a tiny random model saved like a training run: every file, and the numbers recomputed."""
+import json
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import sprout
+from experiments import EXPERIMENTS, terminal
+from experiments.common import ZORBIN, Output, held_out_text
+from experiments.run_all import run_all
+from sprout import Sprout, SproutConfig
+from sprout.data import generate_corpus
+from sprout.tokenizer import train_bpe
+
+CFG = SproutConfig(vocab_size=300, context=128, n_layer=2, n_head=2, d_model=32, d_ff=64)
+LOG = pd.DataFrame(dict(step=[0, 10, 20], tokens=[0, 5120, 10240], lr=[0.0, 1e-3, 1e-4], train_loss=[5.8, 5.1, 4.6],
+                        val_loss=[5.75, np.nan, 4.55], rep_first=[5.7, 5.2, 5.0], rep_second=[5.7, 4.0, 2.5],
+                        elapsed_s=[0, 1, 2]))
+OPTIONS = {"residual_growth": ["--chars", "3000"], "logit_lens": ["--chars", "2000"],
+           "head_detection": ["--n-seqs", "4"], "induction_demo": ["--stories", "3"]}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A training-run folder (train_log.csv, two snapshots) and run_all's output for its model."""
+    root = tmp_path_factory.mktemp("exp")
+    tok = train_bpe(generate_corpus(15_000, seed=3) + " Zorbin Plax", vocab_size=CFG.vocab_size)
+    run_dir = root / "tiny"
+    for step, seed in ((0, 1), (20, 0)):
+        torch.manual_seed(seed)
+        sprout.save(Sprout(CFG, tokenizer=tok), run_dir / "checkpoints" / f"step_{step:08d}")
+    LOG.to_csv(run_dir / "train_log.csv", index=False)
+    model = sprout.load(run_dir)
+    model.spec = str(run_dir)
+    out = root / "results"
+    done = run_all({"tiny": model}, out, progress=False, options=OPTIONS)
+    return dict(out=out, done=done, model=model, run_dir=run_dir)
+
+
+def numbers(out, name):
+    return {(r["model"], r["quantity"]): r for r in json.loads((out / name / "numbers.json").read_text())}
+
+
+def test_every_file_is_written(run):
+    out = run["out"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(EXPERIMENTS + ["index.html", "numbers.csv", "plotly.min.js"])
+    expected = {
+        "param_counts": {"param_table.csv", "param_breakdown.html"},
+        "rope_check": {"chapter_pairs.csv", "sweep.csv", "rope_distance.html"},
+        "residual_growth": {"residual_rms.csv", "residual_rms.html"},
+        "logit_lens": {"lens_tiny.csv", "lens_tiny.html", "lens_summary.csv"},
+        "head_detection": {"head_scores.csv", "ablation.csv", "scores_tiny.html", "ablation_tiny.html"},
+        "attention_maps": {"patterns.csv", "grid_tiny_layer0.html", "grid_tiny_layer1.html",
+                           "previous_token_tiny.html", "induction_tiny.html"},
+        "induction_demo": {"induction_table.csv", "induction_table.html", "induction_stories.csv",
+                           "induction_stories.html"},
+        "training_dynamics": {"train_logs.csv", "loss_curves.html", "induction_snapshots.csv",
+                              "induction_over_training_tiny.html"},
+    }
+    for name, files in expected.items():
+        assert {p.name for p in (out / name).iterdir()} == files | {"numbers.json"}, name
+    # plotly.js once, at the root; every figure points at it and holds one plot
+    htmls = sorted(out.glob("*/*.html"))
+    assert len(htmls) == sum(len([f for f in fs if f.endswith(".html")]) for fs in expected.values())
+    for h in htmls:
+        text = h.read_text()
+        assert re.search(r"<script[^>]* src=\"../plotly.min.js\"", text) and text.count("Plotly.newPlot") == 1, h
+    assert len(list(out.rglob("plotly.min.js"))) == 1
+    assert (out / "plotly.min.js").stat().st_size > 1_000_000
+
+
+def test_index_shows_every_figure_with_its_sentence_and_the_chapter_numbers(run):
+    index = (run["out"] / "index.html").read_text()
+    n_figures = len(list(run["out"].glob("*/*.html")))
+    assert index.count("Plotly.newPlot") == n_figures and index.count("<figure>") == n_figures
+    assert index.count("<script src='plotly.min.js'>") == 1
+    for module, _, _ in run["done"].values():
+        assert module.SUMMARY.replace("'", "&#x27;").replace('"', "&quot;") in index
+    for chapter in ["17,309,056", "20.45M", "80%", "18%"]:
+        assert chapter in index
+    table = pd.read_csv(run["out"] / "numbers.csv")
+    assert set(table["experiment"]) == set(EXPERIMENTS)
+
+
+def test_param_numbers_match_a_built_model(run):
+    n = numbers(run["out"], "param_counts")
+    assert n["", "Sprout parameters"]["measured"] == Sprout(SproutConfig.preset("sprout")).num_params() == 17_309_056
+    gpt1 = SproutConfig.preset("gpt-1")
+    share = gpt1.vocab_size * gpt1.d_model / Sprout(gpt1).num_params()
+    assert n["", "embedding share, gpt-1 preset"]["measured"] == pytest.approx(share)  # 78% (the chapter: 80%)
+    assert n["", "embedding share, Sprout"]["shown"] == "18%"
+    table = pd.read_csv(run["out"] / "param_counts" / "param_table.csv")
+    assert int(table[(table.config == "tiny") & (table.part == "total")]["count"].iloc[0]) == run["model"].num_params()
+
+
+def test_residual_numbers_match_the_embedding_rows(run):
+    model, n = run["model"], numbers(run["out"], "residual_growth")
+    ids = torch.tensor(model.tokenizer.encode(held_out_text(model, 3000), add_special_tokens=False).ids)
+    with torch.no_grad():
+        expected = model.embed.weight[ids].pow(2).mean(-1).sqrt().mean().item()
+    assert n["tiny", "RMS after the embedding"]["measured"] == pytest.approx(expected, rel=1e-4)
+    df = pd.read_csv(run["out"] / "residual_growth" / "residual_rms.csv").set_index("site")
+    last = df.loc["blocks.1.hook_resid_post", "mean"]
+    assert n["tiny", "RMS after block 2 (the last)"]["measured"] == pytest.approx(last)
+    assert n["tiny", "growth, last block / embedding"]["measured"] == pytest.approx(last / expected, rel=1e-4)
+
+
+def test_lens_output_row_is_the_models_prediction(run):
+    model = run["model"]
+    lens = pd.read_csv(run["out"] / "logit_lens" / "lens_tiny.csv")
+    text = "".join(lens[lens.layer == 0].sort_values("pos").token.astype(str))
+    with torch.no_grad():
+        probs = torch.softmax(model(model.to_tokens(text))[0][0].double(), -1)
+    top = lens[lens.layer == 2].sort_values("pos").top_probs.map(lambda s: float(re.findall(r"[\d.e-]+", s)[0]))
+    np.testing.assert_allclose(top.to_numpy(), probs.max(-1).values.numpy(), rtol=1e-4)
+
+
+def test_head_numbers_match_the_tables(run):
+    n = numbers(run["out"], "head_detection")
+    scores = pd.read_csv(run["out"] / "head_detection" / "head_scores.csv")
+    ind = scores[scores.kind == "induction"].sort_values("score", ascending=False).iloc[0]
+    assert n["tiny", "top induction head (score)"]["measured"] == f"L{ind.layer}H{ind['head']} ({ind.score:.2f})"
+    abl = pd.read_csv(run["out"] / "head_detection" / "ablation.csv")
+    np.testing.assert_allclose(abl.delta, abl.loss_ablated - abl.loss_clean)
+    assert set(abl.method) == {"zero", "mean"} and abl.label.str.contains(r"\+").sum() == 2
+
+
+def test_induction_numbers_are_the_models_probabilities(run):
+    model, n = run["model"], numbers(run["out"], "induction_demo")
+    table = pd.read_csv(run["out"] / "induction_demo" / "induction_table.csv")
+    ids = model.tokenizer.encode(ZORBIN, add_special_tokens=False).ids
+    with torch.no_grad():
+        probs = torch.softmax(model(torch.tensor([ids]))[0][0].double(), -1)
+    second = table[table.occurrence == 2].set_index("token_index")
+    for i in (1, 2):
+        pos, tok = int(second.loc[i, "pos"]), second.loc[i, "token"]
+        got = n["tiny", f'p({tok!r}) at the 2nd "Zorbin Plax"']["measured"]
+        assert got == pytest.approx(probs[pos - 1, ids[pos]].item(), rel=1e-4)
+
+
+def test_rope_and_training_numbers(run):
+    rope = numbers(run["out"], "rope_check")
+    assert rope["", "largest spread of the score at a fixed distance"]["measured"] < 1e-3
+    train = numbers(run["out"], "training_dynamics")
+    assert train["tiny", "final held-out loss (nats/token)"]["measured"] == 4.55
+    snaps = pd.read_csv(run["out"] / "training_dynamics" / "induction_snapshots.csv")
+    assert sorted(snaps.tokens.unique()) == [0, 10240] and len(snaps) == 2 * CFG.n_layer * CFG.n_head
+
+
+def test_standalone_script_writes_its_own_plotly(tmp_path, run, capsys):
+    from experiments import rope_check
+
+    assert rope_check.main(["--out", str(tmp_path / "rope")]) == 0
+    assert {p.name for p in (tmp_path / "rope").iterdir()} == {
+        "plotly.min.js", "rope_distance.html", "chapter_pairs.csv", "sweep.csv", "numbers.json"}
+    assert re.search(r"<script[^>]* src=\"plotly.min.js\"", (tmp_path / "rope" / "rope_distance.html").read_text())
+    assert "largest spread" in capsys.readouterr().out
+
+
+def test_output_writes_only_its_folder_and_the_shared_js(tmp_path):
+    """Figures land in their own folder; an experiment never writes outside it."""
+    import figures
+
+    o = Output(tmp_path / "a" / "exp", "exp", js_dir=tmp_path / "a")
+    o.figure(figures.loss_curves(LOG), "curves", "caption")
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == [
+        "a/exp/curves.html", "a/plotly.min.js"]
+
+
+def test_terminal_tables(run, capsys):
+    spec = str(run["run_dir"])
+    assert terminal.lens_main(["Zorbin Plax met Mira.", "--model", spec]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    n_tokens = len(run["model"].to_tokens("Zorbin Plax met Mira.")[0])
+    assert len(lines) == n_tokens + 3 and lines[0].split()[2:] == ["emb", "L1", "L2"]
+    assert terminal.heads_main(["--model", spec, "--kind", "previous_token", "--top", "3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 3 + 3 and re.match(r"\s+1 L\dH\d", out[3])
+    assert terminal.rms_main(["--model", spec, "--chars", "2000"]) == 0
+    out = capsys.readouterr().out
+    assert "blocks.1.hook_resid_post" in out and "blocks.0.hook_resid_mid" in out
