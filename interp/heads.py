@@ -86,8 +86,8 @@ def head_score_tensor(model, kind: str, tokens: torch.Tensor, batch_size: int = 
         n_rows += int(mask.any(-1).sum())
         _, cache = model.run_with_cache(ids, names_filter=names)
         for l, name in enumerate(names):
-            pattern = cache[name].double()  # [batch, head, q, k]
-            mass[l] += (pattern * mask[:, None]).sum((0, 2, 3)).cpu()
+            pattern = cache[name]  # [batch, head, q, k]
+            mass[l] += (pattern * mask[:, None]).sum((0, 2, 3), dtype=torch.float64).cpu()
         del cache
     if n_rows == 0:
         raise ValueError(f"no query position in these tokens has a {kind} target "
