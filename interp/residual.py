@@ -61,7 +61,9 @@ def rms_sites(model, include_mid: bool = True, include_writes: bool = True) -> l
     """What `residual_rms` reads: hook name, kind, depth, and (for writes) the stream written to."""
     sites = [dict(site="blocks.0.hook_resid_pre", kind="stream", layer=0.0, block_in="blocks.0.hook_resid_pre")]
     for l in range(n_layers(model)):
-        pre, mid = f"blocks.{l}.hook_resid_pre", f"blocks.{l}.hook_resid_mid"
+        # the stream entering block l is resid_pre l, the same tensor as resid_post l - 1: read it once
+        pre = "blocks.0.hook_resid_pre" if l == 0 else f"blocks.{l - 1}.hook_resid_post"
+        mid = f"blocks.{l}.hook_resid_mid"
         if include_writes:
             sites.append(dict(site=f"blocks.{l}.hook_attn_out", kind="attn_out", layer=l + 0.5, adds_to=pre))
         if include_mid:

@@ -99,3 +99,28 @@ def test_bad_input_is_named(tiny_model):
         interp.logit_lens(tiny_model, "some text")
     with pytest.raises(ValueError, match="out of range"):
         interp.logit_lens(tiny_model, torch.tensor([1, 2, 999]))
+
+
+def test_each_analysis_caches_only_the_hooks_it_reads(tiny_model):
+    seen = []
+    run_with_cache = tiny_model.run_with_cache
+
+    def spy(*args, **kwargs):
+        assert kwargs.get("names_filter") is not None
+        out = run_with_cache(*args, **kwargs)
+        seen.append(set(out[1].keys()))
+        return out
+
+    tiny_model.run_with_cache = spy
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(3))
+    resid = {"blocks.0.hook_resid_pre", "blocks.0.hook_resid_post", "blocks.1.hook_resid_post"}
+    interp.logit_lens(tiny_model, ids)
+    assert seen.pop() == resid
+    interp.residual_rms(tiny_model, ids, include_mid=False, include_writes=False)
+    assert seen.pop() == resid
+    interp.head_scores(tiny_model, "previous_token", ids)
+    assert seen.pop() == {"blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern"}
+    interp.pattern_tensor(tiny_model, ids[0], layer=1)
+    assert seen.pop() == {"blocks.1.attn.hook_pattern"}
+    interp.ablate_heads(tiny_model, [(1, 0)], ids, method="mean")
+    assert seen.pop() == {"blocks.1.attn.hook_z"}
