@@ -1,0 +1,143 @@
+"""The written HTML renders in a real browser: headless Chromium draws the plots without JavaScript errors.
+
+Needs Debian's `chromium` (installed by .ci/run). Without it these tests fail, on purpose: a figure
+nobody has seen render is not a tested figure.
+"""
+import re
+import shutil
+import struct
+import subprocess
+import zlib
+
+import numpy as np
+import pytest
+import torch
+
+import sprout
+from experiments.run_all import run_all
+from sprout import Sprout, SproutConfig
+from sprout.data import generate_corpus
+from sprout.tokenizer import train_bpe
+
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--enable-logging=stderr", "--v=0", "--virtual-time-budget=10000"]
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    for name in BROWSERS:
+        path = shutil.which(name)
+        if path:
+            return path
+    pytest.fail("no Chromium found (looked for chromium, chromium-browser, google-chrome): install it with "
+                "`apt-get update && apt-get install -y chromium` (.ci/run does this) to run the browser tests")
+
+
+def browse(chromium, tmp_path, url, *mode, width=1400, height=1000):
+    """Run headless Chromium with a fresh profile; returns (stdout, the console lines of its log)."""
+    profile = tmp_path / f"profile{len(list(tmp_path.glob('profile*')))}"
+    proc = subprocess.run([chromium, *FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}", *mode, url],
+                          capture_output=True, text=True, timeout=120)
+    console = [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
+    return proc.stdout, console
+
+
+def js_errors(console):
+    return [line for line in console if re.search(r"error|uncaught|not defined|failed", line, re.I)]
+
+
+def read_png(path):
+    """8-bit RGB(A) PNG -> an array [height, width, 3]; enough for Chromium's screenshots."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    pos, idat = 8, b""
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        chunk = data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            width, height, depth, color, _, _, interlace = struct.unpack(">IIBBBBB", chunk)
+            assert depth == 8 and color in (2, 6) and interlace == 0, "unexpected PNG format"
+        elif kind == b"IDAT":
+            idat += chunk
+        pos += 12 + length
+    bpp = 4 if color == 6 else 3
+    raw, stride = np.frombuffer(zlib.decompress(idat), dtype=np.uint8), width * bpp
+    out, prev = np.zeros((height, stride), dtype=np.uint8), np.zeros(stride, dtype=np.int64)
+    for y in range(height):
+        f, line = raw[y * (stride + 1)], raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)].astype(np.int64)
+        if f == 1:  # Sub: a running sum along each channel
+            line = line.reshape(width, bpp).cumsum(0).reshape(-1) & 255
+        elif f == 2:  # Up
+            line = (line + prev) & 255
+        elif f in (3, 4):  # Average, Paeth: sequential along the row
+            for i in range(stride):
+                a = line[i - bpp] if i >= bpp else 0
+                b, c = prev[i], prev[i - bpp] if i >= bpp else 0
+                if f == 3:
+                    line[i] = (line[i] + (a + b) // 2) & 255
+                else:
+                    p = a + b - c
+                    pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                    line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        out[y], prev = line, line
+    return out.reshape(height, width, bpp)[..., :3]
+
+
+def ink(pixels) -> float:
+    """Fraction of pixels that are not white."""
+    return float((pixels != 255).any(-1).mean())
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    root = tmp_path_factory.mktemp("browser")
+    tok = train_bpe(generate_corpus(10_000, seed=5) + " Mira Tolk", vocab_size=300)
+    torch.manual_seed(0)
+    sprout.save(Sprout(SproutConfig(vocab_size=300, context=128, n_layer=2, n_head=2, d_model=32, d_ff=64), tok),
+                root / "tiny")
+    model = sprout.load(root / "tiny")
+    out = root / "results"
+    done = run_all({"tiny": model}, out, only=["param_counts", "residual_growth", "logit_lens"], progress=False,
+                   options={"residual_growth": ["--chars", "2000"], "logit_lens": ["--chars", "1000"]})
+    return out, done
+
+
+def test_index_renders_every_plot_without_errors(chromium, results, tmp_path):
+    out, done = results
+    n_figures = sum(len(o.figures) for _, o, _ in done.values())
+    shot = tmp_path / "index.png"
+    dom, console = browse(chromium, tmp_path, (out / "index.html").as_uri(), "--dump-dom", f"--screenshot={shot}",
+                          height=1600)
+    assert not js_errors(console), console
+    # plotly replaces each figure's empty div with a plot container holding its SVG layers
+    assert dom.count('class="plot-container plotly"') == n_figures, "not every plot on index.html was drawn"
+    assert dom.count('class="main-svg"') >= 2 * n_figures
+    assert ink(read_png(shot)) > 0.03, "the index screenshot is (nearly) blank"
+
+
+def test_logit_lens_figure_fills_its_plot_area(chromium, results, tmp_path):
+    out, done = results
+    (fig,) = [f for f in done["logit_lens"][1].figures]
+    layout = fig.fig.layout
+    shot = tmp_path / "lens.png"
+    _, console = browse(chromium, tmp_path, fig.html.as_uri(), f"--screenshot={shot}",
+                        width=int(layout.width) + 40, height=int(layout.height) + 40)
+    assert not js_errors(console), console
+    pixels = read_png(shot)
+    # the heatmap's cells cover the plot area (between the margins), apart from 1-px gaps and text
+    m = layout.margin
+    top, bottom = int(m.t) + 10, int(layout.height - m.b) - 10
+    left, right = int(m.l) + 10, int(layout.width - m.r) - 110  # leave out the colour bar
+    area = pixels[top:bottom, left:right]
+    assert ink(area) > 0.6, f"only {ink(area):.0%} of the lens plot area is drawn"
+    assert len(np.unique(area.reshape(-1, 3), axis=0)) > 5  # cells, text and frames, not a flat fill
+
+
+def test_broken_page_is_caught(chromium, tmp_path):
+    """The console check itself works: a page whose script throws is reported."""
+    page = tmp_path / "bad.html"
+    page.write_text("<html><body><script>Plotly.newPlot('x', [])</script></body></html>")
+    _, console = browse(chromium, tmp_path, page.as_uri(), "--dump-dom")
+    assert js_errors(console)
