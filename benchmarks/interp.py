@@ -8,12 +8,16 @@ residual RMS (`residual_rms`, stream and writes). The Sprout preset with random 
 """
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-import interp
-from sprout import Sprout, SproutConfig
+if not __package__:  # run as a file, this folder comes first on sys.path and `import interp` finds this file
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+import interp  # noqa: E402
+from sprout import Sprout, SproutConfig  # noqa: E402
 
 
 def median_seconds(fn, repeats: int) -> float:
