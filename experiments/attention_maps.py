@@ -28,7 +28,7 @@ def run(models, out, args) -> list[dict]:
                        f"grid_{label}_layer{int(layer)}", f"{label}, layer {int(layer)}: every head's pattern on the text.")
         half = min(32, int(model.cfg.n_ctx) // 2)
         for kind in ("previous_token", "induction"):
-            best = interp.head_scores(model, kind, half_len=half, n_seqs=16).iloc[0]  # as in head_detection
+            best = interp.head_scores(model, kind, half_len=half, n_seqs=8).iloc[0]  # as in head_detection
             l, h = int(best.layer), int(best['head'])
             out.figure(figures.attention_heatmap(pat, l, h, title=f"Top {kind.replace('_', '-')} head of {label}"),
                        f"{kind}_{label}", f"{label}: the head with the highest {kind.replace('_', '-')} score, "

@@ -17,7 +17,7 @@ SUMMARY = ("Each head scored by how much it attends where a previous-token, dupl
 
 def add_args(p):
     p.add_argument("--top", type=int, default=3, help="how many top induction heads to ablate")
-    p.add_argument("--n-seqs", type=int, default=16, help="random sequences (each repeated once)")
+    p.add_argument("--n-seqs", type=int, default=8, help="random sequences (each repeated once)")
 
 
 def half_len(model) -> int:

@@ -16,7 +16,7 @@ TEXT = ZORBIN
 
 def add_args(p):
     p.add_argument("--name", default="Zorbin Plax", help="the repeated name in --text")
-    p.add_argument("--stories", type=int, default=20, help="generated stories to average over (0: skip)")
+    p.add_argument("--stories", type=int, default=12, help="generated stories to average over (0: skip)")
 
 
 def run(models, out, args) -> list[dict]:

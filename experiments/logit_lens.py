@@ -17,7 +17,7 @@ MAX_TOKENS = 64
 
 
 def add_args(p):
-    p.add_argument("--chars", type=int, default=12_000, help="characters of held-out text for the per-layer summary")
+    p.add_argument("--chars", type=int, default=6_000, help="characters of held-out text for the per-layer summary")
 
 
 def run(models, out, args) -> list[dict]:

@@ -17,7 +17,7 @@ CHAPTER = {0: "0.18", 1: "~10", 4: "~35"}
 
 
 def add_args(p):
-    p.add_argument("--chars", type=int, default=20_000, help="characters of held-out text per model")
+    p.add_argument("--chars", type=int, default=8_000, help="characters of held-out text per model")
 
 
 def run(models, out, args) -> list[dict]:

@@ -27,7 +27,36 @@ def parse_args(argv=None):
     p.add_argument("--out", default="results", help="output folder (default: results)")
     p.add_argument("--only", nargs="+", choices=EXPERIMENTS, default=None, help="run only these experiments")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--docs", default=None, metavar="DIR",
+                   help="also write the README's key figures as PNG to DIR (Chromium screenshots)")
     return p.parse_args(argv)
+
+
+# The README's figures: (experiment, figure stem, PNG name); {m} is the deepest model shown.
+DOC_FIGURES = [
+    ("logit_lens", "lens_{m}", "logit_lens.png"),
+    ("residual_growth", "residual_rms", "residual_rms.png"),
+    ("head_detection", "scores_{m}", "head_scores.png"),
+    ("attention_maps", "induction_{m}", "induction_head.png"),
+    ("induction_demo", "induction_table", "induction_table.png"),
+    ("training_dynamics", "loss_curves", "loss_curves.png"),
+    ("training_dynamics", "induction_over_training_{m}", "induction_over_training.png"),
+    ("param_counts", "param_breakdown", "param_breakdown.png"),
+]
+
+
+def write_docs(done: dict, models: dict, docs: Path) -> list[Path]:
+    """Screenshots of the key figures for the README (of the model with the most layers)."""
+    from .png import screenshot
+
+    deepest = max(models, key=lambda m: int(models[m].cfg.n_layers)) if models else ""
+    written = []
+    for exp, stem, png in DOC_FIGURES:
+        figs = {f.stem: f.fig for f in done[exp][1].figures} if exp in done else {}
+        fig = figs.get(stem.format(m=deepest))
+        if fig is not None:
+            written.append(screenshot(fig, Path(docs) / png))
+    return written
 
 
 def run_all(models: dict, out: Path, only=None, progress: bool = True, options: dict | None = None) -> dict:
@@ -45,7 +74,9 @@ def run_all(models: dict, out: Path, only=None, progress: bool = True, options: 
         module = importlib.import_module(f"experiments.{name}")
         o = Output(out / name, name, js_dir=out)
         args = args_for(module, (options or {}).get(name, ()))
+        start = time.perf_counter()
         done[name] = (module, o, o.numbers(module.run(models, o, args)))
+        o.seconds = time.perf_counter() - start
     rows = [dict(experiment=n, **{k: v for k, v in r.items() if k != "measured"}, measured=r["measured"])
             for n, (_, _, rs) in done.items() for r in rs]
     pd.DataFrame(rows).to_csv(out / "numbers.csv", index=False)
@@ -109,6 +140,9 @@ def main(argv=None) -> int:
     done = run_all(models, Path(args.out), args.only)
     n_fig = sum(len(o.figures) for _, o, _ in done.values())
     print(f"{len(done)} experiments, {n_fig} figures in {time.time() - start:.0f} s -> {Path(args.out) / 'index.html'}")
+    print("seconds per experiment: " + ", ".join(f"{n} {o.seconds:.0f}" for n, (_, o, _) in done.items()))
+    if args.docs:
+        print("README figures: " + ", ".join(str(p) for p in write_docs(done, models, Path(args.docs))))
     print(format_numbers([r for _, _, rows in done.values() for r in rows]))
     return 0
 

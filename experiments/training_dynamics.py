@@ -24,7 +24,7 @@ STEP = re.compile(r"^step_(\d+)$")
 
 def add_args(p):
     p.add_argument("--runs", nargs="*", default=[], help="training run folders (train_log.csv, checkpoints/step_*)")
-    p.add_argument("--max-snapshots", type=int, default=16, help="snapshots scored per run (log-spaced subset)")
+    p.add_argument("--max-snapshots", type=int, default=10, help="snapshots scored per run (log-spaced subset)")
 
 
 def run_dirs(models, extra) -> dict[str, Path]:

@@ -125,7 +125,7 @@ def attention_grid(df: pd.DataFrame, layer: Optional[int] = None, cols: int = 3,
     panel = max(260, min(n * 10, 480))
     fig.update_layout(**base_layout(
         f"{title}: all {len(heads)} heads of layer {layer}",
-        "row = query token, column = key token" + (f"; every {step}th token labelled, hover for all" if step > 1 else ""),
+        "row = query token, column = key token" + (f"; one token in {step} labelled, hover for all" if step > 1 else ""),
         width=int(cols * (panel + label_width(labels) + 30) + 160),
         height=int(rows * (panel + label_width(labels) + 40) + 120),
     ))

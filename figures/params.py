@@ -1,11 +1,11 @@
-"""Where the parameters are: a stacked bar per preset."""
+"""Where the parameters are: stacked bars per preset, as counts and as shares."""
 from __future__ import annotations
 
 import pandas as pd
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from .style import PALETTE, base_layout, require
-
 
 PART_NAMES = {"embedding": "embedding (= output layer)", "attention": "attention W_Q W_K W_V W_O",
               "qk_norm": "QK-norm gains", "ffn": "SwiGLU feed-forward", "norms": "block norms",
@@ -13,37 +13,44 @@ PART_NAMES = {"embedding": "embedding (= output layer)", "attention": "attention
 
 
 def param_breakdown(df: pd.DataFrame, title: str = "Parameters per preset") -> go.Figure:
-    """Stacked bars: one bar per preset, one segment per component (embedding, attention, ...).
+    """Stacked bars, one per preset and one segment per part: counts on the left, shares on the right.
 
     Args:
         df: `interp.param_table` rows for several configs (columns `config`, `part`, `count`; the
-            "total" rows are left out, the bars add up to them); the embedding's share is written
-            above each bar.
+            "total" rows are left out, the bars add up to them).
 
     Returns:
-        A stacked bar chart of parameter counts, the total and the embedding share above each bar.
+        Two stacked bar charts (parameter count; share of the total), with the total and the
+        embedding's share written above each bar of the first.
     """
     require(df, ["config", "part", "count"], "param_breakdown")
-    df = df[df["part"] != "total"].rename(columns={"config": "preset", "part": "component", "count": "params"})
-    presets = list(dict.fromkeys(df["preset"]))
-    components = list(dict.fromkeys(df["component"]))
-    totals = df.groupby("preset", sort=False)["params"].sum()
-    fig = go.Figure()
-    for i, comp in enumerate(components):
-        d = df[df["component"] == comp].groupby("preset", sort=False)["params"].sum().reindex(presets, fill_value=0)
-        share = d / totals.reindex(presets)
-        fig.add_trace(go.Bar(
-            x=presets, y=d.values, name=PART_NAMES.get(comp, str(comp)), marker_color=PALETTE[i % len(PALETTE)],
-            customdata=share.values, hovertemplate=f"{comp}<br>%{{x}}: %{{y:,}} parameters (%{{customdata:.1%}})<extra></extra>",
-        ))
+    df = df[df["part"] != "total"]
+    presets = list(dict.fromkeys(df["config"]))
+    parts = list(dict.fromkeys(df["part"]))
+    totals = df.groupby("config", sort=False)["count"].sum().reindex(presets)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["parameters", "share of the parameters"],
+                        horizontal_spacing=0.12)
+    for i, part in enumerate(parts):
+        counts = df[df["part"] == part].groupby("config", sort=False)["count"].sum().reindex(presets, fill_value=0)
+        share = counts / totals
+        name = PART_NAMES.get(part, str(part))
+        style = dict(name=name, legendgroup=name, marker_color=PALETTE[i % len(PALETTE)], customdata=share.values)
+        fig.add_trace(go.Bar(x=presets, y=counts.values, **style,
+                             hovertemplate=f"{name}<br>%{{x}}: %{{y:,}} parameters (%{{customdata:.1%}})<extra></extra>"),
+                      row=1, col=1)
+        fig.add_trace(go.Bar(x=presets, y=share.values, showlegend=False, **style,
+                             hovertemplate=f"{name}<br>%{{x}}: %{{y:.1%}} of the parameters<extra></extra>"),
+                      row=1, col=2)
     for p in presets:
-        emb = df[(df["preset"] == p) & (df["component"].astype(str).str.lower().str.startswith("embed"))]["params"].sum()
+        emb = df[(df["config"] == p) & (df["part"] == "embedding")]["count"].sum()
         note = f"{totals[p]:,}" + (f"<br>embedding {emb / totals[p]:.0%}" if emb else "")
-        fig.add_annotation(x=p, y=totals[p], text=note, showarrow=False, yshift=22, font=dict(size=11))
+        fig.add_annotation(x=p, y=totals[p], text=note, showarrow=False, yshift=22, font=dict(size=10),
+                           xref="x", yref="y")
     fig.update_layout(**base_layout(
-        title, "stacked by component; the number above a bar is the total (the tied embedding counted once)",
-        barmode="stack", width=int(max(560, 150 * len(presets) + 260)), height=520,
+        title, "stacked by part; the number above a bar is the total (the tied embedding counted once)",
+        barmode="stack", width=int(max(900, 300 * len(presets) + 300)), height=540,
     ))
     fig.update_xaxes(title=dict(text="preset"), type="category")
-    fig.update_yaxes(title=dict(text="parameters (count)"), range=[0, float(totals.max()) * 1.18])
+    fig.update_yaxes(title=dict(text="parameters (count)"), range=[0, float(totals.max()) * 1.2], row=1, col=1)
+    fig.update_yaxes(title=dict(text="share of all parameters"), tickformat=".0%", range=[0, 1], row=1, col=2)
     return fig

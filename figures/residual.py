@@ -55,7 +55,7 @@ def residual_rms(df: pd.DataFrame, title: str = "Residual-stream growth") -> go.
         color = PALETTE[i % len(PALETTE)]
         x = g["depth"].tolist()
         fig.add_trace(go.Scatter(  # the band: q95 forwards, q05 backwards, filled
-            x=x + x[::-1], y=g["q95"].tolist() + g["q05"].tolist()[::-1], fill="toself",
+            x=x + x[::-1], y=g["q95"].tolist() + g["q05"].tolist()[::-1], fill="toself", mode="lines",
             fillcolor=_with_alpha(color, 0.18), line=dict(width=0), hoverinfo="skip",
             name=f"{name}: 5-95% of tokens", legendgroup=str(name), showlegend=True,
         ))

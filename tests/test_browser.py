@@ -141,3 +141,17 @@ def test_broken_page_is_caught(chromium, tmp_path):
     page.write_text("<html><body><script>Plotly.newPlot('x', [])</script></body></html>")
     _, console = browse(chromium, tmp_path, page.as_uri(), "--dump-dom")
     assert js_errors(console)
+
+
+def test_png_screenshot_of_a_figure_has_its_size_and_content(chromium, tmp_path):
+    """experiments.png renders the README's PNGs without kaleido: the figure's size plus padding."""
+    import pandas as pd
+
+    import figures
+    from experiments.png import screenshot
+
+    fig = figures.rope_distance(pd.DataFrame(dict(m=[3, 10, 20], n=[0, 7, 17], distance=3, score=[1.0, 1.0, 1.0])))
+    path = screenshot(fig, tmp_path / "docs" / "rope.png", pad=16)
+    pixels = read_png(path)
+    assert pixels.shape[:2] == (int(fig.layout.height) + 32, int(fig.layout.width) + 32)
+    assert 0.01 < ink(pixels) < 0.5

@@ -288,11 +288,14 @@ def test_param_breakdown_stacks_to_the_total():
     df = pd.DataFrame(dict(config=["gpt-1"] * 4 + ["sprout"] * 4, part=parts + ["total"] + parts + ["total"],
                            count=[1572864, 110592, 294912, 1978368, 3145728, 4719616, 9437184, 17302528]))
     fig = figures.param_breakdown(df)
-    assert fig.layout.barmode == "stack" and len(fig.data) == 3
-    totals = np.sum([np.array(t.y) for t in fig.data], axis=0)
-    np.testing.assert_array_equal(totals, [1978368, 17302528])
+    assert fig.layout.barmode == "stack" and len(fig.data) == 6  # counts and shares, 3 parts each
+    counts, shares = fig.data[0::2], fig.data[1::2]
+    np.testing.assert_array_equal(np.sum([np.array(t.y) for t in counts], axis=0), [1978368, 17302528])
+    np.testing.assert_allclose(np.sum([np.array(t.y) for t in shares], axis=0), [1, 1])
+    np.testing.assert_allclose(shares[0].y, [1572864 / 1978368, 3145728 / 17302528])
     notes = [a.text for a in fig.layout.annotations]
-    assert notes[0].startswith("1,978,368") and "embedding 80%" in notes[0]
+    assert notes[:2] == ["parameters", "share of the parameters"]
+    assert notes[2].startswith("1,978,368") and "embedding 80%" in notes[2]
     assert "parameters" in fig.layout.yaxis.title.text
 
 
@@ -349,5 +352,6 @@ def test_builders_take_interp_output_unchanged(tiny_cfg):
     assert len(figures.induction_table(table).layout.yaxis.ticktext) == table["occurrence"].nunique()
     from sprout import SproutConfig
     params = pd.concat([interp.param_table(SproutConfig.preset(p), p) for p in ("gpt-1", "sprout")])
-    assert figures.param_breakdown(params).layout.annotations[1].text.startswith("17,309,056")
+    notes = [a.text for a in figures.param_breakdown(params).layout.annotations]
+    assert notes[-1].startswith("17,309,056") and "embedding 18%" in notes[-1]
     assert len(figures.rope_distance(interp.rope_distance_check()).data) == 2
