@@ -154,6 +154,8 @@ def load(path: PathLike, map_location: Union[str, torch.device] = "cpu",
         if not weights.is_file():
             raise ValueError(f"{path} is not a checkpoint: no {WEIGHTS} in it and no checkpoints/step_* folders")
         path = weights
+    if path.is_file() and path.stat().st_size == 0:
+        raise ValueError(f"cannot read {path}: the file is empty (0 bytes; an interrupted copy or download?)")
     if path.suffix == ".safetensors":
         state_dict, config = _read_safetensors_file(path)
     elif path.suffix in TORCH_SUFFIXES:
@@ -258,7 +260,12 @@ def _read_torch_file(path: Path) -> tuple[dict, Optional[dict]]:
                 f"run code to load, and we never do that (the weights-only reader stopped at: {reason}). "
                 "If you trust it, load it yourself and save its state_dict() (or use sprout.save)."
             ) from None
-        detail = reason if "Weights only load failed" in str(e) else str(e)
+        if isinstance(e, EOFError):
+            detail = "the file ends early"
+        elif "Weights only load failed" in str(e):
+            detail = reason
+        else:
+            detail = str(e).split(". This is an internal miniz error")[0]
         raise ValueError(f"cannot read {path}: not a valid torch file (truncated or corrupt?): "
                          f"{type(e).__name__}: {detail}") from e
     if not isinstance(obj, dict):

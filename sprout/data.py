@@ -482,7 +482,7 @@ def build_token_files(text: str, tokenizer, out_dir: Union[str, Path], val_fract
 def _check_length(n: int, context: int, where: str) -> None:
     if n < context + 1:
         raise ValueError(f"corpus smaller than one batch: {where} has {n} tokens, but a window "
-                         f"needs context + 1 = {context + 1}")
+                         f"needs context + 1 = {context + 1}; give it more text or use a smaller context")
 
 
 def get_batch(data: np.ndarray, batch_size: int, context: int,
@@ -498,7 +498,7 @@ def get_batch(data: np.ndarray, batch_size: int, context: int,
     Returns:
         (x, y), int64 tensors of shape [B, T], with y[:, t] = the token after x[:, t].
     """
-    _check_length(len(data), context, "the token array")
+    _check_length(len(data), context, getattr(data, "filename", None) or "the token array")
     ix = torch.randint(len(data) - context, (batch_size,), generator=generator).tolist()
     xy = torch.from_numpy(np.stack([data[i:i + context + 1] for i in ix]).astype(np.int64))
     return xy[:, :-1], xy[:, 1:]

@@ -42,6 +42,10 @@ def to_tokens(model, text, prepend_bos: bool = False) -> torch.Tensor:
     texts = [text] if isinstance(text, str) else list(text)
     if not texts:
         raise ValueError("no texts given")
+    if not all(isinstance(t, str) for t in texts):
+        kinds = sorted({type(t).__name__ for t in texts if not isinstance(t, str)})
+        raise TypeError(f"expected text (str) or a list of texts, got a list holding {', '.join(kinds)}; "
+                        "pass token ids as a torch.Tensor [batch, pos]")
     ids = [_encode(model, t) for t in texts]
     lengths = sorted({len(i) for i in ids})
     if len(lengths) > 1:
@@ -64,14 +68,48 @@ def check_tokens(model, idx) -> torch.Tensor:
     T, n_ctx, vocab = idx.size(1), model.cfg.n_ctx, model.cfg.d_vocab
     if T == 0:
         raise ValueError("the sequence is empty (0 tokens)")
+    if idx.size(0) == 0:
+        raise ValueError(f"the batch is empty: shape {tuple(idx.shape)}")
     if T > n_ctx:
         raise ValueError(f"sequence of {T} tokens is longer than the model's context of {n_ctx} tokens; "
-                         "split it (interp functions take slide=True) instead of truncating silently")
+                         f"nothing is truncated silently: cut it into windows yourself, e.g. "
+                         f"sprout.text.windows(ids, {n_ctx})")
     lo, hi = int(idx.min()), int(idx.max())
     if lo < 0 or hi >= vocab:
         bad = lo if lo < 0 else hi
         raise ValueError(f"token id {bad} is out of range for a vocabulary of {vocab} (valid: 0..{vocab - 1})")
     return idx.long()
+
+
+def windows(ids, size: int, stride: Optional[int] = None) -> torch.Tensor:
+    """Cut one long sequence into windows of `size` tokens, the explicit alternative to truncation.
+
+    Windows start every `stride` tokens (default `size`: no overlap); the last one is moved back to end
+    at the last token, so every token is in some window and all windows have the same length (the last
+    may overlap the one before it). A sequence that fits is one window.
+
+    Args:
+        ids: token ids [pos] or [1, pos] (a tensor or a list); for a long text,
+            `sprout.tokenizer.encode(model.tokenizer, text)`.
+        size: the window length, e.g. `model.cfg.n_ctx`.
+        stride: tokens between window starts, 1..size.
+
+    Returns:
+        ids [n_windows, min(size, pos)]; windows(ids, size)[i] == ids[starts[i]:starts[i] + size].
+    """
+    stride = size if stride is None else stride
+    if not 1 <= stride <= size:
+        raise ValueError(f"need 1 <= stride <= size, got stride={stride}, size={size}")
+    ids = torch.as_tensor(ids)
+    if ids.dim() == 2 and ids.size(0) == 1:
+        ids = ids[0]
+    if ids.dim() != 1 or ids.numel() == 0:
+        raise ValueError(f"windows cuts one non-empty sequence [pos] or [1, pos], got shape {tuple(ids.shape)}")
+    pos = ids.numel()
+    if pos <= size:
+        return ids[None]
+    starts = list(range(0, pos - size, stride)) + [pos - size]
+    return torch.stack([ids[s:s + size] for s in starts])
 
 
 def to_str_tokens(model, text) -> list:
