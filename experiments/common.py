@@ -17,7 +17,17 @@ from typing import Optional
 
 import pandas as pd
 
-DEFAULT_MODELS = ["gpt-1", "gpt-4"]
+# The shipped demo models run by default (those present; gpt-1 and gpt-4 are always asked for, so a
+# missing one is an error that lists what is shipped).
+DEMOS = ["gpt-1", "gpt-4", "sprout-mini"]
+DEFAULT_MODELS = DEMOS[:2]
+
+
+def default_models() -> list[str]:
+    from sprout.checkpoint import demo_names
+
+    shipped = set(demo_names())
+    return DEFAULT_MODELS + [d for d in DEMOS[2:] if d in shipped]
 RESULTS = Path("results")
 
 # The chapter's demo text: an invented name comes back, so only copying can predict it the second time.
@@ -33,7 +43,7 @@ LENS_TEXT = ("Mira Tolk found a red kite in the garden. She gave the kite to her
 def parser(name: str, doc: str, text: Optional[str] = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"python -m experiments.{name}", description=doc)
     p.add_argument("--model", "--models", dest="models", nargs="+", default=None, metavar="MODEL",
-                   help=f"demo names or checkpoint paths (default: {' '.join(DEFAULT_MODELS)})")
+                   help=f"demo names or checkpoint paths (default: {' '.join(DEMOS)}, those shipped)")
     if text is not None:
         p.add_argument("--text", default=text, help="the text to analyse")
     p.add_argument("--out", default=None, help=f"output folder (default: results/{name})")
@@ -57,7 +67,7 @@ def load_models(specs, threads: int = 2) -> dict:
 
     torch.set_num_threads(max(1, threads))
     models = {}
-    for spec in specs or DEFAULT_MODELS:
+    for spec in specs or default_models():
         label = model_label(spec)
         if label in models:
             raise ValueError(f"two models are called {label!r}; rename one of the checkpoint folders")

@@ -17,13 +17,13 @@ import pandas as pd
 from tqdm import tqdm
 
 from . import EXPERIMENTS
-from .common import DEFAULT_MODELS, Output, args_for, format_numbers, load_models
+from .common import DEMOS, Output, args_for, format_numbers, load_models
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m experiments.run_all", description=__doc__.splitlines()[0])
     p.add_argument("--models", "--model", dest="models", nargs="+", default=None,
-                   help=f"demo names or checkpoint paths (default: {' '.join(DEFAULT_MODELS)})")
+                   help=f"demo names or checkpoint paths (default: {' '.join(DEMOS)}, those shipped)")
     p.add_argument("--out", default="results", help="output folder (default: results)")
     p.add_argument("--only", nargs="+", choices=EXPERIMENTS, default=None, help="run only these experiments")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")

@@ -7,11 +7,13 @@ from typing import Optional
 
 import numpy as np
 import pandas as pd
+import torch
+import torch.nn.functional as F
 
 import figures
 import interp
 
-from .common import model_dir, number, standalone
+from .common import held_out_text, model_dir, number, standalone
 
 NAME = "training_dynamics"
 DOC = "Loss curves from train_log.csv and the induction score of every head at each saved snapshot."
@@ -25,6 +27,7 @@ STEP = re.compile(r"^step_(\d+)$")
 def add_args(p):
     p.add_argument("--runs", nargs="*", default=[], help="training run folders (train_log.csv, checkpoints/step_*)")
     p.add_argument("--max-snapshots", type=int, default=10, help="snapshots scored per run (log-spaced subset)")
+    p.add_argument("--chars", type=int, default=8_000, help="characters of held-out text for the loss")
 
 
 def run_dirs(models, extra) -> dict[str, Path]:
@@ -71,18 +74,39 @@ def induction_snapshots(run: Path, log: pd.DataFrame, limit: int) -> Optional[pd
     return pd.concat(frames, ignore_index=True)
 
 
+@torch.inference_mode()
+def held_out_loss(model, text: str) -> float:
+    """Mean next-token loss (nats/token) over `text`, cut into windows of the model's context."""
+    from sprout.tokenizer import encode
+
+    ids = torch.tensor(encode(model.tokenizer, text))
+    n_ctx, total, count = int(model.cfg.n_ctx), 0.0, 0
+    for start in range(0, len(ids) - 1, n_ctx):
+        window = ids[start:start + n_ctx + 1]
+        if len(window) < 2:
+            break
+        logits = model.run_with_hooks(window[None, :-1])  # [1, pos, d_vocab], for Sprout and the walkthrough GPT
+        loss = F.cross_entropy(logits[0].float(), window[1:], reduction="sum")
+        total, count = total + loss.item(), count + len(window) - 1
+    return total / count
+
+
 def run(models, out, args) -> list[dict]:
     rows, logs, snaps = [], [], []
+    for label, model in models.items():
+        rows.append(number("held-out loss on fresh stories (nats/token), measured here",
+                           held_out_loss(model, held_out_text(model, args.chars)), CHAPTER_LOSS.get(label), label,
+                           fmt="{:.2f}"))
     runs = run_dirs(models, args.runs)
     for label in list(models) + [l for l in runs if l not in models]:
         if label not in runs:
-            rows.append(number("final held-out loss (nats/token)", "no train_log.csv found", CHAPTER_LOSS.get(label), label))
+            rows.append(number("final held-out loss in train_log.csv (nats/token)", "no train_log.csv found", None, label))
             continue
         log = pd.read_csv(runs[label] / "train_log.csv")
         logs.append(log.assign(model=label))
         val = log.dropna(subset=["val_loss"])
         if len(val):
-            rows.append(number("final held-out loss (nats/token)", float(val["val_loss"].iloc[-1]),
+            rows.append(number("final held-out loss in train_log.csv (nats/token)", float(val["val_loss"].iloc[-1]),
                                CHAPTER_LOSS.get(label), label, fmt="{:.2f}"))
         s = induction_snapshots(runs[label], log, args.max_snapshots)
         if s is not None:

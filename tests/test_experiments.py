@@ -145,7 +145,15 @@ def test_rope_and_training_numbers(run):
     rope = numbers(run["out"], "rope_check")
     assert rope["", "largest spread of the score at a fixed distance"]["measured"] < 1e-3
     train = numbers(run["out"], "training_dynamics")
-    assert train["tiny", "final held-out loss (nats/token)"]["measured"] == 4.55
+    assert train["tiny", "final held-out loss in train_log.csv (nats/token)"]["measured"] == 4.55
+    model = run["model"]
+    ids = torch.tensor(model.tokenizer.encode(held_out_text(model, 8000), add_special_tokens=False).ids)
+    with torch.no_grad():  # independent: one window per context, loss from forward(targets=...)
+        losses = [model(w[None, :-1], w[None, 1:])[1].item() * (len(w) - 1)
+                  for w in (ids[i:i + CFG.context + 1] for i in range(0, len(ids) - 1, CFG.context)) if len(w) > 1]
+    expected = sum(losses) / (len(ids) - 1)
+    got = train["tiny", "held-out loss on fresh stories (nats/token), measured here"]["measured"]
+    assert got == pytest.approx(expected, rel=1e-5)
     snaps = pd.read_csv(run["out"] / "training_dynamics" / "induction_snapshots.csv")
     assert sorted(snaps.tokens.unique()) == [0, 10240] and len(snaps) == 2 * CFG.n_layer * CFG.n_head
 

@@ -228,6 +228,16 @@ def test_attention_heatmap_64_tokens_labels_fit():
     assert_ticks_fit(fig, "y")
 
 
+def test_attention_grid_64_tokens_labels_fit_each_panel():
+    fig = figures.attention_grid(attn_df([f" w{i}" for i in range(64)], heads=(0, 1, 2)), cols=3)
+    m = fig.layout.margin
+    plot_w = fig.layout.width - (m.l if m.l is not None else 80) - (m.r if m.r is not None else 80)
+    for ax in (fig.layout.xaxis, fig.layout.xaxis2, fig.layout.xaxis3):
+        panel_px = plot_w * (ax.domain[1] - ax.domain[0])
+        step = ax.tickvals[1] - ax.tickvals[0]
+        assert ax.tickangle == -90 and panel_px / 64 * step >= LINE_H * 0.9, (panel_px, step)
+
+
 def test_attention_grid_one_panel_per_head():
     df = attn_df(TOKENS, layer=3, heads=(0, 1, 2, 3))
     fig = figures.attention_grid(df, cols=3)
