@@ -90,7 +90,7 @@ def _numbers_table(rows: list[dict]) -> str:
     cells = "".join(
         f"<tr><td>{html.escape(r['model'] or '-')}</td><td>{html.escape(r['quantity'])}</td>"
         f"<td class=num>{html.escape(r['shown'])}</td>"
-        f"<td class=num>{html.escape('' if r['chapter'] is None else str(r['chapter']))}</td></tr>"
+        f"<td>{html.escape('' if r['chapter'] is None else str(r['chapter']))}</td></tr>"
         for r in rows)
     return ("<table><thead><tr><th>model</th><th>quantity</th><th>measured</th><th>chapter</th></tr></thead>"
             f"<tbody>{cells}</tbody></table>")
