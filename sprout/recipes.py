@@ -122,7 +122,7 @@ RECIPES: dict[str, Recipe] = {
     "sprout-mini": replace(_DEMO, n_layer=8, n_head=4, d_model=128, d_ff=352, max_steps=1000),
     # the walkthrough's character GPT on the same stories (learned positions, LayerNorm, ReLU MLP)
     "walkthrough": replace(_DEMO, model="walkthrough", tokenizer="char", n_layer=4, n_head=4, d_model=128,
-                           context=256, max_steps=1500, lr=1e-3, min_lr=1e-4),
+                           context=256, max_steps=1500, lr=1e-3, min_lr=1e-4, corpus_chars=8_000_000),
 }
 
 

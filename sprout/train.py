@@ -208,8 +208,8 @@ def _set_rng_state(state: dict, batch_gen: torch.Generator) -> None:
     np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
 
 
-def write_checkpoint(out: Path, model, optimizer, step: int, batch_gen: torch.Generator,
-                     rank_states: list, recipe: Recipe) -> Path:
+def write_checkpoint(out: Path, model, optimizer, step: int, rank_states: list, recipe: Recipe,
+                     loss_sum: tuple[float, int] = (0.0, 0)) -> Path:
     """`OUT/checkpoints/step_XXXXXXXX/`, complete or absent: written under a temporary name, renamed."""
     from .checkpoint import save
 
@@ -219,7 +219,7 @@ def write_checkpoint(out: Path, model, optimizer, step: int, batch_gen: torch.Ge
     shutil.rmtree(tmp, ignore_errors=True)
     save(model, tmp)
     state = {"step": step, "optimizer": optimizer.state_dict(), "rng": rank_states,
-             "recipe": recipe.to_dict()}
+             "recipe": recipe.to_dict(), "loss_sum": list(loss_sum)}
     with open(tmp / "trainer.pt", "wb") as f:
         torch.save(state, f)
         f.flush()
@@ -265,8 +265,8 @@ def _write_log(path: Path, rows: list[dict]) -> None:
     os.replace(tmp, path)
 
 
-def train(recipe: Recipe, out, data_cache=None, resume: bool = False, progress: bool = True) -> Path:
-    """Run a recipe; returns the last checkpoint directory.
+def train(recipe: Recipe, out, data_cache=None, resume: bool = False, progress: bool = True) -> torch.nn.Module:
+    """Run a recipe; returns the trained model (in eval mode; also in `out`'s last checkpoint).
 
     Args:
         recipe: what to train and how.
@@ -324,6 +324,7 @@ def train(recipe: Recipe, out, data_cache=None, resume: bool = False, progress: 
         optimizer.load_state_dict(state["optimizer"])
         _set_rng_state(state["rng"][rank], batch_gen)
         log_rows = _log_rows(log_path, upto=start)
+        loss_sum, loss_n = state["loss_sum"]
     else:
         if latest_checkpoint(out) is not None:
             raise ValueError(f"{out} already holds checkpoints: pass --resume to continue, or use a new --out")
@@ -331,7 +332,7 @@ def train(recipe: Recipe, out, data_cache=None, resume: bool = False, progress: 
         model = build_model(recipe, vocab_size, tok)
         batch_gen.manual_seed(recipe.seed * 1000 + rank + 1)  # different windows on every rank
         optimizer = make_optimizer(model, recipe)
-        log_rows = []
+        log_rows, loss_sum, loss_n = [], 0.0, 0
         if main_proc:
             recipe_path.write_text(recipe.to_json())
     model.train()
@@ -345,7 +346,7 @@ def train(recipe: Recipe, out, data_cache=None, resume: bool = False, progress: 
         else:
             states = [mine]
         if main_proc:
-            write_checkpoint(out, model, optimizer, step, batch_gen, states, recipe)
+            write_checkpoint(out, model, optimizer, step, states, recipe, (loss_sum, loss_n))
         if world > 1:
             dist.barrier()
         return out / "checkpoints" / f"step_{step:08d}"
@@ -359,7 +360,7 @@ def train(recipe: Recipe, out, data_cache=None, resume: bool = False, progress: 
     bar = tqdm(total=recipe.max_steps, initial=start, disable=not (progress and main_proc),
                dynamic_ncols=True, mininterval=2.0)
     tokens_per_step = recipe.batch_size * recipe.context * world
-    t0, last_loss = time.time(), float("nan")
+    t0 = time.time()
     for step in range(start, recipe.max_steps):
         lr = lr_at(step, recipe)
         for group in optimizer.param_groups:
@@ -381,6 +382,7 @@ def train(recipe: Recipe, out, data_cache=None, resume: bool = False, progress: 
         optimizer.step()
         done = step + 1
         last_loss = loss.item()
+        loss_sum, loss_n = loss_sum + last_loss, loss_n + 1  # train_loss: the mean since the last eval
         elapsed = time.time() - t0
         bar.set_postfix(loss=f"{last_loss:.3f}", lr=f"{lr:.2e}",
                         tok_s=f"{(done - start) * tokens_per_step / max(elapsed, 1e-9):.0f}", refresh=False)
@@ -388,20 +390,22 @@ def train(recipe: Recipe, out, data_cache=None, resume: bool = False, progress: 
         if done % recipe.eval_every == 0 or done == recipe.max_steps:
             if main_proc:
                 ev = evaluate(model, recipe, val_data, vocab_size)
+                mean = loss_sum / loss_n
                 log_rows.append({"step": done, "tokens": done * tokens_per_step, "lr": f"{lr:.6g}",
-                                 "train_loss": f"{last_loss:.5f}", **{k: f"{v:.5f}" for k, v in ev.items()},
+                                 "train_loss": f"{mean:.5f}", **{k: f"{v:.5f}" for k, v in ev.items()},
                                  "elapsed_s": f"{elapsed:.1f}"})
                 _write_log(log_path, log_rows)
-                bar.write(f"step {done}: train {last_loss:.3f}  val {ev['val_loss']:.3f}  "
+                bar.write(f"step {done}: train {mean:.3f}  val {ev['val_loss']:.3f}  "
                           f"repeat 1st/2nd half {ev['rep_first']:.2f}/{ev['rep_second']:.2f}")
+            loss_sum, loss_n = 0.0, 0
         if done % recipe.ckpt_every == 0 or done == recipe.max_steps or done in snaps:
             last_ckpt = checkpoint(done)
     bar.close()
-    if last_ckpt is None:  # max_steps 0, or a run resumed after its end
+    if last_ckpt is None:  # max_steps 0
         last_ckpt = checkpoint(recipe.max_steps)
     if world > 1:
         dist.barrier()
-    return last_ckpt
+    return model.eval()
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -414,11 +418,12 @@ def parse_args(argv=None):
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     p.add_argument("--data-cache", default=None, help="where tokenised corpora are cached (default OUT/data)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     over = p.add_argument_group("recipe overrides (default: the recipe's value)")
     for f in fields(Recipe):
         flag = "--" + f.name.replace("_", "-")
         if f.type == "bool":
-            over.add_argument(flag, dest=f.name, default=None, action="store_true")
+            over.add_argument(flag, dest=f.name, default=None, action=argparse.BooleanOptionalAction)
         else:
             kind = {"int": int, "float": float, "str": str}[f.type]
             over.add_argument(flag, dest=f.name, type=kind, default=None, metavar=f.type.upper())
@@ -432,11 +437,13 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
+    from .checkpoint import latest_checkpoint
+
     args, recipe = parse_args(argv)
-    torch.set_num_threads(int(os.environ.get("SPROUT_THREADS", torch.get_num_threads())))
+    if args.threads:
+        torch.set_num_threads(args.threads)
     try:
-        last = train(recipe, args.out, data_cache=args.data_cache, resume=args.resume,
-                     progress=not args.no_progress)
+        train(recipe, args.out, data_cache=args.data_cache, resume=args.resume, progress=not args.no_progress)
     except (NonFiniteLoss, ValueError) as e:
         print(f"sprout train: error: {e}", file=sys.stderr)
         return 1
@@ -444,7 +451,7 @@ def main(argv=None) -> int:
         if dist.is_initialized():
             dist.destroy_process_group()
     if int(os.environ.get("RANK", "0")) == 0:
-        print(f"done: {last}")
+        print(f"done: {latest_checkpoint(args.out)}")
     return 0
 
 

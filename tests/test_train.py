@@ -105,9 +105,10 @@ def test_run_writes_log_recipe_checkpoints_and_keeps_the_last_two(tmp_path, cach
     import sprout
 
     out = tmp_path / "run"
-    last = train(TINY.override(max_steps=30), out, data_cache=cache, progress=False)
+    trained = train(TINY.override(max_steps=30), out, data_cache=cache, progress=False)
     steps = sorted(d.name for d in (out / "checkpoints").iterdir())
-    assert steps == ["step_00000020", "step_00000030"] and last == out / "checkpoints" / "step_00000030"
+    assert steps == ["step_00000020", "step_00000030"]
+    last = out / "checkpoints" / "step_00000030"
     assert Recipe.from_dict(json.loads((out / "recipe.json").read_text())) == TINY.override(max_steps=30)
     rows = (out / "train_log.csv").read_text().splitlines()
     assert rows[0].split(",")[:5] == ["step", "tokens", "lr", "train_loss", "val_loss"]
@@ -118,6 +119,7 @@ def test_run_writes_log_recipe_checkpoints_and_keeps_the_last_two(tmp_path, cach
     model = sprout.load(out)  # a run directory loads its latest checkpoint
     saved = load_file(str(last / "model.safetensors"))
     assert torch.equal(model.embed.weight, saved["embed.weight"])
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), trained.state_dict().values()))
     assert model.tokenizer is not None and model.tokenizer.get_vocab_size() == TINY.vocab_size
     state = torch.load(last / "trainer.pt", weights_only=True)
     assert state["step"] == 30 and len(state["rng"]) == 1
@@ -161,11 +163,11 @@ def test_non_finite_loss_stops_with_a_clear_error_and_keeps_the_last_good_checkp
 
 def _train_cmd(out, cache, *extra):
     return [sys.executable, "-m", "sprout.train", "--recipe", "tiny", "--out", str(out), "--data-cache",
-            str(cache), "--max-steps", "80", "--ckpt-every", "10", "--no-progress", *extra]
+            str(cache), "--max-steps", "80", "--ckpt-every", "10", "--no-progress", "--threads", "1", *extra]
 
 
 def test_resume_after_sigkill_gives_bit_identical_weights(tmp_path, cache):
-    env = {**os.environ, "SPROUT_THREADS": "1"}
+    env = dict(os.environ)
     straight, broken = tmp_path / "straight", tmp_path / "broken"
     subprocess.run(_train_cmd(straight, cache), cwd=ROOT, env=env, check=True, capture_output=True)
 
