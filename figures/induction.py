@@ -18,8 +18,10 @@ def induction_table(df: pd.DataFrame, prob: str = "prob",
 
     Args:
         df: `interp.induction_table` output (columns `model`, `occurrence`, `token_index`, `token`,
-            `prob`), or `interp.induction_stories` output with `prob="mean_prob"` (no `token` column:
-            the columns are then "token 1", "token 2", ...).
+            `prob`), or `interp.induction_stories` output with `prob="mean_prob"` (no `token` column).
+            When all rows split the name into the same tokens, they label the columns; otherwise
+            (no `token` column, or models with different tokenizers) the columns are "piece 1",
+            "piece 2", ... and each cell names its token.
         prob: the probability column to show.
 
     Returns:
@@ -27,26 +29,31 @@ def induction_table(df: pd.DataFrame, prob: str = "prob",
         cell the probability as a percentage on the common 0-1 colour scale.
     """
     require(df, ["model", "occurrence", "token_index", prob], "induction_table")
+    if "name" in df.columns and df["name"].nunique() > 1:
+        raise ValueError(f"induction_table: one name per figure, got {df['name'].nunique()} "
+                         f"({list(df['name'].unique())[:4]}); select one with df[df.name == ...]")
     models = list(dict.fromkeys(df["model"]))
     occurrences = list(dict.fromkeys(df.sort_values("occurrence", kind="stable")["occurrence"]))
     cols = sorted(df["token_index"].unique())
-    if "token" in df.columns:
-        first = df[(df["model"] == models[0]) & (df["occurrence"] == occurrences[0])].set_index("token_index")["token"]
-        tokens = [first.get(i, "") for i in cols]
-        ref = dict(zip(first.index, first))
-        for (m, o), g in df.groupby(["model", "occurrence"], sort=False):
-            if any(ref.get(i, t) != t for i, t in zip(g["token_index"], g["token"])):
-                raise ValueError(f"induction_table: model {m!r} (occurrence {o}) has other tokens than {models[0]!r}; "
-                                 "all rows must be the same name read by the same tokenizer")
-    else:
-        tokens = [f"token {i + 1}" for i in cols]
     rows = [(m, o) for m in models for o in occurrences]
-    cell = df.set_index(["model", "occurrence", "token_index"])[prob]
-    z = np.array([[float(cell.get((m, o, i), np.nan)) for i in cols] for m, o in rows])
-    text = np.vectorize(lambda v: "" if np.isnan(v) else (f"{100 * v:.0f}%" if v >= 0.01 else "<1%"))(z)
+    cell = df.set_index(["model", "occurrence", "token_index"])
+    z = np.array([[float(cell[prob].get((m, o, i), np.nan)) for i in cols] for m, o in rows])
+    pct = np.vectorize(lambda v: "" if np.isnan(v) else (f"{100 * v:.0f}%" if v >= 0.01 else "<1%"))(z)
+    # One tokenizer for all rows: the tokens label the columns. Several (a character model beside a
+    # BPE one): columns are the name's pieces in order, and each cell names its own token.
+    per_row = [[cell["token"].get((m, o, i)) if "token" in df.columns else None for i in cols] for m, o in rows]
+    same = "token" in df.columns and all(r == per_row[0] for r in per_row)
+    if same:
+        tokens, labels, text = per_row[0], [short_label(t) for t in per_row[0]], pct
+    else:
+        tokens = [f"piece {i + 1}" for i in cols]
+        labels = tokens
+        text = pct if "token" not in df.columns else np.array(
+            [[f"{short_label(t)}<br>{v}" if t is not None else "" for t, v in zip(tr, pr)] for tr, pr in zip(per_row, pct)],
+            dtype=object)
     names = [f"{m} · {_occurrence_name(o)}" for m, o in rows]
-    shown = [escape_token(t) for t in tokens]
-    hover = np.array([[f"{r}<br>token {shown[c]}" for c in range(len(cols))] for r in names], dtype=object)
+    hover = np.array([[f"{r}<br>token {escape_token(per_row[j][c] if per_row[j][c] is not None else tokens[c])}"
+                       for c in range(len(cols))] for j, r in enumerate(names)], dtype=object)
     fig = go.Figure(go.Heatmap(
         z=z, x=list(range(len(cols))), y=list(range(len(rows))), zmin=0, zmax=1, colorscale=SCALE,
         text=text, texttemplate="%{text}", customdata=hover, xgap=2, ygap=2,
@@ -55,7 +62,6 @@ def induction_table(df: pd.DataFrame, prob: str = "prob",
     ))
     for i in range(1, len(models)):  # a white gap between models
         fig.add_hline(y=len(occurrences) * i - 0.5, line=dict(color="white", width=6))
-    labels = [short_label(t) for t in tokens] if "token" in df.columns else tokens
     cell_w = max(label_width(labels) + 16, 52)
     fig.update_layout(**base_layout(
         title, "the probability each model gives each token of the name, given the text before it",

@@ -265,15 +265,19 @@ def test_induction_table_rows_per_model_and_occurrence():
     assert list(np.array(hm.text)[3]) == ["5%", "98%", "93%"] and np.array(hm.text)[0, 0] == "<1%"
     assert list(fig.layout.yaxis.ticktext) == ["gpt-1 · 1st time", "gpt-1 · 2nd time", "gpt-4 · 1st time", "gpt-4 · 2nd time"]
     assert list(fig.layout.xaxis.ticktext) == ["·Z", "orbin", "·Plax"]
-    bad = df.copy()
-    bad.loc[11, "token"] = " Plox"
-    with pytest.raises(ValueError, match="other tokens"):
-        figures.induction_table(bad)
+    # another tokenizer (a character model): columns become pieces, each cell names its token
+    chars = pd.DataFrame([dict(model="char", occurrence=o, token_index=i, token=c, prob=0.5)
+                          for o in (1, 2) for i, c in enumerate(" Zo")])
+    mixed = figures.induction_table(pd.concat([df, chars]))
+    assert list(mixed.layout.xaxis.ticktext) == ["piece 1", "piece 2", "piece 3"]
+    assert np.array(mixed.data[0].text)[3, 1] == "orbin<br>98%" and np.array(mixed.data[0].text)[5, 0] == "·<br>50%"
+    with pytest.raises(ValueError, match="one name per figure"):
+        figures.induction_table(pd.concat([df.assign(name="Zorbin Plax"), df.assign(name="Mira")]))
     # interp.induction_stories: aggregated, no token strings
     agg = df.rename(columns={"prob": "mean_prob"}).drop(columns="token")
     agg["occurrence"] = agg["occurrence"].map({1: "first", 2: "later"})
     fig = figures.induction_table(agg, prob="mean_prob")
-    assert list(fig.layout.xaxis.ticktext) == ["token 1", "token 2", "token 3"]
+    assert list(fig.layout.xaxis.ticktext) == ["piece 1", "piece 2", "piece 3"]
     assert fig.layout.yaxis.ticktext[1] == "gpt-1 · later"
 
 
