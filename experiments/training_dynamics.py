@@ -123,8 +123,10 @@ def run(models, out, args) -> list[dict]:
                    "against tokens seen.")
     if snaps:
         table = pd.concat(snaps, ignore_index=True)
-        out.table(table, "induction_snapshots")
         for label, g in table.groupby("model", sort=False):
+            # one file per model: copied into sprout/demo/<name>/ as induction_snapshots.csv, it lets
+            # this figure be drawn from a demo model without its snapshots
+            out.table(g.drop(columns="model"), f"induction_snapshots_{label}")
             out.figure(figures.induction_over_training(g.drop(columns="model"), title=f"Induction heads forming, {label}"),
                        f"induction_over_training_{label}",
                        f"{label}: each head's induction score at each training snapshot (the phase change).")

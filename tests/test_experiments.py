@@ -57,7 +57,7 @@ def test_every_file_is_written(run):
                            "previous_token_tiny.html", "induction_tiny.html"},
         "induction_demo": {"induction_table.csv", "induction_table.html", "induction_stories.csv",
                            "induction_stories.html"},
-        "training_dynamics": {"train_logs.csv", "loss_curves.html", "induction_snapshots.csv",
+        "training_dynamics": {"train_logs.csv", "loss_curves.html", "induction_snapshots_tiny.csv",
                               "induction_over_training_tiny.html"},
     }
     for name, files in expected.items():
@@ -154,7 +154,7 @@ def test_rope_and_training_numbers(run):
     expected = sum(losses) / (len(ids) - 1)
     got = train["tiny", "held-out loss on fresh stories (nats/token), measured here"]["measured"]
     assert got == pytest.approx(expected, rel=1e-5)
-    snaps = pd.read_csv(run["out"] / "training_dynamics" / "induction_snapshots.csv")
+    snaps = pd.read_csv(run["out"] / "training_dynamics" / "induction_snapshots_tiny.csv")
     assert sorted(snaps.tokens.unique()) == [0, 10240] and len(snaps) == 2 * CFG.n_layer * CFG.n_head
 
 
@@ -190,3 +190,21 @@ def test_terminal_tables(run, capsys):
     assert terminal.rms_main(["--model", spec, "--chars", "2000"]) == 0
     out = capsys.readouterr().out
     assert "blocks.1.hook_resid_post" in out and "blocks.0.hook_resid_mid" in out
+
+
+def test_training_dynamics_reads_a_shipped_snapshot_table(run, tmp_path):
+    """A demo folder ships train_log.csv and induction_snapshots.csv, not the snapshots themselves."""
+    from experiments import training_dynamics
+    from experiments.common import args_for
+
+    shipped = tmp_path / "demo"
+    sprout.save(run["model"], shipped)
+    LOG.to_csv(shipped / "train_log.csv", index=False)
+    snaps = pd.read_csv(run["out"] / "training_dynamics" / "induction_snapshots_tiny.csv")
+    snaps.to_csv(shipped / "induction_snapshots.csv", index=False)
+    model = sprout.load(shipped)
+    model.spec = str(shipped)
+    out = Output(tmp_path / "out", "training_dynamics")
+    training_dynamics.run({"demo": model}, out, args_for(training_dynamics, ["--chars", "2000"]))
+    assert [f.stem for f in out.figures] == ["loss_curves", "induction_over_training_demo"]
+    pd.testing.assert_frame_equal(pd.read_csv(out.dir / "induction_snapshots_demo.csv"), snaps)
