@@ -229,7 +229,15 @@ def _read_safetensors_file(path: Path) -> tuple[dict, Optional[dict]]:
             state_dict.setdefault(name, state_dict[target])
     beside = path.parent / CONFIG
     if beside.is_file():
-        return state_dict, _json(beside.read_bytes(), beside)
+        config = _json(beside.read_bytes(), beside)
+        if "config" in metadata:
+            stored = _json(metadata["config"], f"{path}'s metadata")
+            differ = sorted(k for k in set(config) | set(stored) if config.get(k) != stored.get(k))
+            if differ:  # an edited config.json: it wins, but say so (context and rope_base fit any weights)
+                warnings.warn(f"{beside} disagrees with the config saved inside {path.name} on "
+                              + ", ".join(f"{k} ({config.get(k)!r} vs {stored.get(k)!r})" for k in differ)
+                              + f"; using {beside.name}", stacklevel=3)
+        return state_dict, config
     if "config" in metadata:
         return state_dict, _json(metadata["config"], f"{path}'s metadata")
     return state_dict, None
@@ -249,8 +257,7 @@ def _read_torch_file(path: Path) -> tuple[dict, Optional[dict]]:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        reason = str(e).split("WeightsUnpickler error:")[-1].split("Check the documentation")[0]
-        reason = reason.split(". Please")[0].strip()  # not torch's advice to allowlist it
+        reason = _weights_only_reason(str(e))
         # "Unsupported operand" is a byte the reader cannot parse (garbage); anything else it refuses
         # (a global, a class, a call) is code the file wants run.
         if (isinstance(e, pickle.UnpicklingError) and "Weights only load failed" in str(e)
@@ -260,6 +267,12 @@ def _read_torch_file(path: Path) -> tuple[dict, Optional[dict]]:
                 f"run code to load, and we never do that (the weights-only reader stopped at: {reason}). "
                 "If you trust it, load it yourself and save its state_dict() (or use sprout.save)."
             ) from None
+        with open(path, "rb") as f:
+            head = f.read(2)
+        if reason.startswith("Unsupported operand") and head[:1] == b"\x80" and head[1:] >= b"\x04":
+            raise ValueError(f"cannot read {path}: it is a plain pickle (protocol {head[1]}), not a torch.save "
+                             "file; we read torch files only with the weights-only reader and never unpickle "
+                             "with code. If you trust it, unpickle it yourself and torch.save its tensors.") from None
         if isinstance(e, EOFError):
             detail = "the file ends early"
         elif "Weights only load failed" in str(e):
@@ -290,6 +303,16 @@ def _read_torch_file(path: Path) -> tuple[dict, Optional[dict]]:
             name = name.split(".", 1)[1]
         state_dict[name] = t
     return state_dict, config
+
+
+def _weights_only_reason(message: str) -> str:
+    """What torch's weights-only reader stopped at, without its advice to allowlist or to trust."""
+    text = message.split("Check the documentation")[0]
+    if "WeightsUnpickler error:" in text:
+        text = text.split("WeightsUnpickler error:")[-1]
+    else:  # newer messages give the reason as the last paragraph
+        text = ([p for p in text.split("\n\n") if p.strip()] or [text])[-1]
+    return text.split(". Please")[0].strip().rstrip(".")
 
 
 def _warn_non_finite(state_dict: dict[str, torch.Tensor], source) -> None:
