@@ -65,7 +65,7 @@ def induction_table(df: pd.DataFrame, prob: str = "prob",
     cell_w = max(label_width(labels) + 16, 52)
     fig.update_layout(**base_layout(
         title, "the probability each model gives each token of the name, given the text before it",
-        width=int(len(cols) * cell_w + label_width(names) + 200), height=int(len(rows) * 36 + 230),
+        width=int(len(cols) * cell_w + label_width(names) + 200), height=int(len(rows) * (36 if same else 46) + 230),
         margin=dict(l=int(label_width(names) + 30)),
     ))
     fig.update_xaxes(tickmode="array", tickvals=list(range(len(cols))), ticktext=labels,
