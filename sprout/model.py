@@ -117,9 +117,10 @@ class Attention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, head, T, d_head)
         if hooked(self.hook_attn_scores, self.hook_pattern):
             # Materialise scores and pattern only when someone reads or edits them.
-            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.d_head)
-            causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-            scores = self.hook_attn_scores(scores.masked_fill(~causal, float("-inf")))
+            # In place: scores is fresh, and a copy of [batch, head, pos, pos] costs as much as the softmax.
+            scores = (q @ k.transpose(-2, -1)).div_(math.sqrt(self.d_head))
+            future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+            scores = self.hook_attn_scores(scores.masked_fill_(future, float("-inf")))
             pattern = self.hook_pattern(F.softmax(scores, dim=-1))
             z = pattern @ v
         else:

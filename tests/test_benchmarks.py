@@ -1,0 +1,26 @@
+"""The benchmark runner runs end to end on a tiny config and prints its table (no timing is asserted)."""
+import re
+
+from benchmarks import run
+
+
+def test_runner_prints_every_row_with_a_numeric_ratio(capsys):
+    rows = run.main(["--tiny", "--repeats", "1", "--lens-tokens", "128"])
+    out = capsys.readouterr().out
+    expected = ["plain hook-free model.py, forward", "Hugging Face Qwen3ForCausalLM, forward",
+                "TransformerBridge, forward", "TransformerBridge `run_with_cache` (everything",
+                "TransformerBridge `run_with_cache` (`hook_resid_post` only)", "our Sprout forward, no hooks",
+                "our `run_with_cache`, every hook", "our `run_with_cache`, `hook_resid_post` only",
+                "`stop_at_layer=2`", "our `run_with_cache_into`", "our training step", "`interp.logit_lens`"]
+    for what in expected:
+        line = next((l for l in out.splitlines() if what in l), None)
+        assert line is not None, f"no table row for {what!r}"
+        assert re.search(r"\| \d+ ms \| \d+\.\d\dx \| \d+ ms \| \d+\.\d\dx \|", line), line
+    assert len(rows) == 16
+    # each reference row is its own group's 1.00x, and every ratio is a positive number
+    assert [r["ratio"] for r in rows if r["target"] == "reference"] == [1.0, 1.0, 1.0]
+    assert all(r["ratio"] > 0 and r["cpu_ratio"] > 0 for r in rows)
+    assert re.search(r"stop_at_layer probe: \d+\.\dx faster", out)
+    # the memory table compares the same activations: the hook names both models have
+    shared = re.search(r"\| TransformerBridge, the (\d+) hook names both have \| (\d+) \|", out)
+    assert shared and shared.group(1) == shared.group(2) and int(shared.group(1)) >= 20 * 2
