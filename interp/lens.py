@@ -93,31 +93,25 @@ def logit_lens(model, text_or_tokens: TextOrTokens, k: int = 5, batch_size: int 
             names[i] = str_tokens(model, torch.tensor([i]))[0]
         return names[i]
 
-    cols: dict[str, list] = {c: [] for c in ("seq", "layer", "site", "pos", "token", "next_token", "top_tokens",
-                                           "top_ids", "top_probs", "p_next", "rank_next", "entropy", "kl_to_final")}
+    frames = []
     for b in _lens_batches(model, text_or_tokens, k, batch_size, include_mid, seq_len):
-        ids = b["ids"].tolist()
-        T = len(ids[0])
-        top_ids, top_probs = b["top_ids"].tolist(), b["top_probs"].tolist()
-        p_next, rank_next = b["p_next"].tolist(), b["rank_next"].tolist()
-        entropy, kl = b["entropy"].tolist(), b["kl_to_final"].tolist()
-        for r, seq in enumerate(b["rows"]):
-            for pos in range(T):
-                last = pos == T - 1
-                cols["seq"].append(seq)
-                cols["layer"].append(b["layer"])
-                cols["site"].append(b["site"])
-                cols["pos"].append(pos)
-                cols["token"].append(text(ids[r][pos]))
-                cols["next_token"].append(None if last else text(ids[r][pos + 1]))
-                cols["top_ids"].append(top_ids[r][pos])
-                cols["top_tokens"].append([text(i) for i in top_ids[r][pos]])
-                cols["top_probs"].append(top_probs[r][pos])
-                cols["p_next"].append(float("nan") if last else p_next[r][pos])
-                cols["rank_next"].append(-1 if last else rank_next[r][pos])
-                cols["entropy"].append(entropy[r][pos])
-                cols["kl_to_final"].append(kl[r][pos])
-    df = pd.DataFrame(cols)
+        B, T = b["ids"].shape
+        ids = b["ids"].cpu()
+        none = torch.full((B, 1), -1)  # the last position has no next token: rank -1, p NaN, token None
+        nxt = torch.cat([ids[:, 1:], none], 1).reshape(-1).tolist()
+        frames.append(pd.DataFrame({
+            "seq": [seq for seq in b["rows"] for _ in range(T)],
+            "layer": b["layer"], "site": b["site"], "pos": list(range(T)) * B,
+            "token": [text(i) for i in ids.reshape(-1).tolist()],
+            "next_token": [text(i) if i >= 0 else None for i in nxt],
+            "top_tokens": [[text(i) for i in row] for row in b["top_ids"].reshape(B * T, -1).tolist()],
+            "top_ids": b["top_ids"].reshape(B * T, -1).tolist(),
+            "top_probs": b["top_probs"].reshape(B * T, -1).tolist(),
+            "p_next": torch.cat([b["p_next"].cpu(), none.float().fill_(float("nan"))], 1).reshape(-1).tolist(),
+            "rank_next": torch.cat([b["rank_next"].cpu(), none], 1).reshape(-1).tolist(),
+            "entropy": b["entropy"].reshape(-1).tolist(), "kl_to_final": b["kl_to_final"].reshape(-1).tolist(),
+        }))
+    df = pd.concat(frames, ignore_index=True)
     df.insert(df.columns.get_loc("rank_next") + 1, "is_top1", df.rank_next == 0)
     return df.sort_values(["seq", "layer", "pos"], kind="stable").reset_index(drop=True)
 
