@@ -4,9 +4,10 @@ import re
 from benchmarks import run
 
 
-def test_runner_prints_every_row_with_a_numeric_ratio(capsys):
-    rows = run.main(["--tiny", "--repeats", "1", "--lens-tokens", "128"])
+def test_runner_prints_every_row_with_a_numeric_ratio(capsys, tmp_path):
+    rows = run.main(["--tiny", "--repeats", "1", "--lens-tokens", "128", "--out", str(tmp_path / "results.md")])
     out = capsys.readouterr().out
+    assert out.strip() in (tmp_path / "results.md").read_text()
     expected = ["plain hook-free model.py, forward", "Hugging Face Qwen3ForCausalLM, forward",
                 "TransformerBridge, forward", "TransformerBridge `run_with_cache` (everything",
                 "TransformerBridge `run_with_cache` (`hook_resid_post` only)", "our Sprout forward, no hooks",
