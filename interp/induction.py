@@ -15,9 +15,12 @@ import torch
 
 from ._model import logits_of, model_name
 
-# A capitalised word not at the start of a sentence: template words ("Once", "The") only start sentences.
-_WORD = re.compile(r"\b[A-Z][a-z]+\b")
-_SENTENCE_START = re.compile(r'(^|[.!?"\n]\s*)$')
+_WORD = re.compile(r"\b[A-Z][a-z]+\b")  # a capitalised word
+
+
+def _starts_sentence(text: str, i: int) -> bool:
+    before = text[:i].rstrip(" \t")
+    return before == "" or before[-1] in '.!?"\n'
 
 
 def _named(models) -> dict:
@@ -113,7 +116,7 @@ def story_names(story: str) -> dict[str, list[tuple[int, int]]]:
     mid_sentence: set[str] = set()
     for m in _WORD.finditer(story):
         spans.setdefault(m.group(), []).append(m.span())
-        if not _SENTENCE_START.search(story[:m.start()]):
+        if not _starts_sentence(story, m.start()):
             mid_sentence.add(m.group())
     return {w: s for w, s in spans.items() if len(s) >= 2 and w in mid_sentence}
 
