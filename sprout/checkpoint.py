@@ -11,6 +11,7 @@ every offending key; nothing is loaded halfway.
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import pickle
@@ -88,6 +89,10 @@ def save(model: torch.nn.Module, directory: PathLike) -> Path:
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+    # what a save killed half way (SIGKILL, power loss) left behind for this same directory
+    for kind in ("tmp", "old"):
+        for stale in directory.parent.glob(f".{glob.escape(directory.name)}.{kind}-*"):
+            shutil.rmtree(stale, ignore_errors=True)
     return directory
 
 
@@ -183,6 +188,10 @@ def _resolve(path: Path) -> Path:
         return latest
     if path.exists():
         return path
+    left = sorted(path.parent.glob(f".{glob.escape(path.name)}.old-*/{WEIGHTS}")) if path.name else []
+    if left:
+        raise FileNotFoundError(f"no checkpoint at {path}, but a save that was killed half way left the previous "
+                                f"one at {left[0].parent}: move it back (mv '{left[0].parent}' '{path}')")
     name = str(path)
     if os.sep not in name and "/" not in name:
         demo = demo_dir() / name
