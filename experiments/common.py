@@ -150,6 +150,7 @@ class Output:
     experiment: str
     js_dir: Optional[Path] = None
     figures: list = field(default_factory=list)
+    extra: dict = field(default_factory=dict)  # figures kept for the README only, not written or indexed
 
     def __post_init__(self):
         self.dir = Path(self.dir)

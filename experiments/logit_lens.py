@@ -14,6 +14,7 @@ SUMMARY = ("What each model would predict if it stopped after each block: the to
            "position, coloured by its probability and framed where it is the actual next token.")
 TEXT = LENS_TEXT
 MAX_TOKENS = 64
+DOC_TOKENS = 20  # the README's copy of the grid: the first tokens only
 
 
 def add_args(p):
@@ -27,6 +28,8 @@ def run(models, out, args) -> list[dict]:
         out.table(lens.drop(columns=["top_ids"]), f"lens_{label}")
         out.figure(figures.logit_lens_grid(lens, title=f"Logit lens, {label}"), f"lens_{label}",
                    f"{label}: the top-1 token after each block; frames mark the actual next token; hover for the top 5.")
+        short = lens[lens["pos"] < DOC_TOKENS]  # a README-sized grid
+        out.extra[f"lens_{label}_short"] = figures.logit_lens_grid(short, title=f"Logit lens, {label}")
         summary = interp.lens_dataset_summary(model, held_out_text(model, args.chars)).assign(model=label)
         summaries.append(summary)
         conf = summary.set_index("layer")["mean_top1_prob"]

@@ -34,7 +34,7 @@ def parse_args(argv=None):
 
 # The README's figures: (experiment, figure stem, PNG name); {m} is the deepest model shown.
 DOC_FIGURES = [
-    ("logit_lens", "lens_{m}", "logit_lens.png"),
+    ("logit_lens", "lens_{m}_short", "logit_lens.png"),
     ("residual_growth", "residual_rms", "residual_rms.png"),
     ("head_detection", "scores_{m}", "head_scores.png"),
     ("attention_maps", "induction_{m}", "induction_head.png"),
@@ -52,7 +52,7 @@ def write_docs(done: dict, models: dict, docs: Path) -> list[Path]:
     deepest = max(models, key=lambda m: int(models[m].cfg.n_layers)) if models else ""
     written = []
     for exp, stem, png in DOC_FIGURES:
-        figs = {f.stem: f.fig for f in done[exp][1].figures} if exp in done else {}
+        figs = {**{f.stem: f.fig for f in done[exp][1].figures}, **done[exp][1].extra} if exp in done else {}
         fig = figs.get(stem.format(m=deepest))
         if fig is not None:
             written.append(screenshot(fig, Path(docs) / png))

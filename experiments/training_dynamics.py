@@ -64,13 +64,14 @@ def induction_snapshots(run: Path, log: pd.DataFrame, limit: int) -> Optional[pd
 
     per_step = (log["tokens"] / log["step"].clip(lower=1)).iloc[-1]
     tokens_at = dict(zip(log["step"], log["tokens"]))
-    val = log.dropna(subset=["val_loss"]).set_index("step")["val_loss"]
+    val = log.dropna(subset=["val_loss"])
     frames = []
     for step, d in snaps:
         model = sprout.load(d)
         df = interp.head_scores(model, "induction", half_len=min(32, int(model.cfg.n_ctx) // 2), n_seqs=4)
-        frames.append(df.assign(step=step, tokens=tokens_at.get(step, step * per_step),
-                                val_loss=val.get(step, np.nan)))
+        # held-out loss is logged every eval_every steps: interpolate to the snapshot's step
+        loss = float(np.interp(step, val["step"], val["val_loss"])) if len(val) else np.nan
+        frames.append(df.assign(step=step, tokens=tokens_at.get(step, step * per_step), val_loss=loss))
     return pd.concat(frames, ignore_index=True)
 
 

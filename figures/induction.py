@@ -100,20 +100,22 @@ def induction_over_training(df: pd.DataFrame, top: int = 3,
             line=dict(color=PALETTE[rank % len(PALETTE)] if on else "rgba(150,150,150,0.45)", width=2.5 if on else 1),
             showlegend=on, hovertemplate=f"{name}<br>%{{x:.3s}} tokens<br>induction score %{{y:.3f}}<extra></extra>",
         ))
-    if "val_loss" in df.columns:
-        loss = df.drop_duplicates("tokens")[["tokens", "val_loss"]].dropna()
+    loss = df.drop_duplicates("tokens")[["tokens", "val_loss"]].dropna() if "val_loss" in df.columns else []
+    if len(loss):
         fig.add_trace(go.Scatter(x=loss["tokens"], y=loss["val_loss"], name="held-out loss", yaxis="y2",
                                  mode="lines", line=dict(color="black", dash="dash"),
                                  hovertemplate="%{x:.3s} tokens<br>loss %{y:.3f}<extra></extra>"))
-        fig.update_layout(yaxis2=dict(title=dict(text="held-out loss (nats per token)"), overlaying="y",
-                                      side="right", showgrid=False))
     t = df["tokens"][df["tokens"] > 0]
     log_x = len(t) > 0 and t.max() / t.min() > 100
     fig.update_layout(**base_layout(
         title, "induction score of every head at each saved snapshot; coloured = the heads that end highest",
-        width=860, height=480,
+        width=900, height=480, legend=dict(x=1.1, xanchor="left"),
     ))
+    fig.update_layout(yaxis=dict(title=dict(text="induction score (attention to the token after the match)"),
+                                 range=[0, 1]))
+    if len(loss):
+        fig.update_layout(yaxis2=dict(title=dict(text="held-out loss (nats per token)"), overlaying="y",
+                                      side="right", showgrid=False))
     fig.update_xaxes(title=dict(text="training tokens seen" + (" (log scale)" if log_x else "")),
                      type="log" if log_x else "linear")
-    fig.update_yaxes(title=dict(text="induction score (attention to the token after the match)"), range=[0, 1])
     return fig
