@@ -1,6 +1,8 @@
 """Attention patterns on a text with a repeated name: every head of every layer, and the top heads."""
 from __future__ import annotations
 
+import sys
+
 import pandas as pd
 
 import figures
@@ -40,7 +42,6 @@ def run(models, out, args) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    import sys
     return standalone(sys.modules[__name__], argv)
 
 

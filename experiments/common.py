@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -28,6 +29,8 @@ def default_models() -> list[str]:
 
     shipped = set(demo_names())
     return DEFAULT_MODELS + [d for d in DEMOS[2:] if d in shipped]
+
+
 RESULTS = Path("results")
 
 # The chapter's demo text: an invented name comes back, so only copying can predict it the second time.
@@ -54,7 +57,7 @@ def parser(name: str, doc: str, text: Optional[str] = None) -> argparse.Argument
 def model_label(spec: str) -> str:
     """'gpt-4' for a demo name, the folder name for a checkpoint path."""
     p = Path(spec)
-    if p.name in ("model.safetensors",) or p.suffix in (".safetensors", ".pt", ".pth", ".bin"):
+    if p.suffix in (".safetensors", ".pt", ".pth", ".bin"):
         p = p.parent
     return p.name or str(spec)
 
@@ -214,7 +217,7 @@ def args_for(module, argv=()) -> argparse.Namespace:
 
 def standalone(module, argv=None) -> int:
     """`python -m experiments.<name>`: parse, load, run, write numbers.json, print the numbers."""
-    args = args_for(module, argv if argv is not None else __import__("sys").argv[1:])
+    args = args_for(module, sys.argv[1:] if argv is None else argv)
     out = output_for(args, module.NAME)
     needs = getattr(module, "NEEDS_MODELS", True)
     models = load_models(args.models, args.threads) if (args.models or needs) else {}

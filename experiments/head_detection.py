@@ -1,6 +1,8 @@
 """Which heads are previous-token, duplicate-token, induction and prefix-matching heads, and do they matter."""
 from __future__ import annotations
 
+import sys
+
 import pandas as pd
 
 import figures
@@ -63,7 +65,6 @@ def run(models, out, args) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    import sys
     return standalone(sys.modules[__name__], argv)
 
 

@@ -1,6 +1,8 @@
 """The chapter's "Zorbin Plax" table: a name seen once is copied the second time, given enough blocks."""
 from __future__ import annotations
 
+import sys
+
 import figures
 import interp
 
@@ -47,7 +49,6 @@ def run(models, out, args) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    import sys
     return standalone(sys.modules[__name__], argv)
 
 

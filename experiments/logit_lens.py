@@ -1,6 +1,8 @@
 """The logit lens: read the residual stream after every block through the final norm and unembedding."""
 from __future__ import annotations
 
+import sys
+
 import pandas as pd
 
 import figures
@@ -48,7 +50,6 @@ def run(models, out, args) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    import sys
     return standalone(sys.modules[__name__], argv)
 
 

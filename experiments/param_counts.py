@@ -1,6 +1,8 @@
 """Where the parameters live: the chapter's count, part by part, for each preset and loaded model."""
 from __future__ import annotations
 
+import sys
+
 import pandas as pd
 
 import figures
@@ -49,7 +51,6 @@ def run(models, out, args) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    import sys
     return standalone(sys.modules[__name__], argv)
 
 

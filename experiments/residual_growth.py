@@ -1,6 +1,8 @@
 """How big the residual stream gets: its RMS per token after the embedding and after every block."""
 from __future__ import annotations
 
+import sys
+
 import pandas as pd
 
 import figures
@@ -43,7 +45,6 @@ def run(models, out, args) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    import sys
     return standalone(sys.modules[__name__], argv)
 
 

@@ -1,6 +1,8 @@
 """RoPE: the query-key score depends only on the distance m - n, not on where the pair stands."""
 from __future__ import annotations
 
+import sys
+
 import figures
 import interp
 
@@ -33,7 +35,6 @@ def run(models, out, args) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    import sys
     return standalone(sys.modules[__name__], argv)
 
 

@@ -1,6 +1,8 @@
 """Training curves, and induction heads forming during training (Olsson et al. 2022's phase change)."""
 from __future__ import annotations
 
+import sys
+
 import re
 from pathlib import Path
 from typing import Optional
@@ -135,7 +137,6 @@ def run(models, out, args) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    import sys
     return standalone(sys.modules[__name__], argv)
 
 
