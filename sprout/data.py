@@ -485,6 +485,12 @@ def _check_length(n: int, context: int, where: str) -> None:
                          f"needs context + 1 = {context + 1}; give it more text or use a smaller context")
 
 
+def check_windows(data: np.ndarray, context: int) -> None:
+    """Raise a ValueError naming the file if `data` (a token file's memmap, or any 1-D array) is too
+    short for one window of context + 1 tokens."""
+    _check_length(len(data), context, getattr(data, "filename", None) or "the token array")
+
+
 def get_batch(data: np.ndarray, batch_size: int, context: int,
               generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Random windows of a token array: inputs and the next-token targets.
@@ -498,7 +504,7 @@ def get_batch(data: np.ndarray, batch_size: int, context: int,
     Returns:
         (x, y), int64 tensors of shape [B, T], with y[:, t] = the token after x[:, t].
     """
-    _check_length(len(data), context, getattr(data, "filename", None) or "the token array")
+    check_windows(data, context)
     ix = torch.randint(len(data) - context, (batch_size,), generator=generator).tolist()
     xy = torch.from_numpy(np.stack([data[i:i + context + 1] for i in ix]).astype(np.int64))
     return xy[:, :-1], xy[:, 1:]

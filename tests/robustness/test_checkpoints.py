@@ -258,3 +258,25 @@ def test_a_directory_without_its_tokenizer_loads_and_text_then_fails_saying_so(t
         assert str(err.value).startswith(no_tokenizer)
     loaded.tokenizer = model.tokenizer  # the fix the message suggests
     assert loaded.to_string(ids) == [" abc"]  # ids in sorted order: " " is 0
+
+
+# --- a save killed half way -------------------------------------------------------------------------------
+
+def test_a_save_killed_between_its_renames_is_found_and_its_debris_cleared(tmp_path):
+    a, b = fresh(seed=0), fresh(seed=1)
+    ckpt = checkpoint.save(a, tmp_path / "ckpt")
+    # What SIGKILL between save()'s two renames leaves: the old checkpoint moved aside, the new one
+    # complete under its temporary name, nothing at the path itself.
+    os.rename(ckpt, tmp_path / ".ckpt.old-1a2b3c4d")
+    checkpoint.save(b, tmp_path / "elsewhere")
+    os.rename(tmp_path / "elsewhere", tmp_path / ".ckpt.tmp-x9y8z7")
+    with pytest.raises(FileNotFoundError) as err:
+        checkpoint.load(ckpt)
+    assert str(err.value) == (f"no checkpoint at {ckpt}, but a save that was killed half way left the previous "
+                              f"one at {tmp_path / '.ckpt.old-1a2b3c4d'}: move it back "
+                              f"(mv '{tmp_path / '.ckpt.old-1a2b3c4d'}' '{ckpt}')")
+    assert_same_model(a, checkpoint.load(tmp_path / ".ckpt.old-1a2b3c4d"))  # it is intact
+    (tmp_path / ".other.tmp-keep").mkdir()  # another checkpoint's temporary folder is not ours to clear
+    checkpoint.save(b, ckpt)
+    assert sorted(os.listdir(tmp_path)) == [".other.tmp-keep", "ckpt"]
+    assert_same_model(b, checkpoint.load(ckpt))
