@@ -1,9 +1,8 @@
 """Training curves, and induction heads forming during training (Olsson et al. 2022's phase change)."""
 from __future__ import annotations
 
-import sys
-
 import re
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -111,7 +110,9 @@ def run(models, out, args) -> list[dict]:
         if len(val):
             rows.append(number("final held-out loss in train_log.csv (nats/token)", float(val["val_loss"].iloc[-1]),
                                CHAPTER_LOSS.get(label), label, fmt="{:.2f}"))
-        s = induction_snapshots(runs[label], log, args.max_snapshots)
+        # a shipped demo has its train_log.csv but not its snapshots: look in its training run too
+        s = next((s for d in (runs[label], Path("runs") / label) if d.is_dir()
+                  and (s := induction_snapshots(d, log, args.max_snapshots)) is not None), None)
         if s is not None:
             snaps.append(s.assign(model=label))
             best = s.groupby("tokens")["score"].max()
