@@ -78,8 +78,17 @@ def prepare_data(recipe: Recipe, cache_root: Path):
     return tok, train, val
 
 
-def repeat_rows(n: int, context: int, vocab_size: int, lo: int, hi: int, generator: torch.Generator):
+def repeat_rows(n: int, context: int, vocab_size: int, lo: int, hi: int, generator: torch.Generator,
+                corpus: Optional[np.ndarray] = None, unigram: float = 0.0):
     """Rows of random segments each followed by its exact repeat (the induction curriculum).
+
+    Args:
+        n, context: the rows' count and length.
+        vocab_size: uniform segments draw ids from [1, vocab_size).
+        lo, hi: the shortest and longest segment.
+        generator: the source of every draw.
+        corpus, unigram: with probability `unigram` a segment's tokens are drawn instead from random
+            positions of `corpus` (so with the corpus's unigram frequencies, but in random order).
 
     Returns:
         (x, y, mask), each [n, context]; mask is 1 where y lies in a second copy after its first token,
@@ -92,7 +101,12 @@ def repeat_rows(n: int, context: int, vocab_size: int, lo: int, hi: int, generat
         parts, mask = [], []
         while sum(map(len, parts)) < context + 1:
             half = int(torch.randint(lo, hi + 1, (1,), generator=generator))
-            parts.append(repeated_random_tokens(1, half, vocab_size, generator)[0])
+            if unigram and float(torch.rand(1, generator=generator)) < unigram:
+                at = torch.randint(len(corpus), (half,), generator=generator).numpy()
+                seg = torch.from_numpy(corpus[at].astype(np.int64))
+                parts.append(torch.cat([seg, seg]))
+            else:
+                parts.append(repeated_random_tokens(1, half, vocab_size, generator)[0])
             mask += [0] * (half + 1) + [1] * (half - 1)  # mask[j]: is token j predictable by copying
         seqs.append(torch.cat(parts)[:context + 1])
         masks.append(torch.tensor(mask[1:context + 1]))  # the target of position t is token t + 1
@@ -112,7 +126,7 @@ def get_train_batch(recipe: Recipe, train: np.ndarray, vocab_size: int, generato
         xs.append(x), ys.append(y), ms.append(torch.ones_like(x))
     if n_rep:
         x, y, m = repeat_rows(n_rep, recipe.context, vocab_size, recipe.repeat_min,
-                              min(recipe.repeat_max, recipe.context // 2), generator)
+                              min(recipe.repeat_max, recipe.context // 2), generator, train, recipe.repeat_unigram)
         xs.append(x), ys.append(y), ms.append(m)
     return torch.cat(xs), torch.cat(ys), torch.cat(ms)
 

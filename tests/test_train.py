@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -72,6 +73,15 @@ def test_repeat_rows_repeat_random_segments_and_mask_exactly_the_copyable_target
             if m:
                 offsets.add(next(t - j for j in range(t - 1, -1, -1) if row_x[j] == row_x[t]))
     assert len(offsets) > 3
+
+
+def test_repeat_rows_can_draw_segments_from_the_corpus():
+    corpus = np.array([7, 9, 7, 7, 9] * 20, dtype=np.uint16)
+    g = torch.Generator().manual_seed(0)
+    x, y, mask = repeat_rows(4, 60, 500, 5, 20, g, corpus, unigram=1.0)
+    assert set(x.flatten().tolist()) <= {7, 9}
+    x, _, _ = repeat_rows(4, 60, 500, 5, 20, g, corpus, unigram=0.0)
+    assert len(set(x.flatten().tolist())) > 50
 
 
 def test_snapshot_steps_are_log_spaced():

@@ -6,11 +6,13 @@ tokenizer.json, via `sprout.checkpoint.save`) plus its recipe.json and train_log
 """
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path
 
 from sprout.checkpoint import demo_dir, latest_checkpoint, load, save
+from sprout.recipes import Recipe
 
 MAX_BYTES = 15 * 2**20  # what one demo may add to the repository
 
@@ -21,8 +23,9 @@ def ship(run_dir, name: str) -> Path:
     if last is None:
         raise ValueError(f"{run_dir} holds no checkpoint to ship")
     target = save(load(last), demo_dir() / name)
-    for f in ("recipe.json", "train_log.csv"):
-        shutil.copy(run_dir / f, target / f)
+    recipe = Recipe.from_dict(json.loads((run_dir / "recipe.json").read_text()))  # fills newer fields
+    (target / "recipe.json").write_text(recipe.to_json())
+    shutil.copy(run_dir / "train_log.csv", target / "train_log.csv")
     size = sum(f.stat().st_size for f in target.iterdir())
     if size > MAX_BYTES:
         raise ValueError(f"{target} is {size / 2**20:.1f} MB, over the {MAX_BYTES / 2**20:.0f} MB limit for a demo")
