@@ -32,7 +32,7 @@ def lens_table(lens) -> str:
     """
     seq0 = lens[lens["seq"] == lens["seq"].iloc[0]] if "seq" in lens.columns else lens
     layers = sorted(seq0["layer"].unique())
-    head = f"{'pos':>3} {'token':<10}" + "".join(f" {('emb' if l == 0 else f'L{l:g}'):<13}" for l in layers)
+    head = f"{'pos':>3} {'token':<10}" + "".join(f" {('emb' if l == 0 else f'L{l:g}'):<14}" for l in layers)
     lines = [head, "-" * len(head)]
     for pos, g in seq0.groupby("pos", sort=True):
         g = g.set_index("layer")
@@ -41,7 +41,7 @@ def lens_table(lens) -> str:
             r = g.loc[l]
             top, p = r["top_tokens"][0], r["top_probs"][0]
             mark = "*" if isinstance(r["next_token"], str) and top == r["next_token"] else " "
-            cells.append(f" {_tok(top, 8):<8}{100 * p:3.0f}%{mark}")
+            cells.append(f" {_tok(top, 8):<8}{100 * p:4.0f}%{mark}")
         lines.append(f"{pos:>3} {_tok(g['token'].iloc[0], 10):<10}" + "".join(cells))
     lines.append("top-1 token and its probability after each block (emb = the embedding); * = it is the next token")
     return "\n".join(lines)
