@@ -63,6 +63,7 @@ def test_windows_is_the_explicit_way_to_run_a_long_text(char_model):
     assert torch.equal((strided[:, 1:] - strided[:, :-1]).unique(), torch.tensor([1]))  # contiguous
     assert torch.equal(strided.unique(), positions)  # every token is in some window
     assert torch.equal(windows(ids[:50], 64), ids[:50][None])  # a sequence that fits is one window
+    assert torch.equal(windows(ids.tolist(), 64), w)  # a list of ids, as the tokenizer returns them
     with pytest.raises(ValueError, match="stride"):
         windows(ids, 64, stride=65)
     with pytest.raises(ValueError, match=r"one non-empty sequence .* got shape \(2, 160\)"):
