@@ -70,10 +70,21 @@ def rope_tables(d_head: int, context: int, base: float) -> tuple[torch.Tensor, t
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate the pairs (x[i], x[i + d/2]) of x [batch, pos, head, d_head]; cos/sin [pos, d_head/2]."""
-    d = x.size(-1) // 2
-    cos, sin = cos[:, None, :], sin[:, None, :]  # broadcast over heads
-    x1, x2 = x[..., :d], x[..., d:]
-    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return rotate(x, *rope_rows(cos, sin))
+
+
+def rope_rows(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The [pos, d_head/2] tables as whole rows [pos, 1, d_head]: (cos, cos) and (-sin, sin)."""
+    return torch.cat((cos, cos), dim=-1)[:, None, :], torch.cat((-sin, sin), dim=-1)[:, None, :]
+
+
+def rotate(x: torch.Tensor, cos_rows: torch.Tensor, sin_rows: torch.Tensor) -> torch.Tensor:
+    """RoPE on whole rows: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) = x * (cos, cos) + (x2, x1) * (-sin, sin).
+
+    Bit-identical to rotating the two halves apart, in four kernels instead of seven; on a busy
+    2-core machine every kernel waits at a thread barrier, so the count shows in the forward's time.
+    """
+    return x * cos_rows + x.roll(x.size(-1) // 2, dims=-1) * sin_rows
 
 
 class Attention(nn.Module):
@@ -105,6 +116,7 @@ class Attention(nn.Module):
         return self.proj.weight.T.reshape(self.n_head, self.d_head, -1)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [batch, pos, d_model]; cos/sin the whole-row tables of `rope_rows`, [pos, 1, d_head]."""
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=-1)
         q = self.hook_q(q.view(B, T, self.n_head, self.d_head))
@@ -112,8 +124,8 @@ class Attention(nn.Module):
         v = self.hook_v(v.view(B, T, self.n_head, self.d_head))
         q = self.hook_q_normed(self.q_norm(q))
         k = self.hook_k_normed(self.k_norm(k))
-        q = self.hook_rot_q(apply_rope(q, cos, sin))
-        k = self.hook_rot_k(apply_rope(k, cos, sin))
+        q = self.hook_rot_q(rotate(q, cos, sin))
+        k = self.hook_rot_k(rotate(k, cos, sin))
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, head, T, d_head)
         if hooked(self.hook_attn_scores, self.hook_pattern):
             # Materialise scores and pattern only when someone reads or edits them.
@@ -251,7 +263,7 @@ class Sprout(HookedLM):
         idx = check_tokens(self, idx)
         T = idx.size(1)
         x = self.hook_embed(self.embed(idx))
-        cos, sin = self.cos[:T], self.sin[:T]
+        cos, sin = rope_rows(self.cos[:T], self.sin[:T])  # [pos, 1, d_head], built once for every block
         if stop_at_layer is not None:
             check_stop_at_layer(self, stop_at_layer)
             for block in self.blocks[:stop_at_layer]:
