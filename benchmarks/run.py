@@ -137,12 +137,14 @@ def lens_floor(plain: PlainSprout, tokens: torch.Tensor, batch: int, k: int):
 
 
 def lens_by_hooks(model: Sprout, tokens: torch.Tensor, batch: int, k: int):
-    """The floor's work done through our hooks: cache the streams, then norm, unembedding, top-k."""
-    sites = ["blocks.0.hook_resid_pre"] + [f"blocks.{l}.hook_resid_post" for l in range(len(model.blocks))]
+    """The floor's work done through our hooks: cache the streams, then norm, unembedding, top-k (the
+    last block's stream is the output, whose logits the forward has already made)."""
+    sites = ["blocks.0.hook_resid_pre"] + [f"blocks.{l}.hook_resid_post" for l in range(len(model.blocks) - 1)]
     for ids in tokens.split(batch):
-        _, cache = model.run_with_cache(ids, names_filter=sites)
+        logits, cache = model.run_with_cache(ids, names_filter=sites)
         for name in sites:
             model.head(model.norm(cache[name])).topk(k, dim=-1)
+        logits.topk(k, dim=-1)
 
 
 def measure(cfg: SproutConfig, folder: Path, batch: int, pos: int, repeats: int, lens_tokens: int) -> tuple[list, dict]:
