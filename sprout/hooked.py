@@ -2,6 +2,7 @@
 out, the course's loss. Sprout and the walkthrough GPT differ only in their layers."""
 from __future__ import annotations
 
+import warnings
 from typing import Optional, Union
 
 import torch
@@ -27,6 +28,15 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor, loss_mask: Optional[tor
         return loss.mean()
     mask = loss_mask.reshape(-1).float()
     return (loss * mask).sum() / mask.sum().clamp(min=1)
+
+
+def _selects(names_filter, name: str) -> bool:
+    """Whether TransformerLens' names_filter (a name, a list of names or a predicate) selects `name`."""
+    if isinstance(names_filter, str):
+        return name == names_filter
+    if isinstance(names_filter, list):
+        return name in names_filter
+    return bool(names_filter(name))
 
 
 def check_stop_at_layer(model, stop_at_layer: int):
@@ -81,11 +91,35 @@ class HookedLM(HookedRootModule):
         """Run and cache activations: `logits, cache = model.run_with_cache(tokens_or_text)`.
 
         Returns an `ActivationCache`. Without `targets` the output is the logits alone (as in
-        TransformerLens); with `targets` it is forward's `(logits, loss)`. `names_filter` selects hooks.
+        TransformerLens); with `targets` it is forward's `(logits, loss)`. `names_filter` selects hooks;
+        `incl_bwd=True` (with targets) also caches the loss's gradient at each hook as `<name>_grad`.
         """
-        out, cache = super().run_with_cache(*model_args, **kwargs)
+        names_filter = kwargs.get("names_filter")
+        if names_filter is not None and not any(_selects(names_filter, name) for name in self.hook_dict):
+            shown = "" if callable(names_filter) else f" {names_filter!r}"
+            warnings.warn(f"names_filter{shown} matched none of the model's {len(self.hook_dict)} hook points, "
+                          "so the cache will be empty (names look like 'blocks.0.hook_resid_post'; "
+                          "model.hook_dict lists them all)", stacklevel=2)
         batched = not kwargs.get("remove_batch_dim", False)
+        if kwargs.get("incl_bwd"):
+            out, cache = self._run_with_cache_and_grads(model_args, dict(kwargs))
+        else:
+            out, cache = super().run_with_cache(*model_args, **kwargs)
         return _logits_unless_loss(out), ActivationCache(cache, self, has_batch_dim=batched)
+
+    def _run_with_cache_and_grads(self, model_args, kwargs):
+        # TransformerLens calls `.backward()` on the forward's output, which here is (logits, loss):
+        # run its caching hooks ourselves and differentiate the loss.
+        options = {k: kwargs.pop(k) for k in ("names_filter", "device", "remove_batch_dim", "pos_slice") if k in kwargs}
+        reset, clear = kwargs.pop("reset_hooks_end", True), kwargs.pop("clear_contexts", False)
+        kwargs.pop("incl_bwd")
+        cache, fwd, bwd = self.get_caching_hooks(incl_bwd=True, **options)
+        with self.hooks(fwd_hooks=fwd, bwd_hooks=bwd, reset_hooks_end=reset, clear_contexts=clear):
+            logits, loss = self(*model_args, **kwargs)
+            if loss is None:
+                raise ValueError("run_with_cache(incl_bwd=True) caches gradients of the loss: pass targets too")
+            loss.backward()
+        return (logits, loss), cache
 
     def to_single_token(self, string: str) -> int:
         """The id of a text that is exactly one token."""

@@ -342,3 +342,23 @@ def test_run_with_cache_into_fills_preallocated_buffers(tiny_model):
     assert torch.isnan(buffers["blocks.0.hook_resid_post"][2:]).all()
     with pytest.raises(ValueError, match="no hook points named \\['blocks.9.hook_z'\\]"):
         tiny_model.run_with_cache_into(tokens, {"blocks.9.hook_z": torch.zeros(1)})
+
+
+def test_run_with_cache_incl_bwd_caches_the_loss_gradients(tiny_model):
+    x = torch.randint(0, TINY.vocab_size, (2, 10))
+    (logits, loss), cache = tiny_model.run_with_cache(x, x, incl_bwd=True, names_filter="blocks.0.hook_resid_post")
+    # the same gradient by hand: d loss / d resid_post of block 0
+    store = {}
+
+    def keep(t, hook):
+        t.retain_grad()
+        store["resid"] = t
+
+    tiny_model.zero_grad()
+    _, loss2 = tiny_model.run_with_hooks(x, x, fwd_hooks=[("blocks.0.hook_resid_post", keep)])
+    loss2.backward()
+    assert torch.allclose(cache["blocks.0.hook_resid_post_grad"], store["resid"].grad, atol=1e-7)
+    assert loss.item() == pytest.approx(loss2.item())
+    with pytest.raises(ValueError, match="pass targets too"):
+        tiny_model.run_with_cache(x, incl_bwd=True)
+    assert not any(hp._forward_hooks or hp._backward_hooks for hp in tiny_model.hook_dict.values())

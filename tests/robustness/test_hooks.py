@@ -201,8 +201,6 @@ def test_nested_hooks_contexts_remove_only_their_own_level(tiny_model):
 
 # --- names_filter that matches nothing ----------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="needs the run_with_cache warning in sprout/hooked.py "
-                                       "(diff: notes_tmp/hooked_names_filter.diff); remove this mark then")
 @pytest.mark.parametrize("names_filter", ["blocks.0.hook_resid_psot", ["blocks.9.hook_resid_post"],
                                           lambda name: name.endswith("hook_nothing")])
 def test_a_names_filter_that_matches_nothing_gives_an_empty_cache_and_a_warning(tiny_model, names_filter):
