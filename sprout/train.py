@@ -114,11 +114,12 @@ def repeat_rows(n: int, context: int, vocab_size: int, lo: int, hi: int, generat
     return seq[:, :-1], seq[:, 1:], torch.stack(masks)
 
 
-def get_train_batch(recipe: Recipe, train: np.ndarray, vocab_size: int, generator: torch.Generator):
+def get_train_batch(recipe: Recipe, train: np.ndarray, vocab_size: int, generator: torch.Generator,
+                    step: int = 0):
     """One training batch: story windows and repeat-curriculum rows. Returns (x, y, loss_mask) [B, T]."""
     from .data import get_batch
 
-    n_rep = round(recipe.batch_size * recipe.repeat_fraction)
+    n_rep = round(recipe.batch_size * (1.0 if step < recipe.curriculum_steps else recipe.repeat_fraction))
     n_story = recipe.batch_size - n_rep
     xs, ys, ms = [], [], []
     if n_story:
@@ -379,8 +380,9 @@ def train(recipe: Recipe, out, data_cache=None, resume: bool = False, progress: 
         lr = lr_at(step, recipe)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        x, y, mask = get_train_batch(recipe, train_data, vocab_size, batch_gen)
-        _, loss = net(x, y, loss_mask=mask if recipe.repeat_fraction > 0 else None)
+        x, y, mask = get_train_batch(recipe, train_data, vocab_size, batch_gen, step)
+        curriculum = recipe.repeat_fraction > 0 or step < recipe.curriculum_steps
+        _, loss = net(x, y, loss_mask=mask if curriculum else None)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
