@@ -313,6 +313,10 @@ def train(recipe: Recipe, out, data_cache=None, resume: bool = False, progress: 
     if recipe.tokenizer == "bpe" and vocab_size != recipe.vocab_size:
         raise ValueError(f"the BPE tokenizer learned only {vocab_size} tokens, fewer than vocab_size "
                          f"{recipe.vocab_size}: the corpus is too small for that vocabulary")
+    from .data import check_windows
+
+    for data in (train_data, val_data):  # before any step: a short val split would fail at the first eval
+        check_windows(data, recipe.context)
 
     from .checkpoint import latest_checkpoint, load
 
@@ -462,6 +466,10 @@ def main(argv=None) -> int:
         train(recipe, args.out, data_cache=args.data_cache, resume=args.resume, progress=not args.no_progress)
     except (NonFiniteLoss, ValueError) as e:
         print(f"sprout train: error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # a full disk, a read-only folder: the last complete checkpoint is intact
+        print(f"sprout train: error: {e}; the last complete checkpoint is {latest_checkpoint(args.out)} "
+              "(resume from it with --resume)", file=sys.stderr)
         return 1
     finally:
         if dist.is_initialized():
