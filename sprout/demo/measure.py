@@ -94,13 +94,13 @@ def name_piece_probability(model) -> tuple[float, int]:
     probs = []
     for _, names, text in STORIES:
         enc = model.tokenizer.encode(text, add_special_tokens=False)
-        ids = torch.tensor([enc.ids])
+        ids = torch.tensor([enc.ids[:model.cfg.n_ctx]])  # a character model sees the first n_ctx only
         p = model(ids)[0][0].softmax(-1)  # [pos, vocab]
         for name in names:
             starts = [i for i in range(len(text)) if text.startswith(name, i)]
             for s in starts[1:]:  # the second and later occurrences
                 toks = [t for t, (a, b) in enumerate(enc.offsets) if a < s + len(name) and b > s]
-                for t in toks[1:]:
+                for t in (t for t in toks[1:] if t < ids.size(1)):
                     probs.append(p[t - 1, enc.ids[t]].item())
     return sum(probs) / len(probs), len(probs)
 
@@ -173,9 +173,10 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    results = [measure(m) for m in args.models]
-    for r in results:
-        print(json.dumps(r))
+    results = []
+    for m in args.models:
+        results.append(measure(m))
+        print(json.dumps(results[-1]), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
