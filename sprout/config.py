@@ -7,6 +7,15 @@ from typing import Any
 from transformer_lens.config import TransformerLensConfig
 
 
+def strict_from_dict(cls, d: dict[str, Any], what: str):
+    """Build dataclass `cls` from a dict; unknown keys are an error (a typo must not become a default)."""
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ValueError(f"unknown {what} keys {unknown}; expected some of {sorted(known)}")
+    return cls(**d)
+
+
 @dataclass(frozen=True)
 class SproutConfig:
     """The numbers that make one Sprout differ from another (same fields and defaults as model.py)."""
@@ -40,12 +49,7 @@ class SproutConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "SproutConfig":
-        """Build from a dict; unknown keys are an error (a typo must not silently become a default)."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown SproutConfig keys {unknown}; expected some of {sorted(known)}")
-        return cls(**d)
+        return strict_from_dict(cls, d, "SproutConfig")
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "SproutConfig":

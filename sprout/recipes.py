@@ -36,6 +36,8 @@ import json
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from .config import strict_from_dict
+
 
 @dataclass(frozen=True)
 class Recipe:
@@ -114,12 +116,7 @@ class Recipe:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Recipe":
-        """Build from a dict; an unknown key is an error (a typo must not silently become a default)."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown recipe keys {unknown}; expected some of {sorted(known)}")
-        return cls(**d)
+        return strict_from_dict(cls, d, "recipe")
 
     def override(self, **changes) -> "Recipe":
         return self.from_dict({**self.to_dict(), **changes})

@@ -22,7 +22,7 @@ scripts set no initialisation of their own.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional, Union
 
@@ -31,7 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from transformer_lens.hook_points import HookPoint
 
-from .config import LensConfig
+from .config import LensConfig, strict_from_dict
 from .hooked import HookedLM, check_stop_at_layer, hooked, lm_loss
 from .text import check_tokens
 
@@ -85,12 +85,7 @@ class WalkthroughConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "WalkthroughConfig":
-        """Build from a dict; unknown keys are an error (a typo must not silently become a default)."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown WalkthroughConfig keys {unknown}; expected some of {sorted(known)}")
-        return cls(**d)
+        return strict_from_dict(cls, d, "WalkthroughConfig")
 
     def lens_config(self) -> LensConfig:
         """TransformerLens' description of this architecture (what its tools read as `model.cfg`)."""

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from benchmarks.plain_sprout import PlainSprout
 from sprout import Sprout, SproutConfig
 from sprout.model import apply_rope, rope_tables
-from tests.conftest import TINY, randomize_gains
+from tests.conftest import TINY
 
 
 def qwen3_from(model: Sprout):

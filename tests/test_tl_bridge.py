@@ -1,7 +1,6 @@
 """TransformerLens' own tools on a Sprout, each checked against an independent computation."""
 import pytest
 import torch
-import torch.nn.functional as F
 from transformer_lens import head_detector, patching
 from transformer_lens.config import TransformerLensConfig
 from transformer_lens.model_protocol import TransformerLensModel, TransformerLensModelWithWeights
