@@ -16,10 +16,15 @@ distinct storages behind them (what the process really holds).
 
 What profiling found (torch.profiler and CPU-time A/B runs, 1 thread, Sprout preset, 4 x 256):
 
-- Forward without hooks: the same aten calls as the plain model (82 matmuls, 16 flash-attention
-  calls). Ours makes fewer copies (the plain model normalises q/k in the transposed [batch, head, pos,
-  d_head] layout, which copies); the ~130 identity HookPoint calls per forward cost well under 1 ms.
-  Nothing to fix; wall ratios on the shared 2-core machine swing by +-10% from run to run.
+- Forward without hooks: the same matmuls and flash-attention calls as the plain model, and fewer
+  copies (the plain model normalises q/k in the transposed [batch, head, pos, d_head] layout, which
+  copies); the ~130 identity HookPoint calls per forward cost well under 1 ms. On the busy 2-core
+  machine, though, every small kernel waits at a thread barrier (a 1.5 MB elementwise op took ~0.1 s
+  under load), so the kernel count shows: in a 2-thread profile RoPE's half-width products were the
+  largest single item, ahead of the MLP matmuls. RoPE rotated the two halves apart in seven kernels;
+  it now works on whole rows, x * (cos, cos) + roll(x) * (-sin, sin), in four, bit-identical (all
+  logits and cached activations equal), 124 -> 76 ms per call under load. Wall ratios on the shared
+  machine still swing by +-10% from run to run.
 - Training step: the same op counts forward and backward as the plain model; at parity.
 - `run_with_cache`, every hook: the masked attention scores were built with an out-of-place
   `masked_fill`, one extra [batch, head, pos, pos] copy per layer (as large as the softmax). Scores
@@ -34,12 +39,12 @@ What profiling found (torch.profiler and CPU-time A/B runs, 1 thread, Sprout pre
   caches hold the same bytes (395 MiB). Ours, every hook, is 55% of the Bridge by tensor bytes but
   105% by unique storage, since it also caches hook_result (8 x 9 MiB), which the Bridge does not
   compute. The 60% target is met only by the issue's way of counting; there is no copy left to remove.
-- Logit lens: doing the floor's work through our `run_with_cache` costs about 1.06x the floor; the
-  rest of `interp.logit_lens` is its statistics over the whole vocabulary at every layer (log-softmax,
-  entropy, KL to the output, rank and probability of the next token: ~10 passes over a 32 MB
-  [batch, pos, vocab] tensor, memory-bound), about 1.6x the floor on its own. Working through the
-  positions in chunks of 128 (so each chunk's logits stay in cache) made the same statistics 36%
-  faster in a prototype (equal to 1e-4); that change belongs in interp/lens.py.
+- Logit lens: doing the floor's work through our `run_with_cache` costs about 1.06x the floor (CPU,
+  1 thread). The rest of `interp.logit_lens` is its statistics over the whole vocabulary at every
+  layer (log-softmax, entropy, KL to the output, rank and probability of the next token: ~10 passes
+  over a 32 MB [batch, pos, vocab] tensor, memory-bound), about 1.6x the floor on its own. Working
+  through the positions in chunks of 128 (so each chunk's logits stay in cache) made the same
+  statistics 36% faster in a prototype (equal to 1e-4); that change belongs in interp/lens.py.
 """
 from __future__ import annotations
 
