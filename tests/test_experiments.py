@@ -208,3 +208,25 @@ def test_training_dynamics_reads_a_shipped_snapshot_table(run, tmp_path):
     training_dynamics.run({"demo": model}, out, args_for(training_dynamics, ["--chars", "2000"]))
     assert [f.stem for f in out.figures] == ["loss_curves", "induction_over_training_demo"]
     pd.testing.assert_frame_equal(pd.read_csv(out.dir / "induction_snapshots_demo.csv"), snaps)
+
+
+def test_run_all_runs_unchanged_on_a_tiny_walkthrough_gpt(tmp_path):
+    """The same experiments, through the same hook names, on the walkthrough's character GPT."""
+    from sprout.tokenizer import char_tokenizer
+    from sprout.walkthrough import build_step
+
+    text = generate_corpus(20_000, seed=4) + " Zorbin Plax"
+    tok = char_tokenizer(text)
+    torch.manual_seed(0)
+    model = build_step("4.10", tokenizer=tok, context=128, d_model=32, n_head=2, n_layer=2)
+    sprout.save(model, tmp_path / "walk")
+    model = sprout.load(tmp_path / "walk")
+    model.spec = str(tmp_path / "walk")
+    done = run_all({"walk": model}, tmp_path / "results", progress=False, options=OPTIONS)
+    assert set(done) == set(EXPERIMENTS)
+    lens = pd.read_csv(tmp_path / "results" / "logit_lens" / "lens_walk.csv")
+    assert sorted(lens["layer"].unique()) == [0, 1, 2]
+    scores = pd.read_csv(tmp_path / "results" / "head_detection" / "head_scores.csv")
+    assert len(scores[scores["kind"] == "induction"]) == 2 * 2  # every (layer, head)
+    assert (tmp_path / "results" / "index.html").read_text().count("Plotly.newPlot") == len(
+        list((tmp_path / "results").glob("*/*.html")))
