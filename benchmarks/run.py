@@ -160,7 +160,7 @@ def measure(cfg: SproutConfig, folder: Path, batch: int, pos: int, repeats: int,
     tokens = torch.randint(0, cfg.vocab_size, (batch, pos), generator=g)
     L = cfg.n_layer
     resid_post = [f"blocks.{l}.hook_resid_post" for l in range(L)]
-    probe_layer = min(2, L)
+    probe_layer = min(2, L - 1)  # a block that exists, also in the 2-layer smoke run
     probe = f"blocks.{probe_layer}.hook_resid_pre"
     buffers = {name: torch.empty(batch, pos, cfg.d_model) for name in resid_post}
     rows = []
