@@ -46,14 +46,16 @@ DOC_FIGURES = [
 
 
 def write_docs(done: dict, models: dict, docs: Path) -> list[Path]:
-    """Screenshots of the key figures for the README (of the model with the most layers)."""
+    """Screenshots of the key figures for the README: the lens of the deepest model, the rest of gpt-4
+    (the chapter's induction model) when it is shown."""
     from .png import screenshot
 
     deepest = max(models, key=lambda m: int(models[m].cfg.n_layers)) if models else ""
+    heads = "gpt-4" if "gpt-4" in models else deepest
     written = []
     for exp, stem, png in DOC_FIGURES:
         figs = {**{f.stem: f.fig for f in done[exp][1].figures}, **done[exp][1].extra} if exp in done else {}
-        fig = figs.get(stem.format(m=deepest))
+        fig = figs.get(stem.format(m=deepest if exp == "logit_lens" else heads))
         if fig is not None:
             written.append(screenshot(fig, Path(docs) / png))
     return written
