@@ -30,21 +30,32 @@ What profiling found (torch.profiler and CPU-time A/B runs, 1 thread, Sprout pre
   `masked_fill`, one extra [batch, head, pos, pos] copy per layer (as large as the softmax). Scores
   are now scaled and masked in place (CPU 1.49x -> 1.25x the plain forward; activations bit-identical,
   gradients unchanged). What remains is inherent to exposing the activations: scores and pattern must
-  be materialised (no flash attention), `hook_result` writes [batch, pos, head, d_model] (n_head times
-  the stream) per layer, and a hooked norm takes four steps to expose its scale and normalized input.
+  be materialised (no flash attention), and a hooked norm takes four steps to expose its scale and
+  normalized input.
+- Page faults (the largest cost, found with getrusage): a full cache is ~400 MB of fresh tensors per
+  call, and glibc hands large freed blocks back to the kernel (munmap, heap trimming), so every call
+  faulted its cache in again: ~120k minor faults and ~40% of the time, and 1.7x the plain forward when
+  calls run back to back. `sprout` now raises glibc's mmap threshold to 64 MiB and its trim threshold to
+  1 GiB at import (sprout/_malloc.py; SPROUT_MALLOC_DEFAULTS=1 opts out): no faults, and the plain
+  forward in the same process got ~10% faster too, since its 32 MB logits stopped faulting.
+- `hook_result` ([batch, pos, head, d_model], n_head times the stream) is, as in TransformerLens, left
+  out of a cache of everything unless `cfg.use_attn_result` is set or it is named: it was 16% of the
+  cache's memory and an extra einsum and sum per layer; TransformerLens rebuilds it from `hook_z` and
+  `W_O` when asked.
 - No `.clone()` or `.contiguous()` is made for the cache: TransformerLens' save hook keeps a detached
   view, and hook_q/k/v are views of the fused qkv output (one storage).
 - Memory: the Bridge's 461 tensors (868 MiB = the issue's 910 MB) hold each activation several times
   under alias names; its distinct storages are 445 MiB. For the 180 hook names both have, the two
-  caches hold the same bytes (395 MiB). Ours, every hook, is 55% of the Bridge by tensor bytes but
-  105% by unique storage, since it also caches hook_result (8 x 9 MiB), which the Bridge does not
-  compute. The 60% target is met only by the issue's way of counting; there is no copy left to remove.
-- Logit lens: doing the floor's work through our `run_with_cache` costs about 1.06x the floor (CPU,
-  1 thread). The rest of `interp.logit_lens` is its statistics over the whole vocabulary at every
-  layer (log-softmax, entropy, KL to the output, rank and probability of the next token: ~10 passes
-  over a 32 MB [batch, pos, vocab] tensor, memory-bound), about 1.6x the floor on its own. Working
-  through the positions in chunks of 128 (so each chunk's logits stay in cache) made the same
-  statistics 36% faster in a prototype (equal to 1e-4); that change belongs in interp/lens.py.
+  caches hold the same bytes (395 MiB), and ours holds nothing else: 47% of the Bridge by tensor bytes,
+  89% by unique storage (what the process really holds: the 60% target is met only by the issue's way
+  of counting; there is no copy left to remove).
+- Logit lens: doing the floor's work through our `run_with_cache` costs ~1.0x the floor. The first
+  `interp.logit_lens` computed log-softmax, entropy, KL to the output and the next token's rank over
+  whole [batch, pos, vocab] tensors at every layer: ~10 memory-bound passes, 1.5-1.9x the floor. Now
+  each layer's logits are one matmul (as in the floor) and the statistics go through them in chunks of
+  128 positions that stay in cache; the top-k probabilities and p(next) need one softmax pass, and the
+  whole-vocabulary statistics (rank, entropy, KL: three more passes) are `stats=True`. Counting the
+  rank in int32 avoids a bool -> int64 copy (~11% of that pass).
 """
 from __future__ import annotations
 
@@ -236,12 +247,16 @@ def measure(cfg: SproutConfig, folder: Path, batch: int, pos: int, repeats: int,
             "floor": lambda: lens_floor(plain, lens_ids, batch, k=5),
             "hooks": lambda: lens_by_hooks(ours, lens_ids, batch, k=5),
             "lens": lambda: interp.logit_lens(ours, lens_ids, k=5, batch_size=batch),
-        }, max(1, repeats // 2))
+            "lens_stats": lambda: interp.logit_lens(ours, lens_ids, k=5, batch_size=batch, stats=True),
+        }, repeats)
     add(lens, [
         ("floor", f"logit lens floor, {n:,} tokens: plain forward + unembedding and top-5 per layer", "floor",
          "reference"),
         ("hooks", f"the floor's work through our `run_with_cache`, {n:,} tokens", "floor", "-"),
-        ("lens", f"`interp.logit_lens`, {n:,} tokens, all layers, top-5 kept", "floor", "<= 1.2x"),
+        ("lens", f"`interp.logit_lens`, {n:,} tokens, all layers, top-5 kept (and p of the next token)",
+         "floor", "<= 1.2x"),
+        ("lens_stats", "the same with `stats=True` (also rank of the next token, entropy and KL to the output, over the whole vocabulary)",
+         "floor", "-"),
     ])
     return rows, memory
 
@@ -300,7 +315,7 @@ def lscpu(lines: int = 10) -> str:
 def main(argv=None) -> list:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="a 2-layer model and few tokens, for a smoke run")
-    ap.add_argument("--repeats", type=int, default=7, help="interleaved rounds per group (the lens gets half)")
+    ap.add_argument("--repeats", type=int, default=7, help="interleaved rounds per group")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--pos", type=int, default=256)
     ap.add_argument("--lens-tokens", type=int, default=4096)
@@ -320,8 +335,7 @@ def main(argv=None) -> list:
     n_params = sum(p.numel() for p in PlainSprout(cfg).parameters())
     report = "\n".join([
         f"{'tiny config' if args.tiny else 'Sprout preset'} ({n_params / 1e6:.2f}M parameters, random weights), "
-        f"batch {args.batch} x {pos} tokens, medians of {args.repeats} interleaved rounds "
-        f"(the lens rows {max(1, args.repeats // 2)}); {machine()}",
+        f"batch {args.batch} x {pos} tokens, medians of {args.repeats} interleaved rounds; {machine()}",
         "",
         table(rows, memory),
         "",

@@ -1,7 +1,10 @@
 """sprout: the Sprout transformer with TransformerLens hook points, its checkpoints, data and training."""
+from ._malloc import keep_freed_memory
 from .config import PRESETS, SproutConfig
 from .model import Sprout
 from .walkthrough import WalkthroughConfig, WalkthroughGPT, build_step
+
+keep_freed_memory()  # activation caches reuse memory instead of page-faulting it in anew (see _malloc.py)
 
 __all__ = ["PRESETS", "Sprout", "SproutConfig", "WalkthroughConfig", "WalkthroughGPT", "build_step", "load", "save"]
 

@@ -13,13 +13,13 @@ def test_runner_prints_every_row_with_a_numeric_ratio(capsys, tmp_path):
     expected = ["plain hook-free model.py, forward", "Hugging Face Qwen3ForCausalLM, forward",
                 "TransformerBridge, forward", "TransformerBridge `run_with_cache` (everything",
                 "TransformerBridge `run_with_cache` (`hook_resid_post` only)", "our Sprout forward, no hooks",
-                "our `run_with_cache`, every hook", "our `run_with_cache`, `hook_resid_post` only",
+                "our `run_with_cache`, every hook", "our `run_with_cache`, `hook_resid_post` only", "with `stats=True`",
                 "`stop_at_layer=", "our `run_with_cache_into`", "our training step", "`interp.logit_lens`"]
     for what in expected:
         line = next((l for l in out.splitlines() if what in l), None)
         assert line is not None, f"no table row for {what!r}"
         assert re.search(r"\| \d+ ms \| \d+\.\d\dx \| \d+ ms \| \d+\.\d\dx \|", line), line
-    assert len(rows) == 16
+    assert len(rows) == 17
     # each reference row is its own group's 1.00x, and every ratio is a positive number
     assert [r["ratio"] for r in rows if r["target"] == "reference"] == [1.0, 1.0, 1.0]
     assert all(r["ratio"] > 0 and r["cpu_ratio"] > 0 for r in rows)

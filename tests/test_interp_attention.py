@@ -10,7 +10,7 @@ def test_pattern_tensor_matches_the_cache_and_is_causal(tiny_model):
     p = interp.pattern_tensor(tiny_model, ids)
     assert p.shape == (2, 4, 12, 12)
     _, cache = tiny_model.run_with_cache(ids[None])
-    assert torch.allclose(p[1], cache["blocks.1.attn.hook_pattern"][0], atol=1e-6)  # a full cache takes hook_result's path
+    assert torch.allclose(p[1], cache["blocks.1.attn.hook_pattern"][0], atol=1e-6)  # a full cache takes the materialised path
     assert torch.allclose(p.sum(-1), torch.ones(2, 4, 12), atol=1e-6)
     assert (p.triu(1) == 0).all()
 

@@ -11,7 +11,7 @@ import interp
 
 def test_last_layer_is_the_models_output(tiny_model):
     ids = torch.randint(0, 256, (3, 20), generator=torch.Generator().manual_seed(0))
-    df = interp.logit_lens(tiny_model, ids, k=4, batch_size=2)
+    df = interp.logit_lens(tiny_model, ids, k=4, batch_size=2, stats=True)
     with torch.no_grad():
         probs = F.softmax(tiny_model(ids)[0].float(), dim=-1)
     last = df[df.layer == tiny_model.cfg.n_layers]
@@ -27,7 +27,7 @@ def test_last_layer_is_the_models_output(tiny_model):
 
 def test_every_layer_matches_a_plain_computation(tiny_model):
     ids = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(1))
-    df = interp.logit_lens(tiny_model, ids, k=3, include_mid=True)
+    df = interp.logit_lens(tiny_model, ids, k=3, include_mid=True, stats=True)
     _, cache = tiny_model.run_with_cache(ids)
     final = F.log_softmax(tiny_model(ids)[0][0].float(), -1)
     sites = {0: "blocks.0.hook_resid_pre", 0.5: "blocks.0.hook_resid_mid", 1: "blocks.0.hook_resid_post",
@@ -54,7 +54,7 @@ def test_every_layer_matches_a_plain_computation(tiny_model):
 
 def test_streamed_summary_equals_the_summary_of_the_table(tiny_model):
     ids = torch.randint(0, 256, (1, 150), generator=torch.Generator().manual_seed(2))  # 3 windows of <= 64
-    table = interp.logit_lens(tiny_model, ids, k=2, batch_size=1)
+    table = interp.logit_lens(tiny_model, ids, k=2, batch_size=1, stats=True)
     assert sorted(table.seq.unique()) == [0, 1, 2]
     a = interp.lens_summary(table)
     b = interp.lens_dataset_summary(tiny_model, ids, batch_size=2)
@@ -62,6 +62,17 @@ def test_streamed_summary_equals_the_summary_of_the_table(tiny_model):
     assert a.n_positions.tolist() == b.n_positions.tolist() == [150] * 3
     for col in ("mean_top1_prob", "frac_next_top1", "mean_p_next", "mean_entropy", "mean_kl_to_final"):
         assert a[col].tolist() == pytest.approx(b[col].tolist(), rel=1e-5, abs=1e-7), col
+
+
+def test_stats_only_add_columns(tiny_model):
+    ids = torch.randint(0, 256, (5, 70), generator=torch.Generator().manual_seed(4))  # windows of 64 and 6
+    plain = interp.logit_lens(tiny_model, ids, k=3, batch_size=3)
+    full = interp.logit_lens(tiny_model, ids, k=3, batch_size=3, stats=True)
+    assert "entropy" not in plain and "kl_to_final" not in plain and "rank_next" not in plain
+    assert (full.is_top1 == (full.rank_next == 0)).all()
+    assert plain.seq.tolist() == sorted(plain.seq.tolist()) and plain.seq.nunique() == 10
+    pd.testing.assert_frame_equal(plain, full[plain.columns])
+    assert "mean_entropy" not in interp.lens_summary(plain) and "mean_entropy" in interp.lens_summary(full)
 
 
 def test_first_top1_layer_known_answers():
@@ -115,7 +126,7 @@ def test_each_analysis_caches_only_the_hooks_it_reads(tiny_model):
     ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(3))
     resid = {"blocks.0.hook_resid_pre", "blocks.0.hook_resid_post", "blocks.1.hook_resid_post"}
     interp.logit_lens(tiny_model, ids)
-    assert seen.pop() == resid
+    assert seen.pop() == resid - {"blocks.1.hook_resid_post"}  # the last stream's lens is the output itself
     interp.residual_rms(tiny_model, ids, include_mid=False, include_writes=False)
     assert seen.pop() == resid
     interp.head_scores(tiny_model, "previous_token", ids)

@@ -54,7 +54,14 @@ def test_hooked_paths_equal_huggingface_qwen3(tiny_model):
         logits, cache = tiny_model.run_with_cache(tokens)
         theirs = qwen3_from(tiny_model)(tokens).logits
     assert (logits - theirs).abs().max().item() <= 1e-5
+    assert "blocks.1.attn.hook_result" not in cache.cache_dict  # as in TransformerLens: opt in
+    tiny_model.cfg.use_attn_result = True
+    try:
+        logits_with_result, cache = tiny_model.run_with_cache(tokens)
+    finally:
+        tiny_model.cfg.use_attn_result = False
     assert "blocks.1.attn.hook_result" in cache.cache_dict
+    assert (logits_with_result - theirs).abs().max().item() <= 1e-5
 
 
 def test_state_dict_moves_to_and_from_a_plain_implementation(tiny_model):
@@ -175,13 +182,13 @@ def test_every_hook_present_with_its_shape(tiny_model):
         for l in (range(TINY.n_layer) if "{l}" in name else [None]):
             expected[name.format(l=l)] = tuple(sizes.get(s, s) for s in shape)
     assert set(tiny_model.hook_dict) == set(expected)
-    _, cache = tiny_model.run_with_cache(torch.randint(0, TINY.vocab_size, (B, T)))
+    _, cache = tiny_model.run_with_cache(torch.randint(0, TINY.vocab_size, (B, T)), names_filter=lambda name: True)
     assert {k: tuple(v.shape) for k, v in cache.cache_dict.items()} == expected
 
 
 def test_cached_activations_are_consistent(tiny_model):
     tokens = torch.randint(0, TINY.vocab_size, (2, 20))
-    logits, cache = tiny_model.run_with_cache(tokens)
+    logits, cache = tiny_model.run_with_cache(tokens, names_filter=lambda name: True)
     c = cache.cache_dict
     for l in range(TINY.n_layer):
         assert torch.allclose(c[f"blocks.{l}.hook_resid_mid"],

@@ -123,7 +123,7 @@ def test_forward_equals_the_seeds_equations(step):
     with torch.no_grad():
         expected = reference_logits(w, model.config, idx)
         plain, _ = model(idx)
-        cached, _ = model.run_with_cache(idx)  # the materialised pattern and per-head result path
+        cached, _ = model.run_with_cache(idx, names_filter=lambda n: True)  # the materialised pattern and per-head result path
         short, _ = model(idx[:, :5])
     assert (plain - expected).abs().max().item() <= 1e-5
     assert (cached - expected).abs().max().item() <= 1e-5
@@ -206,7 +206,7 @@ def test_vocabulary_rebuilt_from_the_training_text():
 def test_hooks_have_canonical_names_and_shapes():
     model = make("4.10")
     B, T, C, H, D, V = 2, 8, 32, 4, 8, 65
-    _, cache = model.run_with_cache(tokens(model, B, T))
+    _, cache = model.run_with_cache(tokens(model, B, T), names_filter=lambda n: True)
     expected = {"hook_embed": (B, T, C), "hook_pos_embed": (B, T, C), "ln_final.hook_scale": (B, T, 1),
                 "ln_final.hook_normalized": (B, T, C), "unembed.hook_out": (B, T, V)}
     for l in range(3):
@@ -225,7 +225,7 @@ def test_hooks_have_canonical_names_and_shapes():
 
 def test_hook_values_mean_what_their_names_say():
     model = make("4.10")
-    _, cache = model.run_with_cache(tokens(model))
+    _, cache = model.run_with_cache(tokens(model), names_filter=lambda n: True)
     b = model.blocks[0]
     assert torch.allclose(cache["blocks.0.hook_resid_pre"], cache["hook_embed"] + cache["hook_pos_embed"])
     assert torch.allclose(cache["blocks.0.hook_resid_mid"],

@@ -89,10 +89,13 @@ def _nll(logits: torch.Tensor, seq: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def name_piece_probability(model) -> tuple[float, int]:
-    """Mean probability of the non-first pieces of every repeated name occurrence; and their count."""
+def name_piece_probability(model, stories=STORIES) -> tuple[float, int]:
+    """Mean probability of the non-first pieces of every repeated name occurrence; and their count.
+
+    `stories` holds (title, names, text) triples; a name's first occurrence in the text is where it can
+    be copied from, and every piece after the first of each later occurrence is scored."""
     probs = []
-    for _, names, text in STORIES:
+    for _, names, text in stories:
         enc = model.tokenizer.encode(text, add_special_tokens=False)
         ids = torch.tensor([enc.ids[:model.cfg.n_ctx]])  # a character model sees the first n_ctx only
         p = model(ids)[0][0].softmax(-1)  # [pos, vocab]

@@ -1,0 +1,36 @@
+"""sprout keeps freed memory for reuse, so repeated activation caches do not page-fault their memory in anew."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = """
+import resource, torch
+import sprout
+torch.set_num_threads(1)
+model = sprout.Sprout(sprout.SproutConfig(vocab_size=512, context=256, n_layer=2, n_head=4, d_model=128, d_ff=256))
+tokens = torch.randint(0, 512, (8, 256))
+with torch.inference_mode():
+    for _ in range(2):
+        _, cache = model.run_with_cache(tokens); del cache
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(3):
+        _, cache = model.run_with_cache(tokens); pages = sum(t.numel() * t.element_size() for t in cache.values()) // 4096; del cache
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before, pages)
+"""
+
+
+def page_faults(defaults: bool) -> tuple[int, int]:
+    env = {**os.environ, "SPROUT_MALLOC_DEFAULTS": "1" if defaults else "0"}
+    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, check=True)
+    faults, pages = out.stdout.split()
+    return int(faults), int(pages)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator settings are Linux-only")
+def test_repeated_caches_reuse_memory_instead_of_page_faulting():
+    faults, pages = page_faults(defaults=False)
+    assert faults < pages // 10  # three caches of `pages` pages each, served from memory already mapped
+    faults_glibc, _ = page_faults(defaults=True)
+    assert faults_glibc > 3 * faults  # glibc's own thresholds fault much of it in again every call
