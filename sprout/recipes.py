@@ -130,8 +130,7 @@ class Recipe:
 # recipe (1,600 steps, 400 of them stories) stopped at 5.09 nats and 0.68: the story phase needs time.
 _DEMO = Recipe(batch_size=32, repeat_fraction=0.25, repeat_unigram=0.25, repeat_max=32, curriculum_steps=1000,
                max_steps=3200, lr=3e-3, min_lr=3e-4, warmup_steps=50, eval_every=50)
-# sprout-mini and the walkthrough GPT are for the logit lens and the character model: stories mixed
-# with the curriculum from the start.
+# The walkthrough GPT (the character model): stories mixed with the curriculum from the start.
 _MIXED = replace(_DEMO, batch_size=16, repeat_fraction=0.5, repeat_max=64, curriculum_steps=0, max_steps=1600,
                  warmup_steps=100)
 
@@ -146,7 +145,7 @@ RECIPES: dict[str, Recipe] = {
     # chapter 8's four-block model
     "gpt-4": replace(_DEMO, n_layer=4, snapshots=True),
     # eight blocks, narrower than the course's Sprout, so the logit lens spans eight layers on a CPU
-    "sprout-mini": replace(_MIXED, n_layer=8, n_head=4, d_model=128, d_ff=352, max_steps=700, repeat_unigram=0.5),
+    "sprout-mini": replace(_DEMO, n_layer=8, n_head=4, d_model=128, d_ff=352, max_steps=2400),
     # the walkthrough's character GPT on the same stories (learned positions, LayerNorm, ReLU MLP)
     "walkthrough": replace(_MIXED, model="walkthrough", tokenizer="char", n_layer=4, n_head=4, d_model=128,
                            context=256, max_steps=1500, lr=1e-3, min_lr=1e-4, corpus_chars=8_000_000,
