@@ -84,8 +84,8 @@ TINY = SproutConfig(vocab_size=512, context=64, n_layer=2, n_head=4, d_model=64,
 
 def build(cfg: SproutConfig, folder: Path):
     """Our Sprout, the plain reference, HF's Qwen3 (sdpa attention) and the Bridge, all on one set of weights."""
-    from transformers import AutoModelForCausalLM
     from transformer_lens.model_bridge import TransformerBridge
+    from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
     ours = Sprout(cfg).eval()

@@ -25,7 +25,6 @@ import torch
 
 from .tokenizer import encode, is_char_level
 
-
 # ----------------------------------------------------------------------------- vocabulary
 
 NOUNS = """apple basket bell blanket boat book bottle box bread bridge brush bucket button cake candle

@@ -8,8 +8,8 @@ from typing import Optional, Union
 import torch
 import torch.nn.functional as F
 from transformer_lens.ActivationCache import ActivationCache
-from transformer_lens.HookedRootModule import HookedRootModule
 from transformer_lens.hook_points import HookPoint
+from transformer_lens.HookedRootModule import HookedRootModule
 
 from . import text
 

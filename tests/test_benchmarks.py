@@ -1,6 +1,7 @@
 """The benchmark runner runs end to end on a tiny config and prints its table (no timing is asserted)."""
-import pytest
 import re
+
+import pytest
 
 from benchmarks import run
 

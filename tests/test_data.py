@@ -11,8 +11,16 @@ from hypothesis import strategies as st
 
 from sprout import data
 from sprout.data import (
-    MIX, TokenDataset, build_token_files, generate_corpus, generate_story, get_batch, random_name,
-    read_text, repeated_fraction, repeated_random_tokens,
+    MIX,
+    TokenDataset,
+    build_token_files,
+    generate_corpus,
+    generate_story,
+    get_batch,
+    random_name,
+    read_text,
+    repeated_fraction,
+    repeated_random_tokens,
 )
 from sprout.tokenizer import char_tokenizer, decode, encode, train_bpe
 

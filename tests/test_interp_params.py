@@ -1,6 +1,7 @@
 """The parameter table: the chapter's numbers for Sprout, and totals equal to num_params for any config."""
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import interp
 from sprout import PRESETS, Sprout, SproutConfig

@@ -1,7 +1,8 @@
 """The RoPE check: scores depend only on m - n, rotations keep lengths."""
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import interp
 from sprout import SproutConfig

@@ -255,8 +255,8 @@ def test_neuron_helpers_need_mlp_weights_sprout_does_not_expose(run):
 
 def test_helpers_agree_with_transformer_bridge_in_compatibility_mode(model, run, tokens, tmp_path):
     """The bridge over the exported Qwen3, with the norm gains folded into W_U, is the reference."""
-    from transformers import AutoModelForCausalLM
     from transformer_lens.model_bridge import TransformerBridge
+    from transformers import AutoModelForCausalLM
 
     from sprout.hf import export
 

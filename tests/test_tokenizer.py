@@ -7,7 +7,13 @@ from hypothesis import strategies as st
 
 from sprout.data import generate_corpus, random_name
 from sprout.tokenizer import (
-    char_tokenizer, decode, encode, is_char_level, load_tokenizer, save_tokenizer, train_bpe,
+    char_tokenizer,
+    decode,
+    encode,
+    is_char_level,
+    load_tokenizer,
+    save_tokenizer,
+    train_bpe,
 )
 
 

@@ -13,10 +13,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from sprout import Sprout, SproutConfig
+from sprout import Sprout
 from sprout.recipes import RECIPES, Recipe, get_recipe
-from sprout.train import (NonFiniteLoss, lr_at, make_optimizer, parse_args, repeat_rows, snapshot_steps,
-                          train)
+from sprout.train import NonFiniteLoss, lr_at, make_optimizer, parse_args, repeat_rows, snapshot_steps, train
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = get_recipe("tiny")

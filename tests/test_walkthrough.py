@@ -9,8 +9,17 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from sprout.tokenizer import char_tokenizer
-from sprout.walkthrough import (STEPS, WalkthroughConfig, WalkthroughGPT, build_step, from_walkthrough_state_dict,
-                                infer_config, missing_hooks, step_config, to_walkthrough_state_dict)
+from sprout.walkthrough import (
+    STEPS,
+    WalkthroughConfig,
+    WalkthroughGPT,
+    build_step,
+    from_walkthrough_state_dict,
+    infer_config,
+    missing_hooks,
+    step_config,
+    to_walkthrough_state_dict,
+)
 from tests.conftest import randomize_gains
 
 # The seed's table (C 32, 4 heads, context 8, 65 characters), and karpathy's 10.788929M for the final size.

@@ -191,7 +191,7 @@ def test_a_config_whose_numbers_disagree_with_the_weights_is_refused(tmp_path, f
         warnings.simplefilter("ignore")  # the disagreement with the metadata is reported too
         checkpoint.load(ckpt)
     msg = str(err.value)
-    assert f"the weights do not fit a Sprout with config SproutConfig(" in msg and f"{field}={value}" in msg
+    assert "the weights do not fit a Sprout with config SproutConfig(" in msg and f"{field}={value}" in msg
     for line in named:
         assert line in msg
 

@@ -8,7 +8,7 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from sprout import Sprout, SproutConfig, checkpoint
+from sprout import Sprout, checkpoint
 from sprout.checkpoint import from_state_dict
 from sprout.data import generate_corpus
 from sprout.model import apply_rope, rope_tables
