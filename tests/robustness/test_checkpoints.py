@@ -15,7 +15,7 @@ from sprout import Sprout, SproutConfig, checkpoint
 from sprout.checkpoint import from_state_dict
 from sprout.tokenizer import char_tokenizer
 from tests.conftest import TINY
-from tests.test_checkpoint import assert_same_model, fresh
+from tests.sprout.test_checkpoint import assert_same_model, fresh
 
 # --- truncated and empty files ------------------------------------------------------------------------
 

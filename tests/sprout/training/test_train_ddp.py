@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from sprout.recipes import get_recipe
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 RECIPE = get_recipe("tiny").override(max_steps=6, ckpt_every=3, eval_every=3)
 
 SCRIPT = textwrap.dedent("""

@@ -17,7 +17,7 @@ from sprout import Sprout
 from sprout.recipes import RECIPES, Recipe, get_recipe
 from sprout.train import NonFiniteLoss, lr_at, make_optimizer, parse_args, repeat_rows, snapshot_steps, train
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 TINY = get_recipe("tiny")
 
 
