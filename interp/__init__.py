@@ -12,10 +12,12 @@ from .lens import first_top1_layer, lens_dataset_summary, lens_summary, logit_le
 from .params import param_table
 from .residual import LogHistogram, residual_rms
 from .rope import rope_distance_check
+from .tuned_lens import TunedLens, lens_comparison, load_tuned_lens, tuned_lens
+from .tuned_lens_train import train_tuned_lens
 
 __all__ = [
     "KINDS", "LogHistogram", "ablate_heads", "attention_patterns", "first_top1_layer", "head_score_tensor",
     "head_scores", "induction_stories", "induction_table", "lens_dataset_summary", "lens_summary", "logit_lens",
     "param_table", "pattern_tensor", "repeated_tokens", "residual_rms", "rope_distance_check", "story_names",
-    "target_mask",
+    "target_mask", "TunedLens", "lens_comparison", "load_tuned_lens", "train_tuned_lens", "tuned_lens",
 ]
