@@ -63,6 +63,7 @@ class TunedLens(nn.Module):
 
     def __init__(self, model):
         super().__init__()
+        require_hooks(model, [])  # a model that is not hooked at all: say so before reading its config
         sites = lens_sites(model)
         self.sites, self.layers = [name for _, name in sites], [layer for layer, _ in sites]
         require_hooks(model, self.sites)

@@ -96,7 +96,7 @@ def lens_step(model, lens: TunedLens, ids: torch.Tensor, scale: float = 1.0) -> 
 def train_tuned_lens(model, data: TextOrTokens, steps: int = 250, batch_size: int = 8, seq_len: Optional[int] = None,
                      lr: float = 1.0, momentum: float = 0.9, weight_decay: float = 1e-3, grad_clip: float = 1.0,
                      seed: int = 0, lens: Optional[TunedLens] = None, held_out: Optional[TextOrTokens] = None,
-                     progress: bool = True, data_name: Optional[str] = None) -> TunedLens:
+                     progress: bool = True, data_name: Optional[str] = None, stop_at: Optional[int] = None) -> TunedLens:
     """Train a tuned lens for `model` (which stays frozen), or resume `lens` up to `steps`.
 
     Args:
@@ -110,6 +110,7 @@ def train_tuned_lens(model, data: TextOrTokens, steps: int = 250, batch_size: in
         seed: the order in which windows are drawn.
         lens: a lens for this model to resume (its step and optimizer state are kept on it).
         held_out: data to measure the per-layer KL on at the end (recorded in `lens.info`).
+        stop_at: stop after this many steps of the `steps`-step schedule (resume later with `lens=`).
 
     Returns:
         The trained TunedLens; `lens.info` records the recipe, data, steps, tokens/s and held-out KL.
@@ -131,7 +132,8 @@ def train_tuned_lens(model, data: TextOrTokens, steps: int = 250, batch_size: in
         opt.load_state_dict(lens.optimizer_state)
     lens.train()
     start, t0, kls = lens.step, time.perf_counter(), []
-    bar = tqdm(range(start, steps), initial=start, total=steps, desc="tuned lens", disable=not progress or rank != 0)
+    end = steps if stop_at is None else min(int(stop_at), steps)
+    bar = tqdm(range(start, end), initial=start, total=steps, desc="tuned lens", disable=not progress or rank != 0)
     with _frozen(model):
         for step in bar:
             for group in opt.param_groups:
