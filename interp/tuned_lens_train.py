@@ -174,10 +174,13 @@ def _average_grads(lens: TunedLens, world: int) -> None:
         g.copy_(chunk.view_as(g))
 
 
-def model_text(n_chars: int, seed: int) -> str:
-    """Stories from the generator the demo models were trained on (`seed`: which ones)."""
-    from sprout.data import generate_story
+def model_text(n_chars: int, seed: Optional[int] = None) -> str:
+    """Stories from the generator the demo models were trained on: with seed None, the first `n_chars` of
+    the demos' own training corpus (`generate_corpus(..., seed=0)`); else other, unseen stories."""
+    from sprout.data import generate_corpus, generate_story
 
+    if seed is None:
+        return generate_corpus(n_chars, seed=0)
     rng, stories, total = random.Random(f"tuned-lens-{seed}"), [], 0
     while total < n_chars:
         stories.append(generate_story(rng))
@@ -192,15 +195,16 @@ def main(argv=None) -> None:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--train-chars", type=int, default=400_000)
     ap.add_argument("--held-out-chars", type=int, default=60_000)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="the order windows are drawn in")
     ap.add_argument("--out", required=True, help="directory for tuned_lens.safetensors + tuned_lens.json")
     args = ap.parse_args(argv)
     from sprout.checkpoint import load
 
     model = load(args.model)
-    lens = train_tuned_lens(model, model_text(args.train_chars, args.seed), steps=args.steps,
-                            batch_size=args.batch_size, seed=args.seed, held_out=model_text(args.held_out_chars, 10_000 + args.seed),
-                            data_name=f"generated stories (sprout.data.generate_story), {args.train_chars} chars, seed {args.seed}")
+    lens = train_tuned_lens(model, model_text(args.train_chars), steps=args.steps, batch_size=args.batch_size,
+                            seed=args.seed, held_out=model_text(args.held_out_chars, seed=1),
+                            data_name=f"the first {args.train_chars} chars of the demos' training corpus "
+                                      "(sprout.data.generate_corpus, seed 0); held out: unseen generated stories")
     if _world()[1] == 0:
         print(f"saved {lens.save(args.out)}")
     if dist.is_initialized():
