@@ -28,7 +28,6 @@ from interp.tuned_lens_train import model_text  # noqa: E402
 from sprout.checkpoint import load  # noqa: E402
 from sprout.hf import export  # noqa: E402
 
-
 # tuned-lens 0.2.0 passes load_in_8bit=False to from_pretrained, which transformers 5 no longer accepts:
 # drop that one keyword (False means no 8-bit). It also probes TransformerLens' HookedTransformer, which
 # TransformerLens 4 removed (importing it raises): tell it TransformerLens is absent (these are HF models).

@@ -3,5 +3,5 @@
 `python -m experiments.<name> [--model gpt-4] [--text ...] [--out DIR]` runs one;
 `python -m experiments.run_all` runs them all and writes an index.html.
 """
-EXPERIMENTS = ["param_counts", "rope_check", "residual_growth", "logit_lens", "head_detection",
+EXPERIMENTS = ["param_counts", "rope_check", "residual_growth", "logit_lens", "tuned_lens", "head_detection",
                "attention_maps", "induction_demo", "training_dynamics"]

@@ -20,7 +20,7 @@ import torch.nn as nn
 from safetensors.torch import load_file, save_file
 
 from ._batching import TextOrTokens
-from ._model import model_name, require_hooks, unembed
+from ._model import model_name, require_hooks
 from .lens import _lens_batches, lens_frame, lens_sites
 
 FORMAT = "sprout-tuned-lens"
@@ -178,20 +178,27 @@ def _atomic(path: Path, write) -> None:
 
 
 def load_tuned_lens(model, path: Optional[PathLike] = None) -> TunedLens:
-    """The tuned lens for `model`: at `path` (a checkpoint directory or file, or the lens itself), else
-    the shipped lens of the demo whose weights these are.
+    """The tuned lens for `model`: beside the checkpoint at `path` (a checkpoint folder or weights file, a
+    training run's folder, or the lens itself), else the shipped lens of the demo whose weights these are.
 
     Raises:
         FileNotFoundError: no lens there / no demo lens for these weights (the message says where it looked).
+        ValueError: a lens that is there belongs to another model.
     """
+    from sprout.checkpoint import demo_dir, latest_checkpoint
+
     if path is not None:
         path = Path(path)
-        where = path.parent if path.is_file() and path.suffix != ".safetensors" else path
-        if path.is_file() and path.suffix == ".safetensors" and path.name != WEIGHTS:
-            where = path.parent  # a checkpoint's model.safetensors: the lens is beside it
-        return TunedLens.load(where, model)
-    from sprout.checkpoint import demo_dir
-
+        places = [path] if path.suffix == ".safetensors" and path.name != "model.safetensors" else []
+        places.append(path.parent if path.is_file() else path)
+        if path.is_dir() and (path / "checkpoints").is_dir():
+            last = latest_checkpoint(path)
+            places += [] if last is None else [last]
+        for place in places:
+            if all(f.is_file() for f in _paths(place)):
+                return TunedLens.load(place, model)
+        raise FileNotFoundError(f"no tuned lens beside {path} (looked for {WEIGHTS} + {META} in "
+                                f"{', '.join(str(p) for p in places)})")
     mine = fingerprint(model)
     for meta in sorted(demo_dir().glob(f"*/{META}")):
         if _is_ours(meta) and json.loads(meta.read_text()).get("fingerprint") == mine:

@@ -153,7 +153,7 @@ def train_tuned_lens(model, data: TextOrTokens, steps: int = 250, batch_size: in
     lens.info.update(recipe=dict(batch_size=batch_size, seq_len=rows.shape[1], lr=lr, momentum=momentum,
                                  weight_decay=weight_decay, grad_clip=grad_clip, seed=seed, optimizer="SGD nesterov",
                                  schedule="linear to 0"),
-                     steps=steps, data=data_name or f"{rows.numel()} tokens", train_kl=kls,
+                     steps=steps, data=data_name or f"{rows.numel()} tokens", train_kl=kls, train_seconds=seconds,
                      tokens_per_s=(lens.step - start) * rows[:batch_size].numel() / seconds if lens.step > start else None)
     if held_out is not None:
         cmp = lens_comparison(model, held_out, lens)
@@ -201,11 +201,14 @@ def main(argv=None) -> None:
     from sprout.checkpoint import load
 
     model = load(args.model)
+    t0 = time.perf_counter()
     lens = train_tuned_lens(model, model_text(args.train_chars), steps=args.steps, batch_size=args.batch_size,
                             seed=args.seed, held_out=model_text(args.held_out_chars, seed=1),
                             data_name=f"the first {args.train_chars} chars of the demos' training corpus "
                                       "(sprout.data.generate_corpus, seed 0); held out: unseen generated stories")
     if _world()[1] == 0:
+        print(f"{args.model}: {time.perf_counter() - t0:.0f} s in all (data, {args.steps} steps, held-out KL), "
+              f"{torch.get_num_threads()} threads; held-out KL per layer {lens.info['held_out_kl']}")
         print(f"saved {lens.save(args.out)}")
     if dist.is_initialized():
         dist.destroy_process_group()
