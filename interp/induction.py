@@ -58,12 +58,13 @@ def _token_probs(model, text: str, spans: list[tuple[int, int]]) -> list[list[tu
     return out
 
 
-def induction_table(models, text: str, name: Optional[str] = None) -> pd.DataFrame:
-    """Probability each model gives each token of every occurrence of a repeated name in `text`.
+def induction_table(models, text_or_tokens: str, name: Optional[str] = None) -> pd.DataFrame:
+    """Probability each model gives each token of every occurrence of a repeated name in a text.
 
     Args:
         models: a model, a list of models, or a dict {label: model} (each with a tokenizer).
-        text: the text, e.g. a story where an invented name comes back.
+        text_or_tokens: the text (a str: names are found by their characters), e.g. a story where an
+            invented name comes back.
         name: the repeated string, e.g. "Zorbin Plax"; it must occur at least twice. By default every
             name `story_names` finds (single capitalised words, so "Zorbin" and "Plax" separately).
 
@@ -84,6 +85,10 @@ def induction_table(models, text: str, name: Optional[str] = None) -> pd.DataFra
         >>> sorted(df.occurrence.unique().tolist())
         [1, 2]
     """
+    if not isinstance(text_or_tokens, str):
+        raise TypeError(f"induction_table finds names by their characters, so it needs the text as a str, "
+                        f"got {type(text_or_tokens).__name__}")
+    text = text_or_tokens
     if name is None:
         names = story_names(text)
         if not names:
