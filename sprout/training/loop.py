@@ -1,135 +1,43 @@
-"""Train a model from a recipe: `sprout train --recipe gpt-4 --out runs/gpt-4`.
+"""The training loop: `train(recipe, out)` prepares the data, starts or resumes, then steps, evaluates and
+checkpoints.
 
 The loop is the course's: AdamW (betas 0.9/0.95, weight decay on matrices only), linear warmup then
-cosine decay, gradient clipping, an optional loss mask. Around it: a data cache (the corpus is
-generated, its BPE tokenizer trained and the text tokenised into uint16 memmaps once), a held-out
-evaluation every `eval_every` steps logged to `OUT/train_log.csv`, and atomic checkpoints
-
-    OUT/checkpoints/step_XXXXXXXX/   config.json, model.safetensors, tokenizer.json (sprout.checkpoint.save)
-                                     trainer.pt (optimizer, step, every RNG state; weights_only-safe)
-
-that `--resume` continues from so that the weights at the end are bit-identical to an uninterrupted
+cosine decay, gradient clipping, an optional loss mask. Around it: the data cache (`corpus`), a held-out
+evaluation every `eval_every` steps logged to `OUT/train_log.csv`, and atomic checkpoints (`rundir`)
+that `resume=True` continues from so that the weights at the end are bit-identical to an uninterrupted
 run's. Under `torchrun --nproc_per_node=N` it trains with DistributedDataParallel (gloo on CPU).
 """
 from __future__ import annotations
 
-import argparse
-import csv
-import hashlib
-import json
 import math
 import os
 import random
-import shutil
-import sys
 import time
-from dataclasses import fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
-from .recipes import RECIPES, Recipe, get_recipe
+from ..checkpoint import load, save
+from ..config import SproutConfig
+from ..model import Sprout
+from ..synthetic import repeated_random_tokens
+from ..walkthrough import build_step
+from . import rundir
+from .corpus import TokenData, check_windows, get_batch, prepare_data, stamp_changes
+from .curriculum import get_train_batch, uses_mask
+from .recipes import Recipe
+from .rundir import RunDir, RunDirError
 
-LOG_COLUMNS = ["step", "tokens", "lr", "train_loss", "val_loss", "rep_first", "rep_second", "elapsed_s"]
 REP_HALF = 50  # the repeated-random-tokens probe: 50 random tokens, then the same 50 again
-KEEP_LAST = 2  # non-snapshot checkpoints kept
 
 
 class NonFiniteLoss(FloatingPointError):
     """The loss or the gradient norm became NaN or infinite; the run stopped."""
-
-
-# ----------------------------------------------------------------------------- data
-
-def prepare_data(recipe: Recipe, cache_root: Path):
-    """Tokenizer and train/val token files for this recipe, built once and cached by content key.
-
-    Returns:
-        (tokenizer, train memmap, val memmap).
-    """
-    from .data import build_token_files, generate_corpus, read_text
-    from .tokenizer import char_tokenizer, load_tokenizer, save_tokenizer, train_bpe
-
-    key = {k: getattr(recipe, k) for k in ("data", "tokenizer", "corpus_chars", "corpus_seed", "val_fraction")}
-    if recipe.tokenizer == "bpe":
-        key["vocab_size"] = recipe.vocab_size
-    if recipe.data:
-        st = Path(recipe.data).stat() if Path(recipe.data).exists() else None
-        key["data_stamp"] = [st.st_size, st.st_mtime_ns] if st else None
-    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    folder = cache_root / f"{'text' if recipe.data else 'stories'}-{recipe.tokenizer}-{digest}"
-    if not (folder / "done.json").is_file():
-        text = read_text(recipe.data) if recipe.data else generate_corpus(recipe.corpus_chars, recipe.corpus_seed)
-        tok = train_bpe(text, recipe.vocab_size) if recipe.tokenizer == "bpe" else char_tokenizer(text)
-        tmp = cache_root / f".{folder.name}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        build_token_files(text, tok, tmp, val_fraction=recipe.val_fraction)
-        save_tokenizer(tok, tmp / "tokenizer.json")
-        (tmp / "done.json").write_text(json.dumps(key, indent=2) + "\n")
-        if folder.exists():  # a half-built folder from a crash: replace it
-            shutil.rmtree(folder)
-        os.rename(tmp, folder)
-    tok = load_tokenizer(folder / "tokenizer.json")
-    train = np.memmap(folder / "train.bin", dtype=np.uint16, mode="r")
-    val = np.memmap(folder / "val.bin", dtype=np.uint16, mode="r")
-    return tok, train, val
-
-
-def repeat_rows(n: int, context: int, vocab_size: int, lo: int, hi: int, generator: torch.Generator,
-                corpus: Optional[np.ndarray] = None, unigram: float = 0.0):
-    """Rows of random segments each followed by its exact repeat (the induction curriculum).
-
-    Args:
-        n, context: the rows' count and length.
-        vocab_size: uniform segments draw ids from [1, vocab_size).
-        lo, hi: the shortest and longest segment.
-        generator: the source of every draw.
-        corpus, unigram: with probability `unigram` a segment's tokens are drawn instead from random
-            positions of `corpus` (so with the corpus's unigram frequencies, but in random order).
-
-    Returns:
-        (x, y, mask), each [n, context]; mask is 1 where y lies in a second copy after its first token,
-        the positions where copying from the first copy predicts the target.
-    """
-    from .data import repeated_random_tokens
-
-    seqs, masks = [], []
-    for _ in range(n):
-        parts, mask = [], []
-        while sum(map(len, parts)) < context + 1:
-            half = int(torch.randint(lo, hi + 1, (1,), generator=generator))
-            if unigram and float(torch.rand(1, generator=generator)) < unigram:
-                at = torch.randint(len(corpus), (half,), generator=generator).numpy()
-                seg = torch.from_numpy(corpus[at].astype(np.int64))
-                parts.append(torch.cat([seg, seg]))
-            else:
-                parts.append(repeated_random_tokens(1, half, vocab_size, generator)[0])
-            mask += [0] * (half + 1) + [1] * (half - 1)  # mask[j]: is token j predictable by copying
-        seqs.append(torch.cat(parts)[:context + 1])
-        masks.append(torch.tensor(mask[1:context + 1]))  # the target of position t is token t + 1
-    seq = torch.stack(seqs)
-    return seq[:, :-1], seq[:, 1:], torch.stack(masks)
-
-
-def get_train_batch(recipe: Recipe, train: np.ndarray, vocab_size: int, generator: torch.Generator,
-                    step: int = 0):
-    """One training batch: story windows and repeat-curriculum rows. Returns (x, y, loss_mask) [B, T]."""
-    from .data import get_batch
-
-    n_rep = round(recipe.batch_size * (1.0 if step < recipe.curriculum_steps else recipe.repeat_fraction))
-    n_story = recipe.batch_size - n_rep
-    xs, ys, ms = [], [], []
-    if n_story:
-        x, y = get_batch(train, n_story, recipe.context, generator)
-        xs.append(x), ys.append(y), ms.append(torch.ones_like(x))
-    if n_rep:
-        x, y, m = repeat_rows(n_rep, recipe.context, vocab_size, recipe.repeat_min,
-                              min(recipe.repeat_max, recipe.context // 2), generator, train, recipe.repeat_unigram)
-        xs.append(x), ys.append(y), ms.append(m)
-    return torch.cat(xs), torch.cat(ys), torch.cat(ms)
 
 
 # ----------------------------------------------------------------------------- model and optimiser
@@ -137,14 +45,9 @@ def get_train_batch(recipe: Recipe, train: np.ndarray, vocab_size: int, generato
 def build_model(recipe: Recipe, vocab_size: int, tokenizer=None) -> torch.nn.Module:
     """A fresh model for the recipe (weights drawn from torch's global RNG)."""
     if recipe.model == "walkthrough":
-        from .walkthrough import build_step
-
         # the final script's architecture at the recipe's size; no dropout: a short run underfits
         return build_step("final", vocab_size=vocab_size, tokenizer=tokenizer, context=recipe.context,
                           d_model=recipe.d_model, n_head=recipe.n_head, n_layer=recipe.n_layer, dropout=0.0)
-    from .config import SproutConfig
-    from .model import Sprout
-
     cfg = SproutConfig(vocab_size=vocab_size, context=recipe.context, n_layer=recipe.n_layer,
                        n_head=recipe.n_head, d_model=recipe.d_model, d_ff=recipe.d_ff)
     return Sprout(cfg, tokenizer=tokenizer)
@@ -178,13 +81,9 @@ def snapshot_steps(max_steps: int) -> set[int]:
     return steps
 
 
-# ----------------------------------------------------------------------------- evaluation
-
 @torch.no_grad()
 def evaluate(model, recipe: Recipe, val: np.ndarray, vocab_size: int) -> dict[str, float]:
     """Held-out loss on fixed windows, and the repeated-random-tokens probe (first vs second half)."""
-    from .data import get_batch, repeated_random_tokens
-
     was_training = model.training
     model.eval()
     g = torch.Generator().manual_seed(1234)  # the same windows at every evaluation
@@ -202,7 +101,7 @@ def evaluate(model, recipe: Recipe, val: np.ndarray, vocab_size: int) -> dict[st
             "rep_second": nll[:, half:].mean().item()}
 
 
-# ----------------------------------------------------------------------------- checkpoints
+# ----------------------------------------------------------------------------- RNG state
 
 def _rng_state(batch_gen: torch.Generator) -> dict:
     np_state = np.random.get_state()
@@ -223,61 +122,214 @@ def _set_rng_state(state: dict, batch_gen: torch.Generator) -> None:
     np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
 
 
-def write_checkpoint(out: Path, model, optimizer, step: int, rank_states: list, recipe: Recipe,
-                     loss_sum: tuple[float, int] = (0.0, 0)) -> Path:
-    """`OUT/checkpoints/step_XXXXXXXX/`, complete or absent: written under a temporary name, renamed."""
-    from .checkpoint import save
+# ----------------------------------------------------------------------------- the run
 
-    root = out / "checkpoints"
-    final = root / f"step_{step:08d}"
-    tmp = root / f".step_{step:08d}.partial"
-    shutil.rmtree(tmp, ignore_errors=True)
-    save(model, tmp)
-    state = {"step": step, "optimizer": optimizer.state_dict(), "rng": rank_states,
-             "recipe": recipe.to_dict(), "loss_sum": list(loss_sum)}
-    with open(tmp / "trainer.pt", "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    if final.exists():
-        shutil.rmtree(final)
-    os.rename(tmp, final)
-    _prune(root, recipe)
+@dataclass
+class Run:
+    """A run in progress: what it trains, on what, and how far it has come."""
+
+    recipe: Recipe
+    dir: RunDir
+    data: TokenData
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    batch_gen: torch.Generator
+    world: int = 1
+    rank: int = 0
+    step: int = 0
+    log_rows: list = field(default_factory=list)
+    loss_sum: float = 0.0  # train_loss: the mean since the last evaluation
+    loss_n: int = 0
+    last_ckpt: Optional[Path] = None
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def vocab_size(self) -> int:
+        return self.data.tokenizer.get_vocab_size()
+
+
+def _distributed() -> tuple[int, int]:
+    """(world size, rank): under torchrun, after joining the process group (gloo); else (1, 0)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 1, 0
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    return dist.get_world_size(), dist.get_rank()
+
+
+def _check_same_recipe(run_dir: RunDir, recipe: Recipe) -> None:
+    saved = run_dir.read_recipe()
+    if saved != recipe:
+        diff = [f"{f.name}: run has {getattr(saved, f.name)!r}, now {getattr(recipe, f.name)!r}"
+                for f in fields(Recipe) if getattr(saved, f.name) != getattr(recipe, f.name)]
+        raise RunDirError(f"--resume: the recipe differs from the run's {run_dir.recipe_path}: " + ", ".join(diff))
+
+
+def _check_same_data(run_dir: RunDir, data: TokenData, last: Path) -> None:
+    """On resume: the data and the tokenizer must be the run's, or the ids would mean other tokens."""
+    stamp = (run_dir.marker() or {}).get("data")
+    changes = stamp_changes(stamp, data.stamp) if stamp is not None else []
+    if changes:
+        raise RunDirError(f"--resume: the data changed since {run_dir.path} began ({'; '.join(changes)}); "
+                          "resume with the run's data, or start a new run with a new --out")
+    old = rundir.checkpoint_tokenizer(last)
+    if old is not None and old.get_vocab() != data.tokenizer.get_vocab():
+        raise RunDirError(f"--resume: the tokenizer differs from the run's ({last / 'tokenizer.json'}: "
+                          f"{old.get_vocab_size()} ids; the data's: {data.tokenizer.get_vocab_size()} ids"
+                          f"{', mapped differently' if old.get_vocab_size() == data.tokenizer.get_vocab_size() else ''})")
+
+
+def prepare(recipe: Recipe, run_dir: RunDir, data_cache, resume: bool, world: int, rank: int) -> TokenData:
+    """Check and lock the run directory, then build the data (rank 0) or read what rank 0 built."""
+    cache = Path(data_cache) if data_cache else run_dir.path / "data"
+    if rank == 0:
+        run_dir.open(resume)
+        if resume:
+            _check_same_recipe(run_dir, recipe)
+        else:
+            run_dir.recipe_path.write_text(recipe.to_json())
+        data = prepare_data(recipe, cache)
+        if resume:
+            _check_same_data(run_dir, data, run_dir.latest())
+        marker = {"data": data.stamp, "tokenizer": {"kind": recipe.tokenizer,
+                                                    "vocab_size": data.tokenizer.get_vocab_size()}}
+        if {k: (run_dir.marker() or {}).get(k) for k in marker} != marker:
+            run_dir.write_marker(marker["data"], marker["tokenizer"])
+    if world > 1:
+        dist.barrier()
+    if rank != 0:
+        data = prepare_data(recipe, cache)
+    vocab_size = data.tokenizer.get_vocab_size()
+    if recipe.tokenizer == "bpe" and vocab_size != recipe.vocab_size:
+        raise ValueError(f"the BPE tokenizer learned only {vocab_size} tokens, fewer than vocab_size "
+                         f"{recipe.vocab_size}: the corpus is too small for that vocabulary")
+    for split in (data.train, data.val):  # before any step: a short val split would fail at the first eval
+        check_windows(split, recipe.context)
+    return data
+
+
+def start(recipe: Recipe, run_dir: RunDir, data: TokenData, world: int, rank: int) -> Run:
+    torch.manual_seed(recipe.seed)  # the same init on every rank
+    model = build_model(recipe, data.tokenizer.get_vocab_size(), data.tokenizer)
+    batch_gen = torch.Generator().manual_seed(recipe.seed * 1000 + rank + 1)  # different windows on every rank
+    return Run(recipe, run_dir, data, model, make_optimizer(model, recipe), batch_gen, world, rank)
+
+
+def resume_from(recipe: Recipe, run_dir: RunDir, data: TokenData, world: int, rank: int) -> Run:
+    last = run_dir.check_resume()
+    model = load(last)
+    state = rundir.read_trainer_state(last)
+    if len(state["rng"]) != world:
+        raise RunDirError(f"--resume: the checkpoint was written by {len(state['rng'])} process(es), "
+                          f"now there are {world}; resume with the same number")
+    optimizer = make_optimizer(model, recipe)
+    optimizer.load_state_dict(state["optimizer"])
+    batch_gen = torch.Generator()
+    _set_rng_state(state["rng"][rank], batch_gen)
+    loss_sum, loss_n = state["loss_sum"]
+    return Run(recipe, run_dir, data, model, optimizer, batch_gen, world, rank, step=state["step"],
+               log_rows=rundir.read_log(run_dir.log_path, upto=state["step"]), loss_sum=loss_sum, loss_n=loss_n,
+               last_ckpt=last)
+
+
+def train_step(run: Run, net: torch.nn.Module, step: int) -> tuple[float, float]:
+    """One optimiser step; returns (lr, loss). Raises NonFiniteLoss before a NaN/inf reaches the weights."""
+    recipe = run.recipe
+    lr = lr_at(step, recipe)
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr
+    x, y, mask = get_train_batch(recipe, run.data.train, run.vocab_size, run.batch_gen, step)
+    _, loss = net(x, y, loss_mask=mask if uses_mask(recipe, step) else None)
+    run.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    # grad_clip 0 means no clipping (as in nanoGPT); the norm is still measured for the check below
+    norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), recipe.grad_clip or math.inf)
+    bad = torch.tensor([0.0 if torch.isfinite(loss) and torch.isfinite(norm) else 1.0])
+    if run.world > 1:
+        dist.all_reduce(bad)
+    if bad.item():
+        raise NonFiniteLoss(
+            f"the loss became {loss.item()} (gradient norm {norm.item()}) at step {step + 1} with lr {lr:.3g}; "
+            f"stopped without updating the weights. The last good checkpoint is "
+            f"{run.last_ckpt or 'none (no checkpoint was written yet)'}; try a lower --lr or more --warmup-steps")
+    run.optimizer.step()
+    run.step = step + 1
+    run.loss_sum, run.loss_n = run.loss_sum + loss.item(), run.loss_n + 1
+    return lr, loss.item()
+
+
+def evaluate_and_log(run: Run, lr: float, elapsed: float, bar: tqdm) -> None:
+    """Rank 0 evaluates on held-out windows and appends a row to train_log.csv; every rank resets its mean."""
+    if run.main:
+        ev = evaluate(run.model, run.recipe, run.data.val, run.vocab_size)
+        mean = run.loss_sum / run.loss_n
+        run.log_rows.append({"step": run.step, "tokens": run.step * _tokens_per_step(run), "lr": f"{lr:.6g}",
+                             "train_loss": f"{mean:.5f}", **{k: f"{v:.5f}" for k, v in ev.items()},
+                             "elapsed_s": f"{elapsed:.1f}"})
+        rundir.write_log(run.dir.log_path, run.log_rows)
+        bar.write(f"step {run.step}: train {mean:.3f}  val {ev['val_loss']:.3f}  "
+                  f"repeat 1st/2nd half {ev['rep_first']:.2f}/{ev['rep_second']:.2f}")
+    run.loss_sum, run.loss_n = 0.0, 0
+
+
+def checkpoint(run: Run) -> Path:
+    """`OUT/checkpoints/step_XXXXXXXX/`, complete or absent: written under a temporary name, renamed."""
+    states = [None] * run.world
+    mine = _rng_state(run.batch_gen)
+    if run.world > 1:
+        dist.all_gather_object(states, mine)
+    else:
+        states = [mine]
+    root = run.dir.checkpoints
+    final = rundir.step_dir(root, run.step)
+    if run.main:
+        tmp = root / f".{final.name}.partial"
+        rundir.clear_partial(tmp)
+        save(run.model, tmp)
+        rundir.write_trainer_state(tmp / "trainer.pt", {
+            "step": run.step, "optimizer": run.optimizer.state_dict(), "rng": states,
+            "recipe": run.recipe.to_dict(), "loss_sum": [run.loss_sum, run.loss_n]})
+        rundir.publish(tmp, final)
+        rundir.prune(root, snapshot_steps(run.recipe.max_steps) if run.recipe.snapshots else set())
+    if run.world > 1:
+        dist.barrier()
+    run.last_ckpt = final
     return final
 
 
-def _prune(root: Path, recipe: Recipe) -> None:
-    keep = snapshot_steps(recipe.max_steps) if recipe.snapshots else set()
-    steps = sorted(int(d.name[5:]) for d in root.glob("step_*") if d.name[5:].isdigit())
-    ordinary = [s for s in steps if s not in keep]
-    for s in ordinary[:-KEEP_LAST]:
-        shutil.rmtree(root / f"step_{s:08d}", ignore_errors=True)
+def _tokens_per_step(run: Run) -> int:
+    return run.recipe.batch_size * run.recipe.context * run.world
 
 
-def read_trainer_state(step_dir: Path) -> dict:
-    path = step_dir / "trainer.pt"
-    if not path.is_file():
-        raise ValueError(f"cannot resume from {step_dir}: it has no trainer.pt (optimizer and RNG state)")
-    return torch.load(path, map_location="cpu", weights_only=True)
+def _due(run: Run, every: int) -> bool:
+    return run.step % every == 0 or run.step == run.recipe.max_steps
 
 
-# ----------------------------------------------------------------------------- the run
-
-def _log_rows(path: Path, upto: Optional[int] = None) -> list[dict]:
-    if not path.is_file():
-        return []
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    return [r for r in rows if upto is None or int(r["step"]) <= upto]
-
-
-def _write_log(path: Path, rows: list[dict]) -> None:
-    tmp = path.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, LOG_COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
-    os.replace(tmp, path)
+def steps(run: Run, show_progress: bool) -> None:
+    """Train from run.step to max_steps: a step, then an evaluation and a checkpoint when due."""
+    recipe = run.recipe
+    net = torch.nn.parallel.DistributedDataParallel(run.model) if run.world > 1 else run.model
+    snaps = snapshot_steps(recipe.max_steps) if recipe.snapshots else set()
+    if run.step == 0 and 0 in snaps:
+        checkpoint(run)
+    first, t0 = run.step, time.time()
+    with tqdm(total=recipe.max_steps, initial=first, disable=not (show_progress and run.main),
+              dynamic_ncols=True, mininterval=2.0) as bar:
+        for step in range(first, recipe.max_steps):
+            lr, loss = train_step(run, net, step)
+            elapsed = time.time() - t0
+            bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", refresh=False,
+                            tok_s=f"{(run.step - first) * _tokens_per_step(run) / max(elapsed, 1e-9):.0f}")
+            bar.update(1)
+            if _due(run, recipe.eval_every):
+                evaluate_and_log(run, lr, elapsed, bar)
+            if _due(run, recipe.ckpt_every) or run.step in snaps:
+                checkpoint(run)
+    if run.last_ckpt is None:  # max_steps 0
+        checkpoint(run)
 
 
 def train(recipe: Recipe, out, data_cache=None, resume: bool = False, progress: bool = True) -> torch.nn.Module:
@@ -285,199 +337,27 @@ def train(recipe: Recipe, out, data_cache=None, resume: bool = False, progress: 
 
     Args:
         recipe: what to train and how.
-        out: the run directory (checkpoints/, train_log.csv, recipe.json).
+        out: the run directory (see `sprout.training.rundir`): absent, empty, or a run without checkpoints
+            for a new run; a run directory with a checkpoint for `resume`.
         data_cache: where tokenised corpora are cached; default `out/data`.
-        resume: continue from the latest checkpoint in `out` (the recipe must match the saved one).
+        resume: continue from the latest checkpoint in `out` (the recipe and the data must be the run's).
         progress: show a tqdm bar (rank 0 only).
 
     Raises:
         NonFiniteLoss: the loss or gradient norm became NaN/inf; the last checkpoint is kept.
-        ValueError: a recipe that differs from the run's, or nothing to resume from.
+        RunDirError: `out` is not a place for this run (a user's folder, a file, locked by another
+            process, a different recipe or data on resume, nothing to resume from).
+        ValueError: a corpus too small or unreadable.
     """
-    out = Path(out)
-    world, rank = 1, 0
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        if not dist.is_initialized():
-            dist.init_process_group("gloo")
-        world, rank = dist.get_world_size(), dist.get_rank()
-    main_proc = rank == 0
-    out.mkdir(parents=True, exist_ok=True)
-    cache = Path(data_cache) if data_cache else out / "data"
-    if main_proc:  # one process builds the cache, the others wait and read it
-        tok, train_data, val_data = prepare_data(recipe, cache)
-    if world > 1:
-        dist.barrier()
-    if not main_proc:
-        tok, train_data, val_data = prepare_data(recipe, cache)
-    vocab_size = tok.get_vocab_size()
-    if recipe.tokenizer == "bpe" and vocab_size != recipe.vocab_size:
-        raise ValueError(f"the BPE tokenizer learned only {vocab_size} tokens, fewer than vocab_size "
-                         f"{recipe.vocab_size}: the corpus is too small for that vocabulary")
-    from .data import check_windows
-
-    for data in (train_data, val_data):  # before any step: a short val split would fail at the first eval
-        check_windows(data, recipe.context)
-
-    from .checkpoint import latest_checkpoint, load
-
-    recipe_path, log_path = out / "recipe.json", out / "train_log.csv"
-    batch_gen = torch.Generator()
-    start = 0
-    if resume:
-        last = latest_checkpoint(out)
-        if last is None:
-            raise ValueError(f"--resume: {out} holds no complete checkpoint to resume from")
-        saved = Recipe.from_dict(json.loads(recipe_path.read_text()))
-        if saved != recipe:
-            diff = {f.name: (getattr(saved, f.name), getattr(recipe, f.name)) for f in fields(Recipe)
-                    if getattr(saved, f.name) != getattr(recipe, f.name)}
-            raise ValueError(f"--resume: the recipe differs from the run's {recipe_path}: "
-                             + ", ".join(f"{k}: run has {a!r}, now {b!r}" for k, (a, b) in diff.items()))
-        model = load(last)
-        state = read_trainer_state(last)
-        if len(state["rng"]) != world:
-            raise ValueError(f"--resume: the checkpoint was written by {len(state['rng'])} process(es), "
-                             f"now there are {world}; resume with the same number")
-        start = state["step"]
-        optimizer = make_optimizer(model, recipe)
-        optimizer.load_state_dict(state["optimizer"])
-        _set_rng_state(state["rng"][rank], batch_gen)
-        log_rows = _log_rows(log_path, upto=start)
-        loss_sum, loss_n = state["loss_sum"]
-    else:
-        if latest_checkpoint(out) is not None:
-            raise ValueError(f"{out} already holds checkpoints: pass --resume to continue, or use a new --out")
-        torch.manual_seed(recipe.seed)  # the same init on every rank
-        model = build_model(recipe, vocab_size, tok)
-        batch_gen.manual_seed(recipe.seed * 1000 + rank + 1)  # different windows on every rank
-        optimizer = make_optimizer(model, recipe)
-        log_rows, loss_sum, loss_n = [], 0.0, 0
-        if main_proc:
-            recipe_path.write_text(recipe.to_json())
-    model.train()
-    net = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
-
-    def checkpoint(step):
-        states = [None] * world
-        mine = _rng_state(batch_gen)
-        if world > 1:
-            dist.all_gather_object(states, mine)
-        else:
-            states = [mine]
-        if main_proc:
-            write_checkpoint(out, model, optimizer, step, states, recipe, (loss_sum, loss_n))
+    world, rank = _distributed()
+    run_dir = RunDir(out)
+    try:  # the run directory stays locked until the end
+        data = prepare(recipe, run_dir, data_cache, resume, world, rank)
+        run = (resume_from if resume else start)(recipe, run_dir, data, world, rank)
+        run.model.train()
+        steps(run, progress)
         if world > 1:
             dist.barrier()
-        return out / "checkpoints" / f"step_{step:08d}"
-
-    snaps = snapshot_steps(recipe.max_steps) if recipe.snapshots else set()
-    last_ckpt = latest_checkpoint(out)
-    if start == 0 and (0 in snaps):
-        last_ckpt = checkpoint(0)
-    from tqdm import tqdm
-
-    bar = tqdm(total=recipe.max_steps, initial=start, disable=not (progress and main_proc),
-               dynamic_ncols=True, mininterval=2.0)
-    tokens_per_step = recipe.batch_size * recipe.context * world
-    t0 = time.time()
-    for step in range(start, recipe.max_steps):
-        lr = lr_at(step, recipe)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        x, y, mask = get_train_batch(recipe, train_data, vocab_size, batch_gen, step)
-        curriculum = recipe.repeat_fraction > 0 or step < recipe.curriculum_steps
-        _, loss = net(x, y, loss_mask=mask if curriculum else None)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
-        bad = torch.tensor([0.0 if torch.isfinite(loss) and torch.isfinite(norm) else 1.0])
-        if world > 1:
-            dist.all_reduce(bad)
-        if bad.item():
-            bar.close()
-            raise NonFiniteLoss(
-                f"the loss became {loss.item()} (gradient norm {norm.item()}) at step {step + 1} with lr {lr:.3g}; "
-                f"stopped without updating the weights. The last good checkpoint is "
-                f"{last_ckpt or 'none (no checkpoint was written yet)'}; try a lower --lr or more --warmup-steps")
-        optimizer.step()
-        done = step + 1
-        last_loss = loss.item()
-        loss_sum, loss_n = loss_sum + last_loss, loss_n + 1  # train_loss: the mean since the last eval
-        elapsed = time.time() - t0
-        bar.set_postfix(loss=f"{last_loss:.3f}", lr=f"{lr:.2e}",
-                        tok_s=f"{(done - start) * tokens_per_step / max(elapsed, 1e-9):.0f}", refresh=False)
-        bar.update(1)
-        if done % recipe.eval_every == 0 or done == recipe.max_steps:
-            if main_proc:
-                ev = evaluate(model, recipe, val_data, vocab_size)
-                mean = loss_sum / loss_n
-                log_rows.append({"step": done, "tokens": done * tokens_per_step, "lr": f"{lr:.6g}",
-                                 "train_loss": f"{mean:.5f}", **{k: f"{v:.5f}" for k, v in ev.items()},
-                                 "elapsed_s": f"{elapsed:.1f}"})
-                _write_log(log_path, log_rows)
-                bar.write(f"step {done}: train {mean:.3f}  val {ev['val_loss']:.3f}  "
-                          f"repeat 1st/2nd half {ev['rep_first']:.2f}/{ev['rep_second']:.2f}")
-            loss_sum, loss_n = 0.0, 0
-        if done % recipe.ckpt_every == 0 or done == recipe.max_steps or done in snaps:
-            last_ckpt = checkpoint(done)
-    bar.close()
-    if last_ckpt is None:  # max_steps 0
-        last_ckpt = checkpoint(recipe.max_steps)
-    if world > 1:
-        dist.barrier()
-    return model.eval()
-
-
-# ----------------------------------------------------------------------------- CLI
-
-def parse_args(argv=None):
-    """`--recipe NAME --out DIR` plus one flag per recipe field; unknown flags are an error."""
-    p = argparse.ArgumentParser(prog="sprout train", description=__doc__.split("\n")[0])
-    p.add_argument("--recipe", default="gpt-4", choices=sorted(RECIPES), help="starting recipe (default gpt-4)")
-    p.add_argument("--out", required=True, help="run directory: checkpoints/, train_log.csv, recipe.json")
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
-    p.add_argument("--data-cache", default=None, help="where tokenised corpora are cached (default OUT/data)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    over = p.add_argument_group("recipe overrides (default: the recipe's value)")
-    for f in fields(Recipe):
-        flag = "--" + f.name.replace("_", "-")
-        if f.type == "bool":
-            over.add_argument(flag, dest=f.name, default=None, action=argparse.BooleanOptionalAction)
-        else:
-            kind = {"int": int, "float": float, "str": str}[f.type]
-            over.add_argument(flag, dest=f.name, type=kind, default=None, metavar=f.type.upper())
-    args = p.parse_args(argv)
-    changes = {f.name: getattr(args, f.name) for f in fields(Recipe) if getattr(args, f.name) is not None}
-    try:
-        recipe = get_recipe(args.recipe).override(**changes)
-    except ValueError as e:
-        p.error(str(e))
-    return args, recipe
-
-
-def main(argv=None) -> int:
-    from .checkpoint import latest_checkpoint
-
-    args, recipe = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    try:
-        train(recipe, args.out, data_cache=args.data_cache, resume=args.resume, progress=not args.no_progress)
-    except (NonFiniteLoss, ValueError) as e:
-        print(f"sprout train: error: {e}", file=sys.stderr)
-        return 1
-    except OSError as e:  # a full disk, a read-only folder: the last complete checkpoint is intact
-        print(f"sprout train: error: {e}; the last complete checkpoint is {latest_checkpoint(args.out)} "
-              "(resume from it with --resume)", file=sys.stderr)
-        return 1
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(f"done: {latest_checkpoint(args.out)}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        run_dir.close()
+    return run.model.eval()

@@ -1,42 +1,19 @@
 """Training recipes: every number a training run depends on, in one typed, frozen dataclass.
 
 `sprout train --recipe gpt-4` starts from `RECIPES["gpt-4"]`; any field can be overridden with a flag
-(`--lr 1e-3`, `--max-steps 200`). The recipe is written to `OUT/recipe.json`, so a run records exactly
-how it was made, and `--resume` refuses to continue a run with a different recipe.
-
-Why the demo recipes differ from the course's gpt-1/gpt-4 (context 512, BPE 8192): they train on two
-CPU cores in about half an hour each. A context of 128 tokens holds several sentences of a story, which
-is all the induction task needs, and a 4096-token BPE vocabulary makes the unembedding (a quarter of
-the compute at this width) twice as cheap while the invented names still split into 2-5 pieces.
-
-The data mix, exactly: each batch is `1 - repeat_fraction` windows of the story corpus
-(`sprout.data.generate_corpus`, whose stories repeat names, codes, lists, echoed sentences and chants)
-and `repeat_fraction` rows of the induction curriculum of Olsson et al. (2022): random tokens followed
-by their exact repeat, in segments of random length `repeat_min`..`repeat_max` laid end to end, with
-the loss taken only on the second copies (where copying can predict anything). A share
-`repeat_unigram` of the segments draws its tokens from random positions of the corpus (common tokens
-in random order), the rest uniformly from the whole vocabulary. Random lengths keep the model from
-solving the task with a fixed positional offset instead of prefix matching. For the first
-`curriculum_steps` steps every row is curriculum: measured here, mixing stories in from the start left
-4-block models on the induction plateau (repeated-half loss at chance) through 800-1,200 steps, while a
-pure curriculum lets the previous-token and induction heads form first; the stories then teach the
-language, and the copying carries over to names.
-
-Why the common-token segments: Sprout has no position embedding (RoPE only) and no biases, so a head
-can only attend "to the previous token" whatever the tokens are once the residual stream carries a
-component shared by all tokens. Our first gpt-4 (1,200 steps, uniform segments only) had a clean
-previous-token head on story text (0.60) that did nothing on uniformly random tokens (0.07): the
-embeddings of tokens the stories rarely use never acquired that shared component, so induction on
-random tokens could not start. Segments of common tokens let the induction circuit form on the
-tokens whose previous-token attention already works; the uniform segments then train the rest.
+(`--lr 1e-3`, `--max-steps 200`). Every field has a valid range, checked when a recipe is made (so before
+any work), and an error names the field and its flag. The recipe is written to `OUT/recipe.json`, so a
+run records exactly how it was made, and `--resume` refuses to continue a run with a different recipe.
+Why the demo recipes are what they are: docs/training-notes.md.
 """
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from .config import strict_from_dict
+from ..config import strict_from_dict
 
 
 @dataclass(frozen=True)
@@ -71,7 +48,7 @@ class Recipe:
     weight_decay: float = 0.1  # AdamW decay, on matrices only (not on norm gains)
     beta1: float = 0.9
     beta2: float = 0.95
-    grad_clip: float = 1.0  # max global gradient norm
+    grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping (as in nanoGPT)
     # --- bookkeeping
     eval_every: int = 100  # steps between held-out evaluations (a CSV row each)
     eval_batches: int = 8  # batches of held-out windows per evaluation (the same windows every time)
@@ -80,33 +57,11 @@ class Recipe:
     seed: int = 0  # model init and batch sampling
 
     def __post_init__(self):
-        ints = [f.name for f in fields(self) if f.type == "int"]
-        for name in ints:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ValueError(f"recipe field {name} must be an integer, got {value!r}")
-        positive = ("vocab_size", "context", "n_layer", "n_head", "d_model", "d_ff", "batch_size",
-                    "eval_every", "eval_batches", "ckpt_every", "repeat_min", "corpus_chars")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ValueError(f"recipe field {name} must be >= 1, got {getattr(self, name)}")
-        if self.curriculum_steps < 0:
-            raise ValueError(f"curriculum_steps must be >= 0, got {self.curriculum_steps}")
-        if self.max_steps < 0 or self.warmup_steps < 0:
-            raise ValueError(f"max_steps and warmup_steps must be >= 0, got {self.max_steps}, {self.warmup_steps}")
-        if self.model not in ("sprout", "walkthrough"):
-            raise ValueError(f"recipe field model must be 'sprout' or 'walkthrough', got {self.model!r}")
-        if self.tokenizer not in ("bpe", "char"):
-            raise ValueError(f"recipe field tokenizer must be 'bpe' or 'char', got {self.tokenizer!r}")
-        for name in ("repeat_fraction", "repeat_unigram"):
-            if not 0 <= getattr(self, name) <= 1:
-                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        if not 0 < self.val_fraction < 1:
-            raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
-        if self.repeat_max < self.repeat_min:
-            raise ValueError(f"repeat_max ({self.repeat_max}) must be >= repeat_min ({self.repeat_min})")
-        if not 0 < self.min_lr <= self.lr:
-            raise ValueError(f"need 0 < min_lr <= lr, got min_lr={self.min_lr}, lr={self.lr}")
+        for f in fields(self):
+            _check_type(f.name, f.type, getattr(self, f.name))
+        for name, value in self.to_dict().items():
+            _check_range(name, value)
+        _check_together(self)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -122,12 +77,79 @@ class Recipe:
         return self.from_dict({**self.to_dict(), **changes})
 
 
-# The CPU demo models. gpt-1 and gpt-4 share data and optimisation: 1,000 steps of the pure repeat
-# curriculum (segments of 8-32 tokens; measured: the induction plateau broke near step 550 for gpt-4),
-# then 2,200 steps of three quarters stories, one quarter curriculum. Measured beside this recipe at
-# step 1,750: half stories (and 1,200 curriculum steps) gave 2.93 nats held out and 0.91 on the names
-# of hand-written stories; three quarters stories gave 2.62 and 0.94. The first version of this
-# recipe (1,600 steps, 400 of them stories) stopped at 5.09 nats and 0.68: the story phase needs time.
+def flag(name: str) -> str:
+    """The command-line flag of a recipe field: grad_clip -> --grad-clip."""
+    return "--" + name.replace("_", "-")
+
+
+def _bad(name: str, expected: str, value) -> ValueError:
+    return ValueError(f"recipe field {name} ({flag(name)}) must be {expected}, got {value!r}")
+
+
+def _check_type(name: str, kind: str, value) -> None:
+    ok = {"int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+          "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+          "str": lambda v: isinstance(v, str),
+          "bool": lambda v: isinstance(v, bool)}[kind]
+    if not ok(value):
+        raise _bad(name, {"int": "an integer", "float": "a finite number", "str": "a string",
+                          "bool": "true or false"}[kind], value)
+
+
+# The valid range of every field: (low, high, whether low and high are allowed), or a set of choices.
+_RANGES = {
+    "model": {"sprout", "walkthrough"}, "tokenizer": {"bpe", "char"},
+    "vocab_size": (1, 1 << 16, "[]"),  # token files are uint16
+    "context": (4, None, "["), "n_layer": (1, None, "["), "n_head": (1, None, "["), "d_model": (1, None, "["),
+    "d_ff": (1, None, "["), "corpus_chars": (1, None, "["), "corpus_seed": (0, None, "["),
+    "val_fraction": (0, 1, "()"), "repeat_fraction": (0, 1, "[]"), "repeat_unigram": (0, 1, "[]"),
+    "repeat_min": (1, None, "["), "repeat_max": (1, None, "["), "curriculum_steps": (0, None, "["),
+    "batch_size": (1, None, "["), "max_steps": (0, None, "["), "lr": (0, None, "("), "min_lr": (0, None, "("),
+    "warmup_steps": (0, None, "["), "weight_decay": (0, None, "["), "beta1": (0, 1, "[)"),
+    "beta2": (0, 1, "[)"), "grad_clip": (0, None, "["), "eval_every": (1, None, "["),
+    "eval_batches": (1, None, "["), "ckpt_every": (1, None, "["), "seed": (0, 2**32 - 1, "[]"),
+}
+
+
+def _check_range(name: str, value) -> None:
+    rule = _RANGES.get(name)
+    if rule is None:
+        return
+    if isinstance(rule, set):
+        if value not in rule:
+            raise _bad(name, " or ".join(repr(c) for c in sorted(rule)), value)
+        return
+    low, high, ends = rule
+    above = value >= low if ends[0] == "[" else value > low
+    below = high is None or (value <= high if ends[-1] == "]" else value < high)
+    if not (above and below):
+        expected = f">= {low}" if ends == "[" else f"> {low}" if ends == "(" else f"in {ends[0]}{low}, {high}{ends[-1]}"
+        raise _bad(name, expected, value)
+
+
+def _check_together(r: Recipe) -> None:
+    """The rules that tie fields together."""
+    if r.tokenizer == "bpe" and r.vocab_size < 257:
+        raise _bad("vocab_size", ">= 257 for a BPE tokenizer (the 256 bytes and <|endoftext|>)", r.vocab_size)
+    if r.repeat_max < r.repeat_min:
+        raise _bad("repeat_max", f">= repeat_min ({r.repeat_min})", r.repeat_max)
+    if (r.repeat_fraction > 0 or r.curriculum_steps > 0) and r.context // 2 < r.repeat_min:
+        raise _bad("context", f">= 2 * repeat_min = {2 * r.repeat_min} (a segment and its repeat must fit)",
+                   r.context)
+    if r.min_lr > r.lr:
+        raise _bad("min_lr", f"<= lr ({r.lr})", r.min_lr)
+    if r.lr * r.weight_decay >= 1:  # AdamW scales the weights by 1 - lr * weight_decay every step
+        raise _bad("weight_decay", f"< 1 / lr = {1 / r.lr:g} (AdamW multiplies the weights by 1 - lr * weight_decay)",
+                   r.weight_decay)
+    if r.d_model % r.n_head:
+        raise _bad("n_head", f"a divisor of d_model ({r.d_model})", r.n_head)
+    if r.model == "sprout" and (r.d_model // r.n_head) % 2:
+        raise _bad("n_head", f"such that d_model / n_head is even (RoPE rotates pairs; d_model is {r.d_model})",
+                   r.n_head)
+
+
+# The CPU demo models (docs/training-notes.md: how they were chosen): the pure repeat curriculum first,
+# then three quarters stories, one quarter curriculum.
 _DEMO = Recipe(batch_size=32, repeat_fraction=0.25, repeat_unigram=0.25, repeat_max=32, curriculum_steps=1000,
                max_steps=3200, lr=3e-3, min_lr=3e-4, warmup_steps=50, eval_every=50)
 # The walkthrough GPT (the character model): stories mixed with the curriculum from the start.

@@ -14,8 +14,11 @@ import torch
 from safetensors.torch import load_file
 
 from sprout import Sprout
-from sprout.recipes import RECIPES, Recipe, get_recipe
-from sprout.train import NonFiniteLoss, lr_at, make_optimizer, parse_args, repeat_rows, snapshot_steps, train
+from sprout.training.cli import parse_args
+from sprout.training.corpus import prepare_data
+from sprout.training.curriculum import repeat_rows
+from sprout.training.loop import NonFiniteLoss, lr_at, make_optimizer, snapshot_steps, train
+from sprout.training.recipes import RECIPES, Recipe, get_recipe
 
 ROOT = Path(__file__).resolve().parents[3]
 TINY = get_recipe("tiny")
@@ -24,8 +27,6 @@ TINY = get_recipe("tiny")
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
     """One tokenised tiny corpus for the whole module (building it is the slow part of a tiny run)."""
-    from sprout.train import prepare_data
-
     root = tmp_path_factory.mktemp("cache")
     prepare_data(TINY, root)
     return root
