@@ -28,7 +28,7 @@ from ..model import Sprout
 from ..synthetic import repeated_random_tokens
 from ..walkthrough import build_step
 from . import rundir
-from .corpus import TokenData, check_windows, get_batch, prepare_data, stamp_changes
+from .corpus import TokenData, check_windows, get_batch, input_files, prepare_data, stamp_changes
 from .curriculum import get_train_batch, uses_mask
 from .recipes import Recipe
 from .rundir import RunDir, RunDirError
@@ -186,6 +186,8 @@ def prepare(recipe: Recipe, run_dir: RunDir, data_cache, resume: bool, world: in
     """Check and lock the run directory, then build the data (rank 0) or read what rank 0 built."""
     cache = Path(data_cache) if data_cache else run_dir.path / "data"
     if rank == 0:
+        if recipe.data:
+            input_files(recipe.data)  # a missing, endless or huge --data fails before the run directory is made
         run_dir.open(resume)
         if resume:
             _check_same_recipe(run_dir, recipe)

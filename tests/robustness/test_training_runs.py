@@ -259,6 +259,7 @@ def test_endless_or_huge_data_is_refused_with_bounded_memory(tmp_path, capsys):
         assert main([*SHORT, "--out", str(tmp_path / "run"), "--data", data, "--tokenizer", "char"]) == 1
         err = capsys.readouterr().err
         assert data in err and words in err
+        assert not (tmp_path / "run").exists()  # refused before the run directory was made
 
 
 def test_ctrl_c_prints_one_line_naming_the_last_checkpoint(tmp_path, cache):

@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import sprout
 from sprout import Sprout
 from sprout.training.cli import parse_args
 from sprout.training.corpus import prepare_data
@@ -112,8 +113,6 @@ def test_recipe_from_dict_names_unknown_keys():
 
 
 def test_run_writes_log_recipe_checkpoints_and_keeps_the_last_two(tmp_path, cache):
-    import sprout
-
     out = tmp_path / "run"
     trained = train(TINY.override(max_steps=30), out, data_cache=cache, progress=False)
     steps = sorted(d.name for d in (out / "checkpoints").iterdir())
@@ -149,8 +148,6 @@ def test_snapshots_keep_log_spaced_checkpoints(tmp_path, cache):
 
 def test_non_finite_loss_stops_with_a_clear_error_and_keeps_the_last_good_checkpoint(tmp_path, cache,
                                                                                      monkeypatch):
-    import sprout
-
     calls = {"n": 0}
     forward = Sprout.forward
 
