@@ -58,7 +58,7 @@ def parse_args(argv=None):
 def _last(out) -> str:
     try:
         return str(latest_checkpoint(out) or "none (no checkpoint was written yet)")
-    except OSError:
+    except (OSError, ValueError):
         return "unknown"
 
 
@@ -72,8 +72,9 @@ def main(argv=None) -> int:
         print(f"sprout train: error: {e}", file=sys.stderr)
         return 1
     except OSError as e:  # a full disk, a read-only folder: the last complete checkpoint is intact
-        print(f"sprout train: error: {e}; the last complete checkpoint is {_last(args.out)} "
-              "(resume from it with --resume)", file=sys.stderr)
+        last = _last(args.out)
+        where = f"; the last complete checkpoint is {last} (resume from it with --resume)" if "step_" in last else ""
+        print(f"sprout train: error: {e}{where}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"\nsprout train: interrupted; the last complete checkpoint is {_last(args.out)} "

@@ -96,12 +96,15 @@ def _check_type(name: str, kind: str, value) -> None:
                           "bool": "true or false"}[kind], value)
 
 
+MAX_CORPUS_CHARS = 1 << 30  # generated text is held in memory, like a user's (at most 1 GiB)
+MAX_PARAMS = 2_000_000_000  # AdamW keeps three copies: 24 GB of float32 at this size, more than a CPU run can hold
+
 # The valid range of every field: (low, high, whether low and high are allowed), or a set of choices.
 _RANGES = {
     "model": {"sprout", "walkthrough"}, "tokenizer": {"bpe", "char"},
     "vocab_size": (1, 1 << 16, "[]"),  # token files are uint16
     "context": (4, None, "["), "n_layer": (1, None, "["), "n_head": (1, None, "["), "d_model": (1, None, "["),
-    "d_ff": (1, None, "["), "corpus_chars": (1, None, "["), "corpus_seed": (0, None, "["),
+    "d_ff": (1, None, "["), "corpus_chars": (1, MAX_CORPUS_CHARS, "[]"), "corpus_seed": (0, None, "["),
     "val_fraction": (0, 1, "()"), "repeat_fraction": (0, 1, "[]"), "repeat_unigram": (0, 1, "[]"),
     "repeat_min": (1, None, "["), "repeat_max": (1, None, "["), "curriculum_steps": (0, None, "["),
     "batch_size": (1, None, "["), "max_steps": (0, None, "["), "lr": (0, None, "("), "min_lr": (0, None, "("),
@@ -141,6 +144,11 @@ def _check_together(r: Recipe) -> None:
     if r.lr * r.weight_decay >= 1:  # AdamW scales the weights by 1 - lr * weight_decay every step
         raise _bad("weight_decay", f"< 1 / lr = {1 / r.lr:g} (AdamW multiplies the weights by 1 - lr * weight_decay)",
                    r.weight_decay)
+    params = r.vocab_size * r.d_model + r.n_layer * (4 * r.d_model ** 2 + 3 * r.d_model * r.d_ff)
+    if params > MAX_PARAMS:
+        raise ValueError(f"the recipe's model would have about {params:.3g} parameters (--n-layer {r.n_layer}, "
+                         f"--d-model {r.d_model}, --d-ff {r.d_ff}, --vocab-size {r.vocab_size}), over the "
+                         f"{MAX_PARAMS:.0e} a CPU run can hold with its optimizer state")
     if r.d_model % r.n_head:
         raise _bad("n_head", f"a divisor of d_model ({r.d_model})", r.n_head)
     if r.model == "sprout" and (r.d_model // r.n_head) % 2:

@@ -196,7 +196,8 @@ def test_resume_with_unchanged_data_continues(tmp_path, finished, cache, capsys)
                                         ("--beta1", "1"), ("--beta2", "-0.5"), ("--eval-every", "0"),
                                         ("--val-fraction", "1"), ("--batch-size", "0"), ("--max-steps", "-3"),
                                         ("--n-head", "5"), ("--vocab-size", "70000"), ("--seed", "-1"),
-                                        ("--warmup-steps", "-1"), ("--repeat-max", "2"), ("--min-lr", "1")])
+                                        ("--warmup-steps", "-1"), ("--repeat-max", "2"), ("--min-lr", "1"),
+                                        ("--corpus-chars", "100000000000")])
 def test_an_out_of_range_flag_is_refused_naming_it_before_any_work(flag, value, tmp_path, capsys):
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as exit_:
@@ -205,6 +206,14 @@ def test_an_out_of_range_flag_is_refused_naming_it_before_any_work(flag, value, 
     err = capsys.readouterr().err
     assert flag in err and "must be" in err
     assert not out.exists()
+
+
+def test_a_model_too_large_to_hold_is_refused_before_it_is_built(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main([*SHORT, "--out", str(tmp_path / "run"), "--n-layer", "1000000", "--d-model", "1024"])
+    err = capsys.readouterr().err
+    assert "--n-layer 1000000" in err and "parameters" in err
+    assert not (tmp_path / "run").exists()
 
 
 def test_grad_clip_zero_means_no_clipping(tmp_path, cache, capsys):
