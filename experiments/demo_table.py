@@ -15,8 +15,8 @@ from pathlib import Path
 
 import interp
 from sprout import SproutConfig
-from sprout import data as synthetic
-from sprout.data import _CODAS, _ONSETS, _VOWELS
+from sprout import synthetic
+from sprout.synthetic import _CODAS, _ONSETS, _VOWELS
 
 from .common import SETTINGS, ZORBIN, half_len, held_out_text, load_models
 

@@ -5,7 +5,7 @@ seed is not the one the shipped demos trained on (their recipes' `corpus_seed` i
 """
 from __future__ import annotations
 
-from sprout.data import generate_corpus
+from sprout.synthetic import generate_corpus
 
 HELD_OUT_SEED = 20_261_129
 

@@ -11,7 +11,7 @@ import re
 import pytest
 
 from experiments import demo_table
-from sprout import data as synthetic
+from sprout import synthetic
 
 STORIES = [
     ("harbour", ["Trembalow", "Sigfrund"],
