@@ -11,6 +11,7 @@ import time
 
 import torch
 
+import sprout
 from benchmarks.plain_sprout import PlainSprout
 from sprout import Sprout, SproutConfig
 
@@ -35,6 +36,7 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--pos", type=int, default=256)
     args = ap.parse_args(argv)
+    sprout.keep_freed_memory()  # caches reuse freed memory instead of page-faulting it in (README: Benchmarks)
     cfg = (SproutConfig(vocab_size=512, context=64, n_layer=2, n_head=4, d_model=64, d_ff=128) if args.tiny
            else SproutConfig.preset("sprout"))
     pos = min(args.pos, cfg.context)

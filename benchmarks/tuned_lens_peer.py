@@ -103,7 +103,7 @@ def main(argv=None):
     hf_dir = out / "hf"
     if not hf_dir.exists():
         export(model, hf_dir)
-    text, held_out = model_text(args.train_chars), model_text(args.held_out_chars, seed=1)
+    text, held_out = model_text(args.train_chars), interp.held_out_stories(args.held_out_chars)
     data = out / "train.jsonl"
     data.write_text("".join(json.dumps({"text": s}) + "\n" for s in text.split("\n\n")))
     seq_len = int(model.cfg.n_ctx)

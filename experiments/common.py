@@ -33,6 +33,27 @@ def default_models() -> list[str]:
 
 RESULTS = Path("results")
 
+
+@dataclass(frozen=True)
+class Settings:
+    """What the headline numbers are measured on, shared by every experiment, the README's demo table
+    (`experiments.demo_table`) and the tests of the shipped demos."""
+
+    half_len: int = 32  # repeated random tokens: each sequence is half_len random ids, then the same again
+    n_seqs: int = 16  # how many such sequences
+    seed: int = 0  # their seed, and the generated stories'
+    top: int = 3  # top induction heads ablated (one at a time and together)
+    held_out_chars: int = 20_000  # generated held-out stories (interp.held_out_stories) for loss, RMS, lens
+    stories: int = 24  # generated stories for the names' later pieces (interp.induction_stories)
+
+
+SETTINGS = Settings()
+
+
+def half_len(model) -> int:
+    """SETTINGS.half_len, or half the context for a model whose context is shorter than two halves."""
+    return min(SETTINGS.half_len, int(model.cfg.n_ctx) // 2)
+
 # The chapter's demo text: an invented name comes back, so only copying can predict it the second time.
 ZORBIN = ("Once there was a baker named Zorbin Plax. He baked bread for the whole town. One day a "
           "girl asked who made it, and the miller said: Zorbin Plax")
@@ -95,16 +116,16 @@ def model_dir(model) -> Optional[Path]:
     return d if d.is_dir() else None
 
 
-def held_out_text(model, n_chars: int = 30_000) -> str:
-    """Text the model did not train on: a `val.txt` beside its weights, else freshly generated stories
-    (their names are drawn at random, so no model has seen them)."""
+def held_out_text(model, n_chars: int = SETTINGS.held_out_chars) -> str:
+    """Text the model did not train on: a `val.txt` beside its weights, else `interp.held_out_stories`
+    (generated stories whose names are drawn at random, so no model has seen them)."""
     d = model_dir(model)
     for name in ("val.txt", "held_out.txt"):
         if d is not None and (d / name).is_file():
             return (d / name).read_text(encoding="utf-8")[:n_chars]
-    from sprout.data import generate_corpus
+    import interp
 
-    return generate_corpus(n_chars, seed=20_261_129)
+    return interp.held_out_stories(n_chars)
 
 
 def fit_text(model, text: str, max_tokens: Optional[int] = None) -> str:

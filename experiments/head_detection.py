@@ -8,7 +8,7 @@ import pandas as pd
 import figures
 import interp
 
-from .common import number, standalone
+from .common import SETTINGS, half_len, number, standalone
 
 NAME = "head_detection"
 DOC = "Head scores for every detector on repeated random tokens, and the loss change when the top heads are ablated."
@@ -18,16 +18,24 @@ SUMMARY = ("Each head scored by how much it attends where a previous-token, dupl
 
 
 def add_args(p):
-    p.add_argument("--top", type=int, default=3, help="how many top induction heads to ablate")
-    p.add_argument("--n-seqs", type=int, default=8, help="random sequences (each repeated once)")
-
-
-def half_len(model) -> int:
-    return min(32, int(model.cfg.n_ctx) // 2)
+    p.add_argument("--top", type=int, default=SETTINGS.top, help="how many top induction heads to ablate")
+    p.add_argument("--n-seqs", type=int, default=SETTINGS.n_seqs, help="random sequences (each repeated once)")
 
 
 def scores_for(model, n_seqs: int) -> dict:
-    return {kind: interp.head_scores(model, kind, half_len=half_len(model), n_seqs=n_seqs) for kind in interp.KINDS}
+    return {kind: interp.head_scores(model, kind, half_len=half_len(model), n_seqs=n_seqs, seed=SETTINGS.seed)
+            for kind in interp.KINDS}
+
+
+def repeat_rows(model, label: str, n_seqs: int) -> list[dict]:
+    """Loss on each copy of the repeated random tokens, beside the uniform guess."""
+    rep = interp.repeat_loss(model, half_len=half_len(model), n_seqs=n_seqs, seed=SETTINGS.seed).set_index("copy")
+    note = "first copies are never trained on (the induction curriculum masks them), so this can exceed the uniform guess"
+    return [number("repeated random tokens: loss on the 1st copy (nats/token)", float(rep.loc["first", "loss"]), None,
+                   label, fmt="{:.2f}", note=note),
+            number("repeated random tokens: loss on the 2nd copy (nats/token)", float(rep.loc["second", "loss"]), None,
+                   label, fmt="{:.2f}"),
+            number("uniform guess over the ids drawn, ln(n)", float(rep.loc["first", "uniform"]), None, label, fmt="{:.2f}")]
 
 
 def run(models, out, args) -> list[dict]:
@@ -39,7 +47,8 @@ def run(models, out, args) -> list[dict]:
                    f"{label}: every head's score for each detector (layer x head), on repeated random tokens.")
         ind = scores["induction"]
         top = [(int(l), int(h)) for l, h in zip(ind["layer"][: args.top], ind["head"][: args.top])]
-        abl = pd.concat([interp.ablate_heads(model, top, method=m, half_len=half_len(model), n_seqs=args.n_seqs)
+        abl = pd.concat([interp.ablate_heads(model, top, method=m, half_len=half_len(model), n_seqs=args.n_seqs,
+                                             seed=SETTINGS.seed)
                          for m in ("zero", "mean")], ignore_index=True)
         all_abl.append(abl.assign(model=label))
         out.figure(figures.ablation_bars(abl, title=f"Ablating the top induction heads, {label}"), f"ablation_{label}",
@@ -58,7 +67,7 @@ def run(models, out, args) -> list[dict]:
                    fmt="{:+.3f}"),
             number(f"loss change, top {len(top)} zero-ablated together", float(zero["delta"].iloc[-1]), None, label,
                    fmt="{:+.3f}"),
-        ]
+        ] + repeat_rows(model, label, args.n_seqs)
     out.table(pd.concat(all_scores, ignore_index=True), "head_scores")
     out.table(pd.concat(all_abl, ignore_index=True), "ablation")
     return rows

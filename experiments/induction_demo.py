@@ -6,7 +6,7 @@ import sys
 import figures
 import interp
 
-from .common import ZORBIN, number, standalone
+from .common import SETTINGS, ZORBIN, number, standalone
 
 NAME = "induction_demo"
 DOC = "Per-token probability of a repeated invented name at its first and second occurrence, per model."
@@ -18,7 +18,7 @@ TEXT = ZORBIN
 
 def add_args(p):
     p.add_argument("--name", default="Zorbin Plax", help="the repeated name in --text")
-    p.add_argument("--stories", type=int, default=12, help="generated stories to average over (0: skip)")
+    p.add_argument("--stories", type=int, default=SETTINGS.stories, help="generated stories to average over (0: skip)")
 
 
 def run(models, out, args) -> list[dict]:
@@ -35,7 +35,7 @@ def run(models, out, args) -> list[dict]:
                 rows.append(number(f'p({t.loc[i, "token"]!r}) at the 2nd "{args.name}"', float(t.loc[i, "prob"]), ch,
                                    label, fmt="{:.1%}"))
     if args.stories:
-        stories = interp.induction_stories(models, n_stories=args.stories)
+        stories = interp.induction_stories(models, n_stories=args.stories, seed=SETTINGS.seed)
         out.table(stories, "induction_stories")
         out.figure(figures.induction_table(stories, prob="mean_prob",
                                            title=f"Copying unseen names, mean over {args.stories} stories"),

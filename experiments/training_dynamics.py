@@ -8,13 +8,11 @@ from typing import Optional
 
 import numpy as np
 import pandas as pd
-import torch
-import torch.nn.functional as F
 
 import figures
 import interp
 
-from .common import held_out_text, model_dir, number, standalone
+from .common import SETTINGS, half_len, held_out_text, model_dir, number, standalone
 
 NAME = "training_dynamics"
 DOC = "Loss curves from train_log.csv and the induction score of every head at each saved snapshot."
@@ -28,7 +26,7 @@ STEP = re.compile(r"^step_(\d+)$")
 def add_args(p):
     p.add_argument("--runs", nargs="*", default=[], help="training run folders (train_log.csv, checkpoints/step_*)")
     p.add_argument("--max-snapshots", type=int, default=10, help="snapshots scored per run (log-spaced subset)")
-    p.add_argument("--chars", type=int, default=8_000, help="characters of held-out text for the loss")
+    p.add_argument("--chars", type=int, default=SETTINGS.held_out_chars, help="characters of held-out text for the loss")
 
 
 def run_dirs(models, extra) -> dict[str, Path]:
@@ -69,35 +67,18 @@ def induction_snapshots(run: Path, log: pd.DataFrame, limit: int) -> Optional[pd
     frames = []
     for step, d in snaps:
         model = sprout.load(d)
-        df = interp.head_scores(model, "induction", half_len=min(32, int(model.cfg.n_ctx) // 2), n_seqs=4)
+        df = interp.head_scores(model, "induction", half_len=half_len(model), n_seqs=4, seed=SETTINGS.seed)
         # held-out loss is logged every eval_every steps: interpolate to the snapshot's step
         loss = float(np.interp(step, val["step"], val["val_loss"])) if len(val) else np.nan
         frames.append(df.assign(step=step, tokens=tokens_at.get(step, step * per_step), val_loss=loss))
     return pd.concat(frames, ignore_index=True)
 
 
-@torch.inference_mode()
-def held_out_loss(model, text: str) -> float:
-    """Mean next-token loss (nats/token) over `text`, cut into windows of the model's context."""
-    from sprout.tokenizer import encode
-
-    ids = torch.tensor(encode(model.tokenizer, text))
-    n_ctx, total, count = int(model.cfg.n_ctx), 0.0, 0
-    for start in range(0, len(ids) - 1, n_ctx):
-        window = ids[start:start + n_ctx + 1]
-        if len(window) < 2:
-            break
-        logits = model.run_with_hooks(window[None, :-1])  # [1, pos, d_vocab], for Sprout and the walkthrough GPT
-        loss = F.cross_entropy(logits[0].float(), window[1:], reduction="sum")
-        total, count = total + loss.item(), count + len(window) - 1
-    return total / count
-
-
 def run(models, out, args) -> list[dict]:
     rows, logs, snaps = [], [], []
     for label, model in models.items():
         rows.append(number("held-out loss on fresh stories (nats/token), measured here",
-                           held_out_loss(model, held_out_text(model, args.chars)), CHAPTER_LOSS.get(label), label,
+                           interp.mean_loss(model, held_out_text(model, args.chars)), CHAPTER_LOSS.get(label), label,
                            fmt="{:.2f}"))
     runs = run_dirs(models, args.runs)
     for label in list(models) + [l for l in runs if l not in models]:

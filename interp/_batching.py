@@ -8,7 +8,7 @@ import torch
 TextOrTokens = Union[str, list, torch.Tensor]
 
 
-def token_rows(model, data: TextOrTokens, seq_len: Optional[int] = None) -> list[torch.Tensor]:
+def token_rows(model, text_or_tokens: TextOrTokens, seq_len: Optional[int] = None) -> list[torch.Tensor]:
     """Text, a list of texts, or ids [pos] / [batch, pos] -> 1-D id tensors of at most `seq_len` tokens.
 
     A text or row longer than `seq_len` (default: the model's context) is cut into consecutive windows,
@@ -18,12 +18,12 @@ def token_rows(model, data: TextOrTokens, seq_len: Optional[int] = None) -> list
     seq_len = n_ctx if seq_len is None else int(seq_len)
     if not 1 <= seq_len <= n_ctx:
         raise ValueError(f"seq_len must be in 1..{n_ctx} (the model's context), got {seq_len}")
-    if isinstance(data, torch.Tensor):
-        if data.dim() not in (1, 2) or data.numel() == 0:
-            raise ValueError(f"token ids must be a non-empty [pos] or [batch, pos] tensor, got shape {tuple(data.shape)}")
-        full = list(data.reshape(-1, data.shape[-1]).long())
+    if isinstance(text_or_tokens, torch.Tensor):
+        if text_or_tokens.dim() not in (1, 2) or text_or_tokens.numel() == 0:
+            raise ValueError(f"token ids must be a non-empty [pos] or [batch, pos] tensor, got shape {tuple(text_or_tokens.shape)}")
+        full = list(text_or_tokens.reshape(-1, text_or_tokens.shape[-1]).long())
     else:
-        texts = [data] if isinstance(data, str) else list(data)
+        texts = [text_or_tokens] if isinstance(text_or_tokens, str) else list(text_or_tokens)
         if not texts:
             raise ValueError("no texts given")
         full = [_encode(model, t) for t in texts]

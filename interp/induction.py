@@ -58,12 +58,13 @@ def _token_probs(model, text: str, spans: list[tuple[int, int]]) -> list[list[tu
     return out
 
 
-def induction_table(models, text: str, name: Optional[str] = None) -> pd.DataFrame:
-    """Probability each model gives each token of every occurrence of a repeated name in `text`.
+def induction_table(models, text_or_tokens: str, name: Optional[str] = None) -> pd.DataFrame:
+    """Probability each model gives each token of every occurrence of a repeated name in a text.
 
     Args:
         models: a model, a list of models, or a dict {label: model} (each with a tokenizer).
-        text: the text, e.g. a story where an invented name comes back.
+        text_or_tokens: the text (a str: names are found by their characters), e.g. a story where an
+            invented name comes back.
         name: the repeated string, e.g. "Zorbin Plax"; it must occur at least twice. By default every
             name `story_names` finds (single capitalised words, so "Zorbin" and "Plax" separately).
 
@@ -84,6 +85,10 @@ def induction_table(models, text: str, name: Optional[str] = None) -> pd.DataFra
         >>> sorted(df.occurrence.unique().tolist())
         [1, 2]
     """
+    if not isinstance(text_or_tokens, str):
+        raise TypeError(f"induction_table finds names by their characters, so it needs the text as a str, "
+                        f"got {type(text_or_tokens).__name__}")
+    text = text_or_tokens
     if name is None:
         names = story_names(text)
         if not names:
@@ -124,7 +129,7 @@ def story_names(story: str) -> dict[str, list[tuple[int, int]]]:
 def induction_stories(models, n_stories: int = 50, seed: int = 0) -> pd.DataFrame:
     """The induction table aggregated over generated stories whose names no model has seen.
 
-    Stories come from `sprout.data.generate_story` (names drawn fresh from random syllables); every
+    Stories come from `sprout.synthetic.generate_story` (names drawn fresh from random syllables); every
     name (`story_names`) is scored at its first and at its later occurrences, within the models'
     context.
 
@@ -136,7 +141,7 @@ def induction_stories(models, n_stories: int = 50, seed: int = 0) -> pd.DataFram
     Example:
         >>> import interp
         >>> from sprout import Sprout, SproutConfig
-        >>> from sprout.data import generate_corpus
+        >>> from sprout.synthetic import generate_corpus
         >>> from sprout.tokenizer import train_bpe
         >>> tok = train_bpe(generate_corpus(5_000), vocab_size=300)
         >>> model = Sprout(SproutConfig(vocab_size=300, context=512, n_layer=1, n_head=2, d_model=32, d_ff=64), tok)
@@ -144,7 +149,7 @@ def induction_stories(models, n_stories: int = 50, seed: int = 0) -> pd.DataFram
         >>> sorted(df.occurrence.unique().tolist())
         ['first', 'later']
     """
-    from sprout.data import generate_story
+    from sprout.synthetic import generate_story
 
     models = _named(models)
     rows = []

@@ -42,7 +42,7 @@ Translator = Callable[[int, torch.Tensor], torch.Tensor]
 
 
 @torch.inference_mode()
-def _lens_batches(model, data, k: int, batch_size: int, include_mid: bool, seq_len: Optional[int],
+def _lens_batches(model, text_or_tokens, k: int, batch_size: int, include_mid: bool, seq_len: Optional[int],
                   stats: bool, translator: Optional[Translator] = None) -> Iterator[dict]:
     """Per batch: the lens' top-k and statistics at every layer and position, each [layer, batch, pos, ...].
 
@@ -55,7 +55,7 @@ def _lens_batches(model, data, k: int, batch_size: int, include_mid: bool, seq_l
     names = [name for _, name in sites]
     require_hooks(model, names)
     L = len(names)
-    for row_ids, ids in batches(token_rows(model, data, seq_len), batch_size, device=model.cfg.device):
+    for row_ids, ids in batches(token_rows(model, text_or_tokens, seq_len), batch_size, device=model.cfg.device):
         # the last stream's lens is the model's own output, which the forward computes anyway
         logits, cache = model.run_with_cache(ids, names_filter=names[:-1])
         B, T = ids.shape
@@ -232,11 +232,11 @@ def lens_summary(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 @torch.inference_mode()
-def lens_dataset_summary(model, data: TextOrTokens, batch_size: int = 8, include_mid: bool = False,
+def lens_dataset_summary(model, text_or_tokens: TextOrTokens, batch_size: int = 8, include_mid: bool = False,
                          seq_len: Optional[int] = None) -> pd.DataFrame:
     """`lens_summary` over a whole dataset, streamed: memory does not grow with the number of tokens.
 
-    Same columns as `lens_summary`; equal to `lens_summary(logit_lens(model, data))` up to float
+    Same columns as `lens_summary`; equal to `lens_summary(logit_lens(model, text_or_tokens))` up to float
     rounding, without ever building the per-position table.
 
     Example:
@@ -247,7 +247,7 @@ def lens_dataset_summary(model, data: TextOrTokens, batch_size: int = 8, include
         [64, 64, 64]
     """
     acc: dict[float, dict] = {}
-    for b in _lens_batches(model, data, 1, batch_size, include_mid, seq_len, stats=True):
+    for b in _lens_batches(model, text_or_tokens, 1, batch_size, include_mid, seq_len, stats=True):
         for l, (layer, site) in enumerate(zip(b["layers"], b["sites"])):
             a = acc.setdefault(layer, dict(site=site, top1=0.0, n=0, hit=0, p_next=0.0, n_next=0, entropy=0.0, kl=0.0))
             a["top1"] += b["top_probs"][l, ..., 0].double().sum().item()

@@ -23,8 +23,11 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
+from sprout.synthetic import generate_corpus, generate_story
+
 from ._batching import TextOrTokens, token_rows
 from ._model import unembed
+from .texts import held_out_stories
 from .tuned_lens import TunedLens, lens_comparison
 
 
@@ -177,8 +180,6 @@ def _average_grads(lens: TunedLens, world: int) -> None:
 def model_text(n_chars: int, seed: Optional[int] = None) -> str:
     """Stories from the generator the demo models were trained on: with seed None, the first `n_chars` of
     the demos' own training corpus (`generate_corpus(..., seed=0)`); else other, unseen stories."""
-    from sprout.data import generate_corpus, generate_story
-
     if seed is None:
         return generate_corpus(n_chars, seed=0)
     rng, stories, total = random.Random(f"tuned-lens-{seed}"), [], 0
@@ -203,9 +204,9 @@ def main(argv=None) -> None:
     model = load(args.model)
     t0 = time.perf_counter()
     lens = train_tuned_lens(model, model_text(args.train_chars), steps=args.steps, batch_size=args.batch_size,
-                            seed=args.seed, held_out=model_text(args.held_out_chars, seed=1),
+                            seed=args.seed, held_out=held_out_stories(args.held_out_chars),
                             data_name=f"the first {args.train_chars} chars of the demos' training corpus "
-                                      "(sprout.data.generate_corpus, seed 0); held out: unseen generated stories")
+                                      "(sprout.synthetic.generate_corpus, seed 0); held out: interp.held_out_stories")
     if _world()[1] == 0:
         print(f"{args.model}: {time.perf_counter() - t0:.0f} s in all (data, {args.steps} steps, held-out KL), "
               f"{torch.get_num_threads()} threads; held-out KL per layer {lens.info['held_out_kl']}")

@@ -1,18 +1,14 @@
 """Let the C allocator keep freed memory for the next batch instead of handing it back to the kernel.
 
-An activation cache is hundreds of MB of fresh tensors per call. With glibc's defaults, blocks above a
-(dynamic, at most 32 MiB) threshold are mmap-ed and unmapped on free, and free memory at the top of the
-heap is trimmed, so every call page-faults its cache in again, one zeroed 4 KiB page at a time.
-Measured (Sprout preset, batch 4 x 256, 2 cores): `run_with_cache` of every hook took ~120k page faults
-and 1.7x the plain forward's time; with blocks up to 64 MiB served from the heap and up to 1 GiB of
-freed heap kept, no page faults and 1.14x (the plain forward itself got ~10% faster too). The cost is
-that a process keeps up to 1 GiB of freed memory for reuse. Linux with glibc only; anything else is
-left alone, and so is glibc when SPROUT_MALLOC_DEFAULTS=1 is set.
+Nothing here runs at import: call `sprout.keep_freed_memory()` once, in a process that makes many large
+activation caches (the benchmarks do). Why it helps: a cache of every hook is hundreds of MB of fresh
+tensors per call. With glibc's defaults, blocks above a (dynamic, at most 32 MiB) threshold are mmap-ed
+and unmapped on free, and free memory at the top of the heap is trimmed, so every call page-faults its
+cache in again, one zeroed 4 KiB page at a time. The measured effect is in the README's Benchmarks section.
 """
 from __future__ import annotations
 
 import ctypes
-import os
 import sys
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
@@ -21,8 +17,15 @@ TRIM_THRESHOLD = 2**30
 
 
 def keep_freed_memory() -> bool:
-    """Set glibc's mmap and trim thresholds as above; True if they were set."""
-    if not sys.platform.startswith("linux") or os.environ.get("SPROUT_MALLOC_DEFAULTS") == "1":
+    """Serve blocks up to 64 MiB from the heap and keep up to 1 GiB of freed heap for reuse (glibc only).
+
+    The setting is process-wide and lasts until the process ends: the cost is that the process may hold
+    up to 1 GiB of freed memory. On anything but Linux with glibc it does nothing.
+
+    Returns:
+        True if glibc's mmap and trim thresholds were set, False if this C library has no such setting.
+    """
+    if not sys.platform.startswith("linux"):
         return False
     try:
         libc = ctypes.CDLL(None)  # the C library this process already uses

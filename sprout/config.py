@@ -58,9 +58,9 @@ class SproutConfig:
             raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
         return cls(**{**PRESETS[name], **overrides})
 
-    def lens_config(self) -> "LensConfig":
+    def transformer_lens_config(self) -> "SproutTransformerLensConfig":
         """TransformerLens' description of this architecture (what its tools read as `model.cfg`)."""
-        return LensConfig(
+        return SproutTransformerLensConfig(
             d_model=self.d_model, d_head=self.d_head, n_layers=self.n_layer, n_ctx=self.context,
             n_heads=self.n_head, d_mlp=self.d_ff, d_vocab=self.vocab_size, device="cpu",
             positional_embedding_type="rotary", n_key_value_heads=self.n_head, gated_mlp=True,
@@ -77,7 +77,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 @dataclass
-class LensConfig(TransformerLensConfig):
+class SproutTransformerLensConfig(TransformerLensConfig):
     """A TransformerLensConfig that remembers the config it was made from.
 
     TransformerLens' tools read `n_layers`, `n_heads`, `n_ctx`, ...; code written for the course reads

@@ -287,8 +287,8 @@ def read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def import_(directory: PathLike) -> Sprout:
-    """Read a Qwen3ForCausalLM folder (as `export` writes) into a Sprout, in eval mode.
+def load(directory: PathLike) -> Sprout:
+    """Read a Qwen3ForCausalLM folder (as `export` writes) into a Sprout, in eval mode: `sprout.hf.load(dir)`.
 
     Args:
         directory: a folder with config.json and model.safetensors (or safetensors shards), and
@@ -318,18 +318,21 @@ def import_(directory: PathLike) -> Sprout:
     return from_state_dict(sd, cfg, tokenizer, source=str(directory)).eval()
 
 
+import_ = load  # the first name of `load`, kept so code written for it runs
+
+
 # --- command line ---------------------------------------------------------------------------------
 
 def export_main(argv=None) -> int:
     """`sprout export-hf CHECKPOINT OUT_DIR`: write a checkpoint as a Qwen3ForCausalLM folder."""
-    from .checkpoint import load
+    from .checkpoint import load as load_checkpoint
 
     ap = argparse.ArgumentParser(prog="sprout export-hf", description=export_main.__doc__)
     ap.add_argument("checkpoint", help="a Sprout checkpoint (anything sprout.load reads)")
     ap.add_argument("out_dir", help="the Hugging Face folder to write")
     ap.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
     args = ap.parse_args(argv)
-    model = load(args.checkpoint)
+    model = load_checkpoint(args.checkpoint)
     if not isinstance(model, Sprout):
         raise SystemExit(f"sprout export-hf: {args.checkpoint} is a {type(model).__name__}, not a Sprout; "
                          "only Sprout models map onto Qwen3")
@@ -345,5 +348,5 @@ def import_main(argv=None) -> int:
     ap.add_argument("hf_dir", help="a Hugging Face Qwen3ForCausalLM folder")
     ap.add_argument("out_checkpoint", help="the Sprout checkpoint folder to write")
     args = ap.parse_args(argv)
-    print(f"wrote {save(import_(args.hf_dir), args.out_checkpoint)}")
+    print(f"wrote {save(load(args.hf_dir), args.out_checkpoint)}")
     return 0

@@ -56,7 +56,7 @@ def _logits_unless_loss(out):
 class HookedLM(HookedRootModule):
     """A HookedRootModule whose forward is `(idx, targets=None, loss_mask=None) -> (logits, loss)`.
 
-    Subclasses set `self.config` (with `lens_config()`), `self.embed`, `self.tokenizer`, build their
+    Subclasses set `self.config` (with `transformer_lens_config()`), `self.embed`, `self.tokenizer`, build their
     layers, then call `self.setup()`.
     """
 
@@ -65,7 +65,7 @@ class HookedLM(HookedRootModule):
         """TransformerLens' view of the config (`n_layers`, `d_head`, ...); the course's names work too."""
         lens = self.__dict__.get("_lens_cfg")
         if lens is None:
-            lens = self.__dict__["_lens_cfg"] = self.config.lens_config()
+            lens = self.__dict__["_lens_cfg"] = self.config.transformer_lens_config()
         lens.device = str(self.embed.weight.device)
         lens.dtype = self.embed.weight.dtype
         return lens

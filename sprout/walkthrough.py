@@ -31,7 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from transformer_lens.hook_points import HookPoint
 
-from .config import LensConfig, strict_from_dict
+from .config import SproutTransformerLensConfig, strict_from_dict
 from .hooked import HookedLM, check_stop_at_layer, hooked, lm_loss
 from .text import check_tokens
 
@@ -87,10 +87,10 @@ class WalkthroughConfig:
     def from_dict(cls, d: dict[str, Any]) -> "WalkthroughConfig":
         return strict_from_dict(cls, d, "WalkthroughConfig")
 
-    def lens_config(self) -> LensConfig:
+    def transformer_lens_config(self) -> SproutTransformerLensConfig:
         """TransformerLens' description of this architecture (what its tools read as `model.cfg`)."""
         has_norm = self.layer_norm or self.final_layer_norm
-        return LensConfig(
+        return SproutTransformerLensConfig(
             d_model=self.d_model, d_head=self.d_head, n_layers=self.n_layer, n_ctx=self.context,
             n_heads=self.n_head, d_mlp=self.d_mlp, d_vocab=self.vocab_size, device="cpu",
             positional_embedding_type="standard", n_key_value_heads=self.n_head, gated_mlp=False,

@@ -33,3 +33,17 @@ def tiny_cfg() -> SproutConfig:
 def tiny_model() -> Sprout:
     torch.manual_seed(0)
     return randomize_gains(Sprout(TINY).eval())
+
+
+@pytest.fixture(scope="session")
+def demo_measurements():
+    """{demo name: (model, every number of the README's demo table)}, measured once per session with
+    `experiments.demo_table` (the README's and the index page's functions and settings)."""
+    import sprout
+    from experiments import demo_table
+
+    out = {}
+    for name in demo_table.MODELS:
+        model = sprout.load(name).eval()
+        out[name] = (model, demo_table.measure(model, name))
+    return out

@@ -9,11 +9,11 @@ import torch
 
 import interp
 import sprout
-from experiments import EXPERIMENTS, terminal
+from experiments import EXPERIMENTS
 from experiments.common import ZORBIN, Output, held_out_text
 from experiments.run_all import run_all
 from sprout import Sprout, SproutConfig
-from sprout.data import generate_corpus
+from sprout.synthetic import generate_corpus
 from sprout.tokenizer import train_bpe
 
 CFG = SproutConfig(vocab_size=300, context=128, n_layer=2, n_head=2, d_model=32, d_ff=64)
@@ -181,20 +181,6 @@ def test_output_writes_only_its_folder_and_the_shared_js(tmp_path):
     o.figure(figures.loss_curves(LOG), "curves", "caption")
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == [
         "a/exp/curves.html", "a/plotly.min.js"]
-
-
-def test_terminal_tables(run, capsys):
-    spec = str(run["run_dir"])
-    assert terminal.lens_main(["Zorbin Plax met Mira.", "--model", spec]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    n_tokens = len(run["model"].to_tokens("Zorbin Plax met Mira.")[0])
-    assert len(lines) == n_tokens + 3 and lines[0].split()[2:] == ["emb", "L1", "L2"]
-    assert terminal.heads_main(["--model", spec, "--kind", "previous_token", "--top", "3"]) == 0
-    out = capsys.readouterr().out.splitlines()
-    assert len(out) == 3 + 3 and re.match(r"\s+1 L\dH\d", out[3])
-    assert terminal.rms_main(["--model", spec, "--chars", "2000"]) == 0
-    out = capsys.readouterr().out
-    assert "blocks.1.hook_resid_post" in out and "blocks.0.hook_resid_mid" in out
 
 
 def test_training_dynamics_reads_a_shipped_snapshot_table(run, tmp_path):

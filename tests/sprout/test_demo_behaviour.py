@@ -1,81 +1,77 @@
-"""What the shipped demo models must show (the demo-models issue), measured on the shipped weights.
+"""What the shipped demo models must show, measured on the shipped weights with the README's functions and
+settings (`experiments.demo_table`, the `demo_measurements` fixture), plus stories of this test's own.
 
-The stories below are written for this test by hand: their sentence frames come from no generator and
-their names from no syllable table, so a model can only predict a name's later pieces by copying them
-from the name's first occurrence (induction). They differ from the ones in sprout/demo/measure.py,
-which the README's numbers come from.
+The stories below are written for this test by hand: their sentence frames come from no generator, and
+their names are ones the corpus generator cannot draw (asserted below from its syllable tables), so a
+model can only predict a name's later pieces by copying them from the name's first occurrence.
 """
-import pytest
-import torch
+import random
+import re
 
-import sprout
-from sprout.demo import measure
+import pytest
+
+from experiments import demo_table
+from sprout import synthetic
 
 STORIES = [
-    ("harbour", ["Trembalow", "Quisselva"],
-     "At the harbour, a fisherman called Trembalow mended his nets beside his friend Quisselva. When the "
-     "tide turned, Trembalow shouted to Quisselva, and Quisselva waved back from the pier. That night "
-     "Trembalow cooked the fish while Quisselva told old stories, and Trembalow laughed until Quisselva "
+    ("harbour", ["Trembalow", "Sigfrund"],
+     "At the harbour, a fisherman called Trembalow mended his nets beside his friend Sigfrund. When the "
+     "tide turned, Trembalow shouted to Sigfrund, and Sigfrund waved back from the pier. That night "
+     "Trembalow cooked the fish while Sigfrund told old stories, and Trembalow laughed until Sigfrund "
      "fell asleep."),
-    ("museum", ["Obrenthal", "Vashkerrin"],
-     "Our guide, Obrenthal, stopped in front of a painting by Vashkerrin. Obrenthal told us that "
-     "Vashkerrin had finished it in a single week. A boy asked Obrenthal whether Vashkerrin was still "
-     "alive; Obrenthal shook his head and said that Vashkerrin died poor."),
-    ("garden", ["Pellindrose", "Mubbleforth"],
-     "Behind the old mill grew a rare flower, the Pellindrose. Each dawn the gardener Mubbleforth watered "
-     "the Pellindrose by hand. Thieves came for the Pellindrose one autumn, but Mubbleforth chased them "
-     "off, and the Pellindrose bloomed for Mubbleforth alone."),
-    ("radio", ["Kestrawine", "Dolbrecht"],
-     "This is Kestrawine calling the northern station. Kestrawine to Dolbrecht, do you hear me? Dolbrecht "
-     "here, Kestrawine, loud and clear. Good, Dolbrecht, the convoy leaves at six; Kestrawine out."),
+    ("museum", ["Thorbjelm", "Vashkerrin"],
+     "Our guide, Thorbjelm, stopped in front of a painting by Vashkerrin. Thorbjelm told us that "
+     "Vashkerrin had finished it in a single week. A boy asked Thorbjelm whether Vashkerrin was still "
+     "alive; Thorbjelm shook his head and said that Vashkerrin died poor."),
+    ("garden", ["Eldrisk", "Mubbleforth"],
+     "Behind the old mill grew a rare flower, the Eldrisk. Each dawn the gardener Mubbleforth watered "
+     "the Eldrisk by hand. Thieves came for the Eldrisk one autumn, but Mubbleforth chased them "
+     "off, and the Eldrisk bloomed for Mubbleforth alone."),
+    ("radio", ["Corwendt", "Dolbrecht"],
+     "This is Corwendt calling the northern station. Corwendt to Dolbrecht, do you hear me? Dolbrecht "
+     "here, Corwendt, loud and clear. Good, Dolbrecht, the convoy leaves at six; Corwendt out."),
 ]
 
 
-@pytest.fixture(scope="module")
-def results():
-    torch.manual_seed(0)
-    out = {}
-    for name in ("gpt-1", "gpt-4"):
-        model = sprout.load(name).eval()
-        seq = measure.repeated_tokens(model)
-        with torch.no_grad():
-            nll = measure._nll(model(seq)[0], seq)
-        induction, prev = measure.head_scores(model, seq)
-        out[name] = dict(model=model, seq=seq, first=nll[:, :measure.HALF - 1].mean().item(),
-                         second=nll[:, measure.HALF:].mean().item(), induction=induction, prev=prev,
-                         name_prob=measure.name_piece_probability(model, STORIES)[0])
-    return out
+def test_the_drawability_check_accepts_every_name_the_generator_draws():
+    rng = random.Random(0)
+    words = {w for _ in range(3000) for w in synthetic.random_name(rng).split()}
+    assert all(demo_table.generator_can_draw(w) for w in words)
+    assert demo_table.generator_can_draw("Zorbin") and demo_table.generator_can_draw("Quorvath")  # qu-o-r, v-a-th
 
 
-def test_gpt4_copies_names_in_unseen_frames_and_gpt1_cannot(results):
-    assert results["gpt-4"]["name_prob"] >= 0.8
-    assert results["gpt-1"]["name_prob"] < 0.2
+@pytest.mark.parametrize("stories", [STORIES, demo_table.STORIES], ids=["this test's", "the README's"])
+def test_the_held_out_names_cannot_be_drawn_by_the_generator(stories):
+    names = [n for _, ns, _ in stories for n in ns]
+    assert [n for n in names if demo_table.generator_can_draw(n)] == []
+    corpus = synthetic.generate_corpus(300_000, seed=0)  # the demos' corpus seed: none of them occurs in it
+    assert [n for n in names if n in corpus] == []
 
 
-def test_second_half_of_repeated_random_tokens(results):
-    g4, g1 = results["gpt-4"], results["gpt-1"]
-    assert g4["second"] <= 0.3 * g4["first"]
-    assert g1["second"] >= 3 * g4["second"]
+def test_gpt4_copies_names_in_unseen_frames_and_gpt1_cannot(demo_measurements):
+    assert demo_table.name_piece_probability(demo_measurements["gpt-4"][0], STORIES)[0] >= 0.8
+    assert demo_table.name_piece_probability(demo_measurements["gpt-1"][0], STORIES)[0] < 0.2
 
 
-def test_gpt4_has_an_induction_head_whose_ablation_hurts_and_an_earlier_previous_token_head(results):
-    g4 = results["gpt-4"]
-    induction, prev = g4["induction"], g4["prev"]
-    layer, head = divmod(int(induction.argmax()), induction.size(1))
-    assert layer >= 1 and induction[layer, head] >= 0.4
-    ablated = measure.second_half_loss(g4["model"], g4["seq"], ablate=(layer, head))
-    assert ablated > g4["second"] + 1.0
-    assert prev[:layer].max() >= 0.4  # a previous-token head in a layer below the induction head
+def test_second_copy_of_repeated_random_tokens(demo_measurements):
+    (g4_first, g4_second, uniform), g1 = demo_measurements["gpt-4"][1]["repeat"], demo_measurements["gpt-1"][1]["repeat"]
+    assert g4_second <= 0.3 * g4_first and g4_second < 0.2 * uniform
+    assert g1[1] >= 3 * g4_second
 
 
-def test_gpt4_loss_on_held_out_stories_is_below_gpt1s(results):
-    g4 = measure.held_out_loss(results["gpt-4"]["model"], n_chars=40_000)
-    g1 = measure.held_out_loss(results["gpt-1"]["model"], n_chars=40_000)
-    assert g4 < g1 - 0.3
+def test_gpt4_has_an_induction_head_whose_ablation_hurts_and_an_earlier_previous_token_head(demo_measurements):
+    m = demo_measurements["gpt-4"][1]
+    (ind, score), (prev, prev_score) = m["induction"], m["prev"]
+    layer = lambda label: int(re.fullmatch(r"L(\d+)H\d+", label).group(1))  # noqa: E731
+    assert layer(ind) >= 1 and score >= 0.4
+    assert m["ablation"][0] > 1.0
+    assert layer(prev) < layer(ind) and prev_score >= 0.4  # a previous-token head in a layer below
 
 
-def test_residual_stream_grows_through_the_blocks(results):
-    model = results["gpt-4"]["model"]
-    rms = measure.residual_rms(model, results["gpt-4"]["seq"])
-    assert rms[-1] > 10 * rms[0]
-    assert rms[-1] == max(rms)
+def test_gpt4_loss_on_held_out_stories_is_below_gpt1s(demo_measurements):
+    assert demo_measurements["gpt-4"][1]["loss"] < demo_measurements["gpt-1"][1]["loss"] - 0.3
+
+
+def test_residual_stream_grows_through_the_blocks(demo_measurements):
+    rms = demo_measurements["gpt-4"][1]["rms"]
+    assert rms[-1] > 10 * rms[0] and rms == sorted(rms)

@@ -15,9 +15,9 @@ from safetensors.torch import load_file, save_file
 import sprout.hf as hf_module
 from sprout import Sprout
 from sprout.checkpoint import load, save
-from sprout.cli import main as cli
 from sprout.hf import export, import_
 from sprout.tokenizer import train_bpe
+from sprout_cli import main as cli
 from tests.conftest import TINY, randomize_gains
 
 CFG = dataclasses.replace(TINY, vocab_size=264, rope_base=500.0, context=48)
@@ -118,7 +118,8 @@ def test_export_is_atomic_and_will_not_clobber(model, tmp_path, monkeypatch):
 # --- import -----------------------------------------------------------------------------------------
 
 def test_round_trip_is_bit_exact(model, folder):
-    back = import_(folder)
+    back = hf_module.load(folder)
+    assert hf_module.import_ is hf_module.load  # the old name still works
     assert back.config == model.config
     ours, theirs = model.state_dict(), back.state_dict()
     assert ours.keys() == theirs.keys()

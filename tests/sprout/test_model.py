@@ -135,7 +135,7 @@ def test_config_round_trip_and_errors():
         SproutConfig(d_model=36, n_head=4)
 
 
-def test_lens_config_speaks_both_languages(tiny_model):
+def test_transformer_lens_config_speaks_both_languages(tiny_model):
     cfg = tiny_model.cfg
     assert (cfg.n_layers, cfg.n_heads, cfg.d_head, cfg.d_mlp, cfg.d_vocab, cfg.n_ctx) == (2, 4, 16, 128, 256, 64)
     assert (cfg.n_layer, cfg.context, cfg.vocab_size) == (2, 64, 256)

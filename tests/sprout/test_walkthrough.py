@@ -341,9 +341,9 @@ def test_config_round_trips_and_rejects_bad_input():
         WalkthroughConfig(dropout=1.0)
 
 
-def test_lens_config_describes_each_step():
+def test_transformer_lens_config_describes_each_step():
     for step, norm in (("4.7", None), ("4.9", "LN"), ("final", "LN")):
-        cfg = step_config(step).lens_config()
+        cfg = step_config(step).transformer_lens_config()
         assert cfg.normalization_type == norm and cfg.act_fn == "relu" and not cfg.gated_mlp
         assert cfg.positional_embedding_type == "standard"
     model = build_step("4.2")

@@ -1,16 +1,24 @@
-"""Compact tables for probing from a shell: `sprout lens`, `sprout heads`, `sprout rms`."""
+"""Analyses printed as compact tables for a shell: `sprout lens`, `sprout heads`, `sprout rms`.
+
+Each command is a `main(argv) -> int`; the `sprout` console script (`sprout_cli`) imports them.
+"""
 from __future__ import annotations
 
 import argparse
 
-import interp
+import torch
 
-from .common import held_out_text, load_models
+import sprout
+
+from .heads import KINDS, head_scores
+from .lens import logit_lens
+from .residual import residual_rms
+from .texts import held_out_stories
 
 
 def _model(args):
-    (model,) = load_models([args.model], args.threads).values()
-    return model
+    torch.set_num_threads(max(1, args.threads))
+    return sprout.load(args.model).eval()
 
 
 def _common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -25,16 +33,10 @@ def _tok(s, width: int) -> str:
     return s if len(s) <= width else s[: width - 1] + "…"
 
 
-def lens_table(lens) -> str:
-    """One line per position: the input token, then the top-1 token and its probability per layer.
-
-    A '*' marks a top-1 that is the actual next token.
-    """
-    seq0 = lens[lens["seq"] == lens["seq"].iloc[0]] if "seq" in lens.columns else lens
-    layers = sorted(seq0["layer"].unique())
-    head = f"{'pos':>3} {'token':<10}" + "".join(f" {('emb' if l == 0 else f'L{l:g}'):<14}" for l in layers)
+def _window_table(win, layers, first_pos: int) -> list[str]:
+    head = f"{'pos':>4} {'token':<10}" + "".join(f" {('emb' if l == 0 else f'L{l:g}'):<14}" for l in layers)
     lines = [head, "-" * len(head)]
-    for pos, g in seq0.groupby("pos", sort=True):
+    for pos, g in win.groupby("pos", sort=True):
         g = g.set_index("layer")
         cells = []
         for l in layers:
@@ -42,17 +44,43 @@ def lens_table(lens) -> str:
             top, p = r["top_tokens"][0], r["top_probs"][0]
             mark = "*" if isinstance(r["next_token"], str) and top == r["next_token"] else " "
             cells.append(f" {_tok(top, 8):<8}{100 * p:4.0f}%{mark}")
-        lines.append(f"{pos:>3} {_tok(g['token'].iloc[0], 10):<10}" + "".join(cells))
+        lines.append(f"{first_pos + pos:>4} {_tok(g['token'].iloc[0], 10):<10}" + "".join(cells))
+    return lines
+
+
+def lens_table(lens) -> str:
+    """One line per position: the input token, then the top-1 token and its probability per layer.
+
+    A '*' marks a top-1 that is the actual next token. A `logit_lens` frame of several windows (a text
+    longer than the context) gets one block per window, each headed by the token positions it covers.
+    """
+    if "seq" not in lens.columns:
+        lens = lens.assign(seq=0)
+    layers = sorted(lens["layer"].unique())
+    seqs = sorted(lens["seq"].unique())
+    lines, first_pos = [], 0
+    for i, s in enumerate(seqs):
+        win = lens[lens["seq"] == s]
+        n = int(win["pos"].max()) + 1
+        if len(seqs) > 1:
+            lines.append(f"{'' if i == 0 else chr(10)}window {i + 1} of {len(seqs)}: tokens {first_pos}..{first_pos + n - 1}"
+                         + (" (the model sees each window on its own)" if i == 0 else ""))
+        lines += _window_table(win, layers, first_pos)
+        first_pos += n
     lines.append("top-1 token and its probability after each block (emb = the embedding); * = it is the next token")
     return "\n".join(lines)
 
 
 def lens_main(argv=None) -> int:
-    """`sprout lens "TEXT" --model gpt-4`: the logit lens of a text as a table."""
+    """`sprout lens "TEXT" --model gpt-4`: the logit lens of a text as a table.
+
+    A text longer than the model's context is cut into consecutive windows of the context's length, and
+    every window is shown.
+    """
     p = _common(argparse.ArgumentParser(prog="sprout lens", description=lens_main.__doc__))
     p.add_argument("text", help="the text to read")
     args = p.parse_args(argv)
-    print(lens_table(interp.logit_lens(_model(args), args.text, k=1)))
+    print(lens_table(logit_lens(_model(args), args.text, k=1)))
     return 0
 
 
@@ -66,14 +94,15 @@ def heads_table(scores, top: int) -> str:
 def heads_main(argv=None) -> int:
     """`sprout heads --model gpt-4 --kind induction`: the top heads of one kind."""
     p = _common(argparse.ArgumentParser(prog="sprout heads", description=heads_main.__doc__))
-    p.add_argument("--kind", default="induction", choices=list(interp.KINDS))
+    p.add_argument("--kind", default="induction", choices=list(KINDS))
     p.add_argument("--top", type=int, default=10, help="how many heads to list")
     p.add_argument("--text", default=None, help="score on this text instead of repeated random tokens")
     args = p.parse_args(argv)
     model = _model(args)
     half = min(32, int(model.cfg.n_ctx) // 2)
-    scores = interp.head_scores(model, args.kind, args.text, half_len=half)
-    where = "the text" if args.text else f"16 random sequences of {half} tokens, each repeated"
+    n_seqs = 16
+    scores = head_scores(model, args.kind, args.text, half_len=half, n_seqs=n_seqs)
+    where = "the text" if args.text else f"{n_seqs} random sequences of {half} tokens, each repeated"
     print(f"{args.kind} score (mean attention on the target token), on {where}")
     print(heads_table(scores, args.top))
     return 0
@@ -90,10 +119,16 @@ def rms_table(df) -> str:
 def rms_main(argv=None) -> int:
     """`sprout rms --model gpt-4`: the residual stream's RMS per layer on held-out text."""
     p = _common(argparse.ArgumentParser(prog="sprout rms", description=rms_main.__doc__))
-    p.add_argument("--chars", type=int, default=20_000, help="characters of held-out text")
+    p.add_argument("--chars", type=int, default=20_000, help="characters of held-out text (generated stories)")
+    p.add_argument("--text-file", default=None, help="read this text file instead of generated stories")
     args = p.parse_args(argv)
     model = _model(args)
-    df = interp.residual_rms(model, held_out_text(model, args.chars))
+    if args.text_file:
+        with open(args.text_file, encoding="utf-8") as f:
+            text = f.read()
+    else:
+        text = held_out_stories(args.chars)
+    df = residual_rms(model, text)
     print(f"RMS of the residual stream per token over {int(df['n_tokens'].iloc[0]):,} held-out tokens "
           "(depth x.5 = after block x+1's attention; growth = this block's factor)")
     print(rms_table(df))

@@ -1,0 +1,79 @@
+"""Next-token loss: on any text, and on repeated random tokens beside the uniform baseline.
+
+On seeded random tokens followed by the same tokens again (`repeated_tokens`), the first copy cannot be
+predicted better than uniformly: the loss of guessing uniformly among the ids drawn from is
+ln(number of ids), the baseline reported beside it. The second copy can be copied from the first, which
+is what an induction circuit does. A model whose training masked the first copies of its repeat rows
+(Sprout's induction curriculum) was never trained to predict them, so its first-copy loss can lie far
+above the uniform baseline: it confidently predicts story text instead.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from ._batching import TextOrTokens, batches, token_rows
+from .heads import repeated_tokens
+
+
+@torch.inference_mode()
+def _nll_sums(model, rows: list[torch.Tensor], batch_size: int, spans: dict) -> dict:
+    """Summed loss and count of the predictions made at positions [a, b) of each row, per named span."""
+    total = {k: [0.0, 0] for k in spans}
+    for _, ids in batches(rows, batch_size, device=model.cfg.device):
+        logits = model.run_with_hooks(ids)  # [batch, pos, d_vocab]
+        nll = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), ids[:, 1:], reduction="none")  # [batch, pos-1]
+        for k, (a, b) in spans.items():
+            part = nll[:, a:b]
+            total[k][0] += part.double().sum().item()
+            total[k][1] += part.numel()
+    return total
+
+
+def mean_loss(model, text_or_tokens: TextOrTokens, batch_size: int = 8, seq_len: Optional[int] = None) -> float:
+    """Mean next-token loss (nats per token) over a text, cut into windows of the model's context.
+
+    Each window predicts its own tokens 2..T from what precedes them in the window.
+
+    Example:
+        >>> import torch, interp
+        >>> from sprout import Sprout, SproutConfig
+        >>> model = Sprout(SproutConfig(vocab_size=64, context=16, n_layer=1, n_head=2, d_model=32, d_ff=64))
+        >>> 3.0 < interp.mean_loss(model, torch.randint(0, 64, (2, 16))) < 6.0
+        True
+    """
+    rows = [r for r in token_rows(model, text_or_tokens, seq_len) if len(r) > 1]
+    if not rows:
+        raise ValueError("no window has two tokens: nothing to predict")
+    (total, n), = _nll_sums(model, rows, batch_size, {"all": (0, None)}).values()
+    return total / n
+
+
+def repeat_loss(model, *, half_len: int = 32, n_seqs: int = 16, token_range: Optional[tuple] = None,
+                seed: int = 0, batch_size: int = 8) -> pd.DataFrame:
+    """Loss on each copy of seeded repeated random tokens (`repeated_tokens`), beside the uniform baseline.
+
+    Returns:
+        Two rows, `copy` "first" (predictions of tokens 2..half_len of the first copy) and "second"
+        (tokens 2..half_len of the second copy, all copyable: the same positions `ablate_heads` scores),
+        with `loss` (mean nats per token), `uniform` (ln of the number of ids drawn from: the loss of a
+        uniform guess), `ratio` (loss / the first copy's loss) and `n` (predictions averaged).
+
+    Example:
+        >>> import torch, interp
+        >>> from sprout import Sprout, SproutConfig
+        >>> model = Sprout(SproutConfig(vocab_size=64, context=16, n_layer=1, n_head=2, d_model=32, d_ff=64))
+        >>> interp.repeat_loss(model, half_len=8, n_seqs=4)["copy"].tolist()
+        ['first', 'second']
+    """
+    tokens = repeated_tokens(model, half_len, n_seqs, token_range, seed)
+    low, high = (1, int(model.cfg.d_vocab)) if token_range is None else token_range
+    spans = {"first": (0, half_len - 1), "second": (half_len, 2 * half_len - 1)}
+    sums = _nll_sums(model, list(tokens), batch_size, spans)
+    first = sums["first"][0] / sums["first"][1]
+    return pd.DataFrame([dict(copy=k, loss=t / n, uniform=math.log(high - low), ratio=(t / n) / first, n=n)
+                         for k, (t, n) in sums.items()])

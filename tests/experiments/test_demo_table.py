@@ -1,0 +1,45 @@
+"""The README's demo table is what `python -m experiments.demo_table` prints (within the last shown digit)."""
+import re
+from pathlib import Path
+
+import pytest
+
+from experiments import demo_table
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+NUMBER = re.compile(r"(?<![\w.\-])[-+]?\d[\d,]*(?:\.\d+)?")  # not inside a name like L3H1 or gpt-4
+
+
+def same_within_rounding(shown: str, measured: str) -> list[str]:
+    """The differences between two tables: text must match exactly, each number to within one unit of its
+    last shown digit (a value on a rounding boundary may print either way on another machine)."""
+    text_a, text_b = NUMBER.split(shown), NUMBER.split(measured)
+    nums_a, nums_b = NUMBER.findall(shown), NUMBER.findall(measured)
+    if text_a != text_b or len(nums_a) != len(nums_b):
+        return [f"{a!r} != {b!r}" for a, b in zip(shown.splitlines(), measured.splitlines()) if a != b] or ["lengths differ"]
+    bad = []
+    for a, b in zip(nums_a, nums_b):
+        unit = 10.0 ** -len(a.split(".")[1]) if "." in a else 1.0
+        if abs(float(a.replace(",", "")) - float(b.replace(",", ""))) > unit * 1.01:
+            bad.append(f"README {a}, measured {b}")
+    return bad
+
+
+def test_the_comparison_catches_a_changed_number_or_word():
+    assert same_within_rounding("| 2.40 | L3H1 (0.98) |", "| 2.41 | L3H1 (0.97) |") == []
+    assert same_within_rounding("| 2.40 |", "| 2.54 |") == ["README 2.40, measured 2.54"]
+    assert same_within_rounding("| L3H1 |", "| L0H1 |")
+    assert same_within_rounding("| gpt-4 2.40 |", "| gpt-1 2.40 |")
+
+
+def test_the_readme_table_is_what_demo_table_prints(demo_measurements):
+    measured = demo_table.markdown({name: m for name, (_, m) in demo_measurements.items()})
+    assert same_within_rounding(demo_table.readme_table(README.read_text(encoding="utf-8")), measured) == []
+
+
+def test_replacing_the_table_keeps_the_rest_of_the_readme():
+    doc = f"intro\n{demo_table.BEGIN}\n| old |\n{demo_table.END}\nrest $1 \\1\n"
+    new = demo_table.replace_readme_table(doc, "| new | \\1 |")
+    assert new == f"intro\n{demo_table.BEGIN}\n| new | \\1 |\n{demo_table.END}\nrest $1 \\1\n"
+    with pytest.raises(ValueError, match="demo-table"):
+        demo_table.replace_readme_table("no markers", "| t |")

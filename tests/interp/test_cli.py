@@ -1,0 +1,64 @@
+"""`sprout lens / heads / rms` (interp.cli) and the `sprout` command's table (sprout_cli)."""
+import re
+
+import pytest
+import torch
+
+import sprout
+import sprout_cli
+from interp import cli
+from sprout import Sprout, SproutConfig
+from sprout.synthetic import generate_corpus
+from sprout.tokenizer import encode, train_bpe
+
+CFG = SproutConfig(vocab_size=300, context=16, n_layer=2, n_head=2, d_model=32, d_ff=64)
+LONG = "Zorbin Plax met Mira by the river. Then Zorbin Plax and Mira walked home over the old bridge together."
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory):
+    torch.manual_seed(0)
+    tok = train_bpe(generate_corpus(15_000, seed=3) + " Zorbin Plax", vocab_size=CFG.vocab_size)
+    path = tmp_path_factory.mktemp("cli") / "tiny"
+    sprout.save(Sprout(CFG, tokenizer=tok), path)
+    return str(path)
+
+
+def test_lens_prints_one_line_per_token_of_a_short_text(spec, capsys):
+    assert cli.lens_main(["Zorbin Plax met Mira.", "--model", spec]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    n_tokens = len(sprout.load(spec).to_tokens("Zorbin Plax met Mira.")[0])
+    assert len(lines) == n_tokens + 3 and lines[0].split()[2:] == ["emb", "L1", "L2"]
+    assert not any(line.startswith("window") for line in lines)
+
+
+def test_lens_shows_every_window_of_a_text_longer_than_the_context(spec, capsys):
+    """Every token of the text appears once, in order, under a header naming its window."""
+    model = sprout.load(spec)
+    n = len(encode(model.tokenizer, LONG))
+    assert n > 2 * CFG.context
+    assert cli.lens_main([LONG, "--model", spec]) == 0
+    out = capsys.readouterr().out
+    n_windows = -(-n // CFG.context)
+    headers = re.findall(r"^window (\d+) of (\d+): tokens (\d+)\.\.(\d+)", out, re.M)
+    assert [(int(a), int(b)) for a, b, _, _ in headers] == [(i + 1, n_windows) for i in range(n_windows)]
+    assert int(headers[-1][3]) == n - 1 and int(headers[0][2]) == 0
+    positions = [int(m) for m in re.findall(r"^\s*(\d+) \S", out, re.M)]
+    assert positions == list(range(n))
+
+
+def test_heads_and_rms_print_their_tables(spec, capsys):
+    assert cli.heads_main(["--model", spec, "--kind", "previous_token", "--top", "3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 3 + 3 and re.match(r"\s+1 L\dH\d", out[3])
+    assert cli.rms_main(["--model", spec, "--chars", "2000"]) == 0
+    out = capsys.readouterr().out
+    assert "blocks.1.hook_resid_post" in out and "blocks.0.hook_resid_mid" in out
+
+
+def test_the_sprout_command_dispatches_to_each_main(spec, capsys):
+    assert sprout_cli.main([]) == 0 and "lens" in capsys.readouterr().out
+    assert sprout_cli.main(["nope"]) == 2 and "unknown command 'nope'" in capsys.readouterr().err
+    assert sprout_cli.main(["lens", "Zorbin Plax", "--model", spec]) == 0
+    assert sprout_cli.COMMANDS["lens"][0] is cli.lens_main
+    assert set(sprout_cli.COMMANDS) == {"train", "export-hf", "import-hf", "lens", "heads", "rms"}
