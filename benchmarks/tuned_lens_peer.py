@@ -13,6 +13,7 @@ Needs the `tuned-lens` package importable (a separate venv, never the global env
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -62,9 +63,19 @@ def train_theirs(hf_dir: Path, data: Path, out: Path, steps: int, batch: int, se
     t0 = time.perf_counter()
     run = subprocess.run(cmd, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - t0
+    (out.parent / "theirs.log").write_text(run.stderr)
     if run.returncode:
         raise SystemExit(f"tuned-lens failed ({' '.join(cmd)}):\n{run.stderr[-4000:]}")
-    return seconds
+    return seconds, loop_seconds(run.stderr)
+
+
+def loop_seconds(log: str) -> float:
+    """Its training loop's own time, from the last "Training: ... [mm:ss<" of its progress bar."""
+    found = re.findall(r"Training: 100%.*?\[(\d+):(\d+)(?::(\d+))?<", log)
+    if not found:
+        return float("nan")
+    a, b, c = found[-1]
+    return int(a) * 60 + int(b) if not c else int(a) * 3600 + int(b) * 60 + int(c)
 
 
 @torch.inference_mode()
@@ -108,7 +119,7 @@ def main(argv=None):
     data.write_text("".join(json.dumps({"text": s}) + "\n" for s in text.split("\n\n")))
     seq_len = int(model.cfg.n_ctx)
 
-    theirs_s = train_theirs(hf_dir, data, out / "theirs", args.steps, args.batch, seq_len)
+    theirs_s, theirs_loop = train_theirs(hf_dir, data, out / "theirs", args.steps, args.batch, seq_len)
     t0 = time.perf_counter()
     ours = interp.train_tuned_lens(model, text, steps=args.steps, batch_size=args.batch, progress=False)
     ours_s = time.perf_counter() - t0
@@ -119,10 +130,12 @@ def main(argv=None):
     rows = [dict(layer=l, logit=a, ours=b, theirs=c, ratio=b / c if c else float("nan"))
             for l, (a, b, c) in enumerate(zip(logit, mine, theirs))]
     result = dict(model=args.model, steps=args.steps, tokens_per_step=args.batch * seq_len, threads=torch.get_num_threads(),
-                  ours_seconds=ours_s, theirs_seconds=theirs_s, layers=rows)
+                  ours_seconds=ours_s, ours_loop_seconds=ours.info["train_seconds"], theirs_seconds=theirs_s,
+                  theirs_loop_seconds=theirs_loop, layers=rows)
     (out / "peer.json").write_text(json.dumps(result, indent=1))
     print(f"{args.model}, {args.steps} steps x {args.batch * seq_len} tokens, {torch.get_num_threads()} threads")
-    print(f"training: ours {ours_s:.1f} s, tuned-lens {theirs_s:.1f} s (its time includes start-up and tokenizing)")
+    print(f"training, data preparation included: ours {ours_s:.1f} s, tuned-lens {theirs_s:.1f} s (with its start-up)")
+    print(f"training loop alone: ours {ours.info['train_seconds']:.1f} s, tuned-lens {theirs_loop:.1f} s (its progress bar)")
     print("layer  logit KL  ours KL  theirs KL  ours/theirs")
     for r in rows:
         print(f"{r['layer']:>5}  {r['logit']:8.3f}  {r['ours']:7.3f}  {r['theirs']:9.3f}  {r['ratio']:11.3f}")
