@@ -77,8 +77,26 @@ def run(models, out, args) -> list[dict]:
         rows += _numbers(label, cmp)
         rows.append(number("lens trained for", f"{lens.info.get('steps')} steps, {lens.info.get('data', '?')}", None, label))
     if tables:
-        out.table(pd.concat(tables, ignore_index=True), "comparison")
+        cmp = pd.concat(tables, ignore_index=True)
+        out.table(cmp, "comparison")
+        (out.dir / "comparison.md").write_text(markdown(cmp) + "\n", encoding="utf-8")
     return rows
+
+
+def markdown(cmp: pd.DataFrame) -> str:
+    """The README's table: per model and layer, held-out KL, cross-entropy and top-1 agreement, logit / tuned."""
+    m = cmp.groupby(["model", "lens", "layer"], sort=False)[["kl_to_final", "cross_entropy", "top1_agreement"]].mean()
+    lines = ["| model | layer | KL to output, logit / tuned (nats) | next-token CE, logit / tuned (nats) "
+             "| top-1 = output's, logit / tuned |",
+             "| --- | --- | ---: | ---: | ---: |"]
+    for model in cmp.model.unique():
+        layers = sorted(cmp[cmp.model == model].layer.unique())
+        for layer in layers:
+            a, b = m.loc[(model, "logit", layer)], m.loc[(model, "tuned", layer)]
+            where = "embedding" if layer == 0 else (f"after block {layer}" + (" = output" if layer == layers[-1] else ""))
+            lines.append(f"| {model} | {where} | {a.kl_to_final:.2f} / {b.kl_to_final:.2f} | "
+                         f"{a.cross_entropy:.2f} / {b.cross_entropy:.2f} | {a.top1_agreement:.0%} / {b.top1_agreement:.0%} |")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:

@@ -56,7 +56,7 @@ def test_every_file_is_written(run):
         "rope_check": {"chapter_pairs.csv", "sweep.csv", "rope_distance.html"},
         "residual_growth": {"residual_rms.csv", "residual_rms.html"},
         "logit_lens": {"lens_tiny.csv", "lens_tiny.html", "lens_summary.csv"},
-        "tuned_lens": {"side_by_side_tiny.html", "curves_tiny.html", "comparison.csv"},
+        "tuned_lens": {"side_by_side_tiny.html", "curves_tiny.html", "comparison.csv", "comparison.md"},
         "head_detection": {"head_scores.csv", "ablation.csv", "scores_tiny.html", "ablation_tiny.html"},
         "attention_maps": {"patterns.csv", "grid_tiny_layer0.html", "grid_tiny_layer1.html",
                            "previous_token_tiny.html", "induction_tiny.html"},

@@ -151,7 +151,7 @@ def test_windows_cut_one_stream_without_padding(tiny_model):
     assert torch.equal(w, torch.arange(90).view(3, 30))
 
 
-@pytest.mark.parametrize("name", ["gpt-1", "gpt-4", "sprout-mini"])
+@pytest.mark.parametrize("name", ["gpt-1", "gpt-4", "sprout-mini", "walkthrough"])
 def test_shipped_lens_beats_the_logit_lens_on_independent_held_out_text(name):
     model = load(name)
     lens = interp.load_tuned_lens(model)
