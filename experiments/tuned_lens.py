@@ -26,7 +26,7 @@ DOC_TOKENS = 20
 
 
 def add_args(p):
-    p.add_argument("--chars", type=int, default=6_000, help="characters of held-out text for the per-layer curves")
+    p.add_argument("--chars", type=int, default=4_000, help="characters of held-out text for the per-layer curves")
 
 
 def find_lens(model):
