@@ -30,7 +30,7 @@ def lens_side_by_side(logit: pd.DataFrame, tuned: pd.DataFrame, title: str = "Lo
     a, b = figs
     if list(a.data[0].y) != list(b.data[0].y) or list(a.data[0].x) != list(b.data[0].x):
         raise ValueError("lens_side_by_side: the two frames cover different layers or positions")
-    fig = make_subplots(rows=2, cols=1, vertical_spacing=0.12, shared_xaxes=False,
+    fig = make_subplots(rows=2, cols=1, vertical_spacing=0.16, shared_xaxes=False,
                         subplot_titles=("logit lens (final norm + unembedding)", "tuned lens (translator, then the same)"))
     shapes = []
     for row, f in ((1, a), (2, b)):
@@ -39,7 +39,10 @@ def lens_side_by_side(logit: pd.DataFrame, tuned: pd.DataFrame, title: str = "Lo
         fig.add_trace(trace, row=row, col=1)
         ref = "" if row == 1 else "2"
         shapes += [{**s.to_plotly_json(), "xref": f"x{ref}", "yref": f"y{ref}"} for s in f.layout.shapes]
-        fig.update_xaxes(f.layout.xaxis.to_plotly_json(), row=row, col=1)
+        xaxis = f.layout.xaxis.to_plotly_json()
+        if row == 1:
+            xaxis.pop("title", None)  # it would sit on the lower panel's title
+        fig.update_xaxes(xaxis, row=row, col=1)
         fig.update_yaxes(f.layout.yaxis.to_plotly_json(), row=row, col=1)
     fig.layout.shapes = shapes
     fig.update_layout(**base_layout(
