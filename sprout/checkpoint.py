@@ -150,7 +150,9 @@ def load(path: PathLike, map_location: Union[str, torch.device] = "cpu",
     check_floating(state_dict, path)
     tokenizer = _tokenizer(tokenizer, path.parent / TOKENIZER)
     _warn_non_finite(state_dict, path)
-    model = from_state_dict(state_dict, config, tokenizer, source=str(path))
+    beside = path.parent / CONFIG
+    source = f"{path} (config from {beside})" if path.suffix == ".safetensors" and beside.is_file() else str(path)
+    model = from_state_dict(state_dict, config, tokenizer, source=source)
     return model.to(map_location).eval()
 
 

@@ -109,6 +109,14 @@ def _glob_escape(name: str) -> str:
     return "".join(f"[{c}]" if c in "*?[" else c for c in name)
 
 
+def write_bytes(path: Path, data: bytes) -> None:
+    """Write and fsync a file (its mode is 0o666 less the umask)."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

@@ -20,12 +20,12 @@ from typing import Any, Union
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save as safetensors_bytes
 from tokenizers import Tokenizer
 
 from .config import SproutConfig
 from .fit import layers_present
-from .folders import write_folder
+from .folders import write_bytes, write_folder
 from .model import Sprout
 from .weightfiles import read_json
 
@@ -147,7 +147,8 @@ def export(model: Sprout, directory: PathLike, overwrite: bool = False) -> Path:
 
     def fill(tmp: Path) -> None:
         _write_json(tmp / "config.json", qwen3_config(model.config, tok, dtype))
-        save_file(to_qwen3(model), str(tmp / "model.safetensors"), metadata={"format": "pt", **EXPORT_MARK})
+        # bytes written by us, not safetensors' save_file, which makes the file 0600 whatever the umask
+        write_bytes(tmp / "model.safetensors", safetensors_bytes(to_qwen3(model), metadata={"format": "pt", **EXPORT_MARK}))
         if tok is not None:
             tok.save(str(tmp / "tokenizer.json"))
             _write_json(tmp / "tokenizer_config.json", tokenizer_config(tok, model.config.context))

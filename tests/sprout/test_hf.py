@@ -110,7 +110,7 @@ def test_export_is_atomic_and_will_not_clobber(model, tmp_path, monkeypatch):
     def disk_full(*args, **kwargs):
         raise OSError("No space left on device")
 
-    monkeypatch.setattr(hf_module, "save_file", disk_full)
+    monkeypatch.setattr(hf_module, "safetensors_bytes", disk_full)
     with pytest.raises(OSError, match="No space"):
         export(model, ours, overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "out"]  # no temporary folder left behind
