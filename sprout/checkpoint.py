@@ -2,12 +2,14 @@
 
 A checkpoint is a directory holding `config.json` ({"family": ..., **config}), `model.safetensors`
 (the config again in its metadata) and, when the model has one, `tokenizer.json`. `save` writes it
-atomically: a crash or a full disk leaves either the old checkpoint or the new one, never half of one.
+atomically: a crash or a full disk leaves either the old checkpoint or the new one, never half of one;
+it replaces only a folder that is provably a checkpoint (`sprout.folders`), never a user's folder.
 
 `load` also reads a lone `.safetensors` file, a torch file (.pt/.pth/.bin, read with weights_only=True
 and never with code), a training run directory (its latest `checkpoints/step_*`), or the name of a
-demo model shipped in `sprout/demo/`. Weights that do not fit the model raise one error that lists
-every offending key; nothing is loaded halfway.
+demo model shipped in `sprout/demo/`. The config is compared with the weights' keys and shapes before
+any module is built (`sprout.fit`); weights that do not fit raise one error that lists every offending
+key, integer weights are refused, and nothing is loaded halfway.
 """
 from __future__ import annotations
 
