@@ -365,11 +365,17 @@ def export_main(argv=None) -> int:
     ap.add_argument("out_dir", help="the Hugging Face folder to write")
     ap.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
     args = ap.parse_args(argv)
-    model = load(args.checkpoint)
+    try:
+        model = load(args.checkpoint)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"sprout export-hf: {e}") from None
     if not isinstance(model, Sprout):
         raise SystemExit(f"sprout export-hf: {args.checkpoint} is a {type(model).__name__}, not a Sprout; "
                          "only Sprout models map onto Qwen3")
-    print(f"wrote {export(model, args.out_dir, overwrite=args.overwrite)}")
+    try:
+        print(f"wrote {export(model, args.out_dir, overwrite=args.overwrite)}")
+    except OSError as e:  # a folder of the user's in the way: one line, no traceback
+        raise SystemExit(f"sprout export-hf: {e}") from None
     return 0
 
 
@@ -381,5 +387,8 @@ def import_main(argv=None) -> int:
     ap.add_argument("hf_dir", help="a Hugging Face Qwen3ForCausalLM folder")
     ap.add_argument("out_checkpoint", help="the Sprout checkpoint folder to write")
     args = ap.parse_args(argv)
-    print(f"wrote {save(import_(args.hf_dir), args.out_checkpoint)}")
+    try:
+        print(f"wrote {save(import_(args.hf_dir), args.out_checkpoint)}")
+    except (OSError, ValueError) as e:  # one line naming the folder, no traceback
+        raise SystemExit(f"sprout import-hf: {e}") from None
     return 0

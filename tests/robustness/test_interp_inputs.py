@@ -38,7 +38,8 @@ def test_non_integer_token_tensors_are_a_type_error_as_in_forward(model, dtype, 
     ids = (torch.rand(2, 8) * 5 + 1.7).to(dtype)  # 1.7 must not quietly become token 1
     with pytest.raises(TypeError) as err:
         call(model, ids)
-    assert str(err.value) == model_refusal(model, ids) == f"token ids must be an integer tensor, got dtype {dtype}"
+    assert str(err.value) == model_refusal(model, ids)  # one rule, one message
+    assert str(err.value).startswith(f"token ids must be an integer tensor, got dtype {dtype}")
 
 
 def test_integer_ids_of_any_width_still_work(model):

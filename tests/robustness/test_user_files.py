@@ -9,7 +9,7 @@ import torch
 
 from sprout import Sprout, checkpoint
 from sprout.folders import NotOursError
-from sprout.hf import export, export_main, import_main
+from sprout.hf import export, export_main, import_, import_main
 from sprout.tokenizer import char_tokenizer
 from tests.conftest import TINY
 
@@ -72,13 +72,17 @@ def test_export_then_import_onto_the_same_folder_keeps_the_hf_files(tmp_path, ca
     assert export_main([str(base), str(hf)]) == 0
     (hf / "README.md").write_text("# my model card")
     before = tree(hf)
-    with pytest.raises(NotOursError) as err:
+    with pytest.raises(SystemExit) as err:  # one line, no traceback
         import_main([str(hf), str(hf)])
-    assert "README.md" in str(err.value) and "tokenizer_config.json" in str(err.value)
+    msg = str(err.value)
+    assert msg.startswith(f"sprout import-hf: refusing to replace {hf}")
+    assert "README.md" in msg and "tokenizer_config.json" in msg
     assert tree(hf) == before
-    with pytest.raises(NotOursError, match="README.md"):  # --overwrite replaces only an export of ours
+    with pytest.raises(SystemExit, match="README.md"):  # --overwrite replaces only an export of ours
         export_main([str(base), str(hf), "--overwrite"])
     assert tree(hf) == before
+    with pytest.raises(NotOursError, match="README.md"):
+        checkpoint.save(import_(hf), hf)
 
 
 def test_export_overwrite_replaces_its_own_export_only(tmp_path):
