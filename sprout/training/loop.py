@@ -186,26 +186,32 @@ def _check_same_tokenizer(data: TokenData, last: Path) -> None:
                           f"{', mapped differently' if old.get_vocab_size() == new.get_vocab_size() else ''})")
 
 
+def _prepare_main(recipe: Recipe, run_dir: RunDir, cache: Path, resume: bool) -> TokenData:
+    """Rank 0: check and lock the run directory, check a resume against the run, build the data cache."""
+    if recipe.data:
+        input_files(recipe.data)  # a missing, endless or huge --data fails before the run directory is made
+    run_dir.open(resume)
+    stamp = data_stamp(recipe)
+    if resume:
+        _check_same_recipe(run_dir, recipe)
+        _check_same_data(run_dir, stamp)
+    else:  # the folder is ours (checked by open): a log left by a start that was killed goes
+        run_dir.log_path.unlink(missing_ok=True)
+        run_dir.recipe_path.write_text(recipe.to_json())
+    data = prepare_data(recipe, cache, stamp)
+    if resume:
+        _check_same_tokenizer(data, run_dir.latest())
+    marker = {"data": data.stamp, "tokenizer": {"kind": recipe.tokenizer, "vocab_size": data.tokenizer.get_vocab_size()}}
+    if {k: (run_dir.marker() or {}).get(k) for k in marker} != marker:
+        run_dir.write_marker(marker["data"], marker["tokenizer"])
+    return data
+
+
 def prepare(recipe: Recipe, run_dir: RunDir, data_cache, resume: bool, world: int, rank: int) -> TokenData:
-    """Check and lock the run directory, then build the data (rank 0) or read what rank 0 built."""
+    """The run's data: rank 0 locks the run directory and builds it; the other ranks then read it."""
     cache = Path(data_cache) if data_cache else run_dir.path / "data"
     if rank == 0:
-        if recipe.data:
-            input_files(recipe.data)  # a missing, endless or huge --data fails before the run directory is made
-        run_dir.open(resume)
-        stamp = data_stamp(recipe)
-        if resume:
-            _check_same_recipe(run_dir, recipe)
-            _check_same_data(run_dir, stamp)
-        else:
-            run_dir.recipe_path.write_text(recipe.to_json())
-        data = prepare_data(recipe, cache, stamp)
-        if resume:
-            _check_same_tokenizer(data, run_dir.latest())
-        marker = {"data": data.stamp, "tokenizer": {"kind": recipe.tokenizer,
-                                                    "vocab_size": data.tokenizer.get_vocab_size()}}
-        if {k: (run_dir.marker() or {}).get(k) for k in marker} != marker:
-            run_dir.write_marker(marker["data"], marker["tokenizer"])
+        data = _prepare_main(recipe, run_dir, cache, resume)
     if world > 1:
         dist.barrier()
     if rank != 0:
