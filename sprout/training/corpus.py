@@ -13,15 +13,15 @@ import itertools
 import json
 import os
 import re
-import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 import numpy as np
 import torch
 
+from ..folders import remove_ours
 from ..synthetic import generate_corpus
 from ..tokenizer import char_tokenizer, encode, is_char_level, load_tokenizer, save_tokenizer, train_bpe
 from .recipes import Recipe
@@ -181,14 +181,14 @@ class TokenData:
     folder: Path
 
 
-def prepare_data(recipe: Recipe, cache_root: Union[str, Path]) -> TokenData:
+def prepare_data(recipe: Recipe, cache_root: Union[str, Path], stamp: Optional[dict] = None) -> TokenData:
     """Tokenizer and train/val token files for this recipe, built once and cached by `data_stamp`.
 
     The folder is built under a temporary name and renamed when complete, so a crash never leaves a
-    half-built cache that a later run would trust.
+    half-built cache that a later run would trust. `stamp`: the recipe's `data_stamp`, if already made.
     """
     cache_root = Path(cache_root)
-    stamp = data_stamp(recipe)
+    stamp = stamp or data_stamp(recipe)
     digest = hashlib.sha1(json.dumps(stamp, sort_keys=True).encode()).hexdigest()[:12]
     folder = cache_root / f"{'text' if recipe.data else 'stories'}-{recipe.tokenizer}-{digest}"
     if not (folder / "done.json").is_file():
@@ -198,16 +198,19 @@ def prepare_data(recipe: Recipe, cache_root: Union[str, Path]) -> TokenData:
                      np.memmap(folder / "val.bin", dtype=np.uint16, mode="r"), stamp, folder)
 
 
+CACHE_FILES = frozenset({"train.bin", "val.bin", "tokenizer.json", "done.json"})
+
+
 def _build_cache(recipe: Recipe, stamp: dict, cache_root: Path, folder: Path) -> None:
     text = read_text(recipe.data) if recipe.data else generate_corpus(recipe.corpus_chars, recipe.corpus_seed)
     tok = train_bpe(text, recipe.vocab_size) if recipe.tokenizer == "bpe" else char_tokenizer(text)
     tmp = cache_root / f".{folder.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    remove_ours(tmp, CACHE_FILES)
     build_token_files(text, tok, tmp, val_fraction=recipe.val_fraction)
     save_tokenizer(tok, tmp / "tokenizer.json")
     (tmp / "done.json").write_text(json.dumps(stamp, indent=2) + "\n")
-    if folder.exists():  # a half-built folder from a crash: replace it
-        shutil.rmtree(folder)
+    if folder.exists():  # a half-built folder from a crash: replace it (only the files a cache holds)
+        remove_ours(folder, CACHE_FILES)
     os.rename(tmp, folder)
 
 
