@@ -7,11 +7,11 @@ imports experiments.
 import ast
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
-from setuptools import find_packages
+import tomllib
+from setuptools import find_namespace_packages
 
 ROOT = Path(__file__).resolve().parent.parent
 OURS = ("sprout", "interp", "figures", "experiments", "benchmarks", "sprout_cli", "tests")
@@ -123,7 +123,7 @@ def test_import_sprout_imports_no_training_analysis_or_plotting_code():
 def test_installing_the_project_installs_no_experiments_or_benchmarks_package():
     """The wheel's packages are the library and the command: a user's own `experiments/` stays theirs."""
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["packages"]["find"]
-    installed = find_packages(str(ROOT), include=cfg["include"], exclude=cfg.get("exclude", ()))
+    installed = find_namespace_packages(str(ROOT), include=cfg["include"], exclude=cfg.get("exclude", ()))
     tops = {p.split(".")[0] for p in installed}
     assert tops == {"sprout", "interp", "figures", "sprout_cli"}
     assert "sprout.training" in installed and "sprout.demo" in installed
