@@ -17,7 +17,7 @@ import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 import numpy as np
 import torch
@@ -181,14 +181,14 @@ class TokenData:
     folder: Path
 
 
-def prepare_data(recipe: Recipe, cache_root: Union[str, Path]) -> TokenData:
+def prepare_data(recipe: Recipe, cache_root: Union[str, Path], stamp: Optional[dict] = None) -> TokenData:
     """Tokenizer and train/val token files for this recipe, built once and cached by `data_stamp`.
 
     The folder is built under a temporary name and renamed when complete, so a crash never leaves a
-    half-built cache that a later run would trust.
+    half-built cache that a later run would trust. `stamp`: the recipe's `data_stamp`, if already made.
     """
     cache_root = Path(cache_root)
-    stamp = data_stamp(recipe)
+    stamp = stamp or data_stamp(recipe)
     digest = hashlib.sha1(json.dumps(stamp, sort_keys=True).encode()).hexdigest()[:12]
     folder = cache_root / f"{'text' if recipe.data else 'stories'}-{recipe.tokenizer}-{digest}"
     if not (folder / "done.json").is_file():

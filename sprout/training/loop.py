@@ -28,7 +28,7 @@ from ..model import Sprout
 from ..synthetic import repeated_random_tokens
 from ..walkthrough import build_step
 from . import rundir
-from .corpus import TokenData, check_windows, get_batch, input_files, prepare_data, stamp_changes
+from .corpus import TokenData, check_windows, data_stamp, get_batch, input_files, prepare_data, stamp_changes
 from .curriculum import get_train_batch, uses_mask
 from .recipes import Recipe
 from .rundir import RunDir, RunDirError
@@ -168,38 +168,50 @@ def _check_same_recipe(run_dir: RunDir, recipe: Recipe) -> None:
         raise RunDirError(f"--resume: the recipe differs from the run's {run_dir.recipe_path}: " + ", ".join(diff))
 
 
-def _check_same_data(run_dir: RunDir, data: TokenData, last: Path) -> None:
-    """On resume: the data and the tokenizer must be the run's, or the ids would mean other tokens."""
-    stamp = (run_dir.marker() or {}).get("data")
-    changes = stamp_changes(stamp, data.stamp) if stamp is not None else []
+def _check_same_data(run_dir: RunDir, stamp: dict) -> None:
+    """On resume, before any tokenising: the data must be what the run began with."""
+    saved = (run_dir.marker() or {}).get("data")
+    changes = stamp_changes(saved, stamp) if saved is not None else []
     if changes:
         raise RunDirError(f"--resume: the data changed since {run_dir.path} began ({'; '.join(changes)}); "
                           "resume with the run's data, or start a new run with a new --out")
-    old = rundir.checkpoint_tokenizer(last)
-    if old is not None and old.get_vocab() != data.tokenizer.get_vocab():
+
+
+def _check_same_tokenizer(data: TokenData, last: Path) -> None:
+    """On resume: the tokenizer must be the checkpoint's, or the ids would mean other tokens."""
+    old, new = rundir.checkpoint_tokenizer(last), data.tokenizer
+    if old is not None and old.get_vocab() != new.get_vocab():
         raise RunDirError(f"--resume: the tokenizer differs from the run's ({last / 'tokenizer.json'}: "
-                          f"{old.get_vocab_size()} ids; the data's: {data.tokenizer.get_vocab_size()} ids"
-                          f"{', mapped differently' if old.get_vocab_size() == data.tokenizer.get_vocab_size() else ''})")
+                          f"{old.get_vocab_size()} ids; the data's: {new.get_vocab_size()} ids"
+                          f"{', mapped differently' if old.get_vocab_size() == new.get_vocab_size() else ''})")
+
+
+def _prepare_main(recipe: Recipe, run_dir: RunDir, cache: Path, resume: bool) -> TokenData:
+    """Rank 0: check and lock the run directory, check a resume against the run, build the data cache."""
+    if recipe.data:
+        input_files(recipe.data)  # a missing, endless or huge --data fails before the run directory is made
+    run_dir.open(resume)
+    stamp = data_stamp(recipe)
+    if resume:
+        _check_same_recipe(run_dir, recipe)
+        _check_same_data(run_dir, stamp)
+    else:  # the folder is ours (checked by open): a log left by a start that was killed goes
+        run_dir.log_path.unlink(missing_ok=True)
+        run_dir.recipe_path.write_text(recipe.to_json())
+    data = prepare_data(recipe, cache, stamp)
+    if resume:
+        _check_same_tokenizer(data, run_dir.latest())
+    marker = {"data": data.stamp, "tokenizer": {"kind": recipe.tokenizer, "vocab_size": data.tokenizer.get_vocab_size()}}
+    if {k: (run_dir.marker() or {}).get(k) for k in marker} != marker:
+        run_dir.write_marker(marker["data"], marker["tokenizer"])
+    return data
 
 
 def prepare(recipe: Recipe, run_dir: RunDir, data_cache, resume: bool, world: int, rank: int) -> TokenData:
-    """Check and lock the run directory, then build the data (rank 0) or read what rank 0 built."""
+    """The run's data: rank 0 locks the run directory and builds it; the other ranks then read it."""
     cache = Path(data_cache) if data_cache else run_dir.path / "data"
     if rank == 0:
-        if recipe.data:
-            input_files(recipe.data)  # a missing, endless or huge --data fails before the run directory is made
-        run_dir.open(resume)
-        if resume:
-            _check_same_recipe(run_dir, recipe)
-        else:
-            run_dir.recipe_path.write_text(recipe.to_json())
-        data = prepare_data(recipe, cache)
-        if resume:
-            _check_same_data(run_dir, data, run_dir.latest())
-        marker = {"data": data.stamp, "tokenizer": {"kind": recipe.tokenizer,
-                                                    "vocab_size": data.tokenizer.get_vocab_size()}}
-        if {k: (run_dir.marker() or {}).get(k) for k in marker} != marker:
-            run_dir.write_marker(marker["data"], marker["tokenizer"])
+        data = _prepare_main(recipe, run_dir, cache, resume)
     if world > 1:
         dist.barrier()
     if rank != 0:

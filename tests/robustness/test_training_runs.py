@@ -165,11 +165,12 @@ def test_resume_refuses_changed_data_naming_the_file(tmp_path, capsys):
     args = [*SHORT, "--out", str(tmp_path / "run"), "--data", str(data), "--tokenizer", "char"]
     assert main(args) == 0
     text_corpus(data, words=("alpha", "beta", "gamma", "zeta"))  # the same characters: the same tokenizer
-    before = snapshot(tmp_path / "run" / "checkpoints")
+    before, caches = snapshot(tmp_path / "run" / "checkpoints"), os.listdir(tmp_path / "run" / "data")
     assert main([*args, "--resume"]) == 1
     err = capsys.readouterr().err
     assert "the data changed" in err and "corpus.txt changed" in err
     assert snapshot(tmp_path / "run" / "checkpoints") == before
+    assert os.listdir(tmp_path / "run" / "data") == caches  # refused before tokenising anything
 
 
 def test_resume_refuses_another_tokenizer_even_without_a_stamp(tmp_path, capsys):

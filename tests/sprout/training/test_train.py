@@ -195,3 +195,9 @@ def test_resume_after_sigkill_gives_bit_identical_weights(tmp_path, cache):
     assert all(torch.equal(a[k], b[k]) for k in a)
     drop_time = lambda p: [r.rsplit(",", 1)[0] for r in (p / "train_log.csv").read_text().splitlines()]
     assert drop_time(straight) == drop_time(broken)  # the log was cut back to the checkpoint and redone
+
+
+def test_import_sprout_does_not_import_the_trainer_and_the_old_entry_point_still_works():
+    code = ("import sys, sprout, interp; assert 'sprout.training' not in sys.modules, sorted(sys.modules); "
+            "import sprout.train, sprout.training.cli; assert sprout.train.main is sprout.training.cli.main")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)
