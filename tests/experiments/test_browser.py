@@ -119,7 +119,9 @@ def test_index_renders_every_plot_without_errors(chromium, results, tmp_path):
 
 
 PROBE = """<script>window.addEventListener('load', () => setTimeout(() => {
-  const cut = [...document.querySelectorAll('figure')].filter(f => f.scrollWidth > f.clientWidth + 1).map(f => [f.querySelector('.plotly-graph-div').id, f.scrollWidth, f.clientWidth, f.querySelector('figcaption').textContent.slice(0, 40)]);
+  const cut = [...document.querySelectorAll('figure')].filter(f => f.scrollWidth > f.clientWidth + 1)
+    .map(f => [f.querySelector('.plotly-graph-div').id, f.scrollWidth, f.clientWidth,
+               f.querySelector('figcaption').textContent.slice(0, 40)]);
   document.body.setAttribute('data-probe', JSON.stringify({page: document.documentElement.scrollWidth, window: window.innerWidth, cut}));
 }, 500));</script></body>"""
 
