@@ -62,3 +62,10 @@ def test_the_sprout_command_dispatches_to_each_main(spec, capsys):
     assert sprout_cli.main(["lens", "Zorbin Plax", "--model", spec]) == 0
     assert sprout_cli.COMMANDS["lens"][0] is cli.lens_main
     assert set(sprout_cli.COMMANDS) == {"train", "export-hf", "import-hf", "lens", "heads", "rms"}
+
+
+@pytest.mark.parametrize("command,flag", [("train", "--recipe"), ("export-hf", "out_dir"), ("import-hf", "hf_dir")])
+def test_the_sprout_command_reaches_training_and_the_hugging_face_bridge(command, flag, capsys):
+    with pytest.raises(SystemExit) as e:
+        sprout_cli.main([command, "--help"])
+    assert e.value.code == 0 and flag in capsys.readouterr().out
