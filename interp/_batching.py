@@ -5,6 +5,8 @@ from typing import Iterator, Optional, Union
 
 import torch
 
+from sprout.tokenizer import encode
+
 TextOrTokens = Union[str, list, torch.Tensor]
 
 
@@ -42,8 +44,6 @@ def _encode(model, text) -> torch.Tensor:
         raise ValueError(f"{type(model).__name__} has no tokenizer, so it cannot read text: pass token ids")
     if text == "":
         raise ValueError("the text is empty: there is nothing to run the model on")
-    from sprout.tokenizer import encode
-
     return torch.tensor(encode(model.tokenizer, text), dtype=torch.long)
 
 

@@ -120,6 +120,12 @@ def test_import_sprout_imports_no_training_analysis_or_plotting_code():
     assert out.stdout.strip() == "[]"
 
 
+def test_dir_of_sprout_lists_load_and_save():
+    import sprout
+
+    assert {"load", "save", "keep_freed_memory"} <= set(dir(sprout)) and callable(sprout.load)
+
+
 def test_installing_the_project_installs_no_experiments_or_benchmarks_package():
     """The wheel's packages are the library and the command: a user's own `experiments/` stays theirs."""
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["packages"]["find"]
