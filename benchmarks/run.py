@@ -14,48 +14,7 @@ Cache memory is counted two ways: "tensor MB" adds up every cached tensor (what 
 the Bridge counts: its `hook_in`/`hook_out` aliases count again), "unique-storage MB" adds up the
 distinct storages behind them (what the process really holds).
 
-What profiling found (torch.profiler and CPU-time A/B runs, 1 thread, Sprout preset, 4 x 256):
-
-- Forward without hooks: the same matmuls and flash-attention calls as the plain model, and fewer
-  copies (the plain model normalises q/k in the transposed [batch, head, pos, d_head] layout, which
-  copies); the ~130 identity HookPoint calls per forward cost well under 1 ms. On the busy 2-core
-  machine, though, every small kernel waits at a thread barrier (a 1.5 MB elementwise op took ~0.1 s
-  under load), so the kernel count shows: in a 2-thread profile RoPE's half-width products were the
-  largest single item, ahead of the MLP matmuls. RoPE rotated the two halves apart in seven kernels;
-  it now works on whole rows, x * (cos, cos) + roll(x) * (-sin, sin), in four, bit-identical (all
-  logits and cached activations equal), 124 -> 76 ms per call under load. Wall ratios on the shared
-  machine still swing by +-10% from run to run.
-- Training step: the same op counts forward and backward as the plain model; at parity.
-- `run_with_cache`, every hook: the masked attention scores were built with an out-of-place
-  `masked_fill`, one extra [batch, head, pos, pos] copy per layer (as large as the softmax). Scores
-  are now scaled and masked in place (CPU 1.49x -> 1.25x the plain forward; activations bit-identical,
-  gradients unchanged). What remains is inherent to exposing the activations: scores and pattern must
-  be materialised (no flash attention), and a hooked norm takes four steps to expose its scale and
-  normalized input.
-- Page faults (the largest cost, found with getrusage): a full cache is ~400 MB of fresh tensors per
-  call, and glibc hands large freed blocks back to the kernel (munmap, heap trimming), so every call
-  faulted its cache in again: ~120k minor faults and ~40% of the time, and 1.7x the plain forward when
-  calls run back to back. `sprout` now raises glibc's mmap threshold to 64 MiB and its trim threshold to
-  1 GiB at import (sprout/_malloc.py; SPROUT_MALLOC_DEFAULTS=1 opts out): no faults, and the plain
-  forward in the same process got ~10% faster too, since its 32 MB logits stopped faulting.
-- `hook_result` ([batch, pos, head, d_model], n_head times the stream) is, as in TransformerLens, left
-  out of a cache of everything unless `cfg.use_attn_result` is set or it is named: it was 16% of the
-  cache's memory and an extra einsum and sum per layer; TransformerLens rebuilds it from `hook_z` and
-  `W_O` when asked.
-- No `.clone()` or `.contiguous()` is made for the cache: TransformerLens' save hook keeps a detached
-  view, and hook_q/k/v are views of the fused qkv output (one storage).
-- Memory: the Bridge's 461 tensors (868 MiB = the issue's 910 MB) hold each activation several times
-  under alias names; its distinct storages are 445 MiB. For the 180 hook names both have, the two
-  caches hold the same bytes (395 MiB), and ours holds nothing else: 47% of the Bridge by tensor bytes,
-  89% by unique storage (what the process really holds: the 60% target is met only by the issue's way
-  of counting; there is no copy left to remove).
-- Logit lens: doing the floor's work through our `run_with_cache` costs ~1.0x the floor. The first
-  `interp.logit_lens` computed log-softmax, entropy, KL to the output and the next token's rank over
-  whole [batch, pos, vocab] tensors at every layer: ~10 memory-bound passes, 1.5-1.9x the floor. Now
-  each layer's logits are one matmul (as in the floor) and the statistics go through them in chunks of
-  128 positions that stay in cache; the top-k probabilities and p(next) need one softmax pass, and the
-  whole-vocabulary statistics (rank, entropy, KL: three more passes) are `stats=True`. Counting the
-  rank in int32 avoids a bool -> int64 copy (~11% of that pass).
+What profiling found and what was changed for it: docs/benchmark-notes.md.
 """
 from __future__ import annotations
 

@@ -17,6 +17,12 @@ from pathlib import Path
 from typing import Optional
 
 import pandas as pd
+import torch
+
+import interp
+import sprout
+from sprout.checkpoint import demo_dir, demo_names
+from sprout.tokenizer import encode
 
 # The shipped demo models run by default (those present; gpt-1 and gpt-4 are always asked for, so a
 # missing one is an error that lists what is shipped).
@@ -25,8 +31,6 @@ DEFAULT_MODELS = DEMOS[:2]
 
 
 def default_models() -> list[str]:
-    from sprout.checkpoint import demo_names
-
     shipped = set(demo_names())
     return DEFAULT_MODELS + [d for d in DEMOS[2:] if d in shipped]
 
@@ -85,10 +89,6 @@ def model_label(spec: str) -> str:
 
 def load_models(specs, threads: int = 2) -> dict:
     """{label: model} for demo names or paths, loaded once, in eval mode, on the CPU."""
-    import torch
-
-    import sprout
-
     torch.set_num_threads(max(1, threads))
     models = {}
     for spec in specs or default_models():
@@ -110,8 +110,6 @@ def model_dir(model) -> Optional[Path]:
         return p.parent
     if p.is_dir():
         return p
-    from sprout.checkpoint import demo_dir
-
     d = demo_dir() / spec
     return d if d.is_dir() else None
 
@@ -123,15 +121,11 @@ def held_out_text(model, n_chars: int = SETTINGS.held_out_chars) -> str:
     for name in ("val.txt", "held_out.txt"):
         if d is not None and (d / name).is_file():
             return (d / name).read_text(encoding="utf-8")[:n_chars]
-    import interp
-
     return interp.held_out_stories(n_chars)
 
 
 def fit_text(model, text: str, max_tokens: Optional[int] = None) -> str:
     """The longest prefix of `text` (cut at a word) that fits the model's context (and max_tokens)."""
-    from sprout.tokenizer import encode
-
     limit = min(int(model.cfg.n_ctx), max_tokens or 10**9)
     n_tokens = lambda t: len(encode(model.tokenizer, t))
     if n_tokens(text) <= limit:

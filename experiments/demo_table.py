@@ -139,7 +139,7 @@ def measure(model, label: str) -> dict:
     rms = interp.residual_rms(model, text)
     stream = rms[rms["kind"] == "stream"].set_index("layer")["mean"]
     lens = interp.lens_dataset_summary(model, text).set_index("layer")["mean_top1_prob"]
-    params = interp.param_table(SproutConfig.preset(label)).set_index("part")["params"] if label in ("gpt-1", "gpt-4") else None
+    params = interp.param_table(SproutConfig.preset(label)).set_index("part")["count"] if label in ("gpt-1", "gpt-4") else None
     return dict(
         params=None if params is None else int(params["total"]), loss=interp.mean_loss(model, text), half=half,
         repeat=(float(rep.loc["first", "loss"]), float(rep.loc["second", "loss"]), float(rep.loc["first", "uniform"])),
@@ -149,8 +149,15 @@ def measure(model, label: str) -> dict:
         hand=name_piece_probability(model)[0],
         rms=[float(stream[0]), float(stream[1]), float(stream[stream.index.max()])] if stream.index.max() > 1
         else [float(stream[0]), float(stream[1])],
-        lens=[float(lens[lens.index.max() - 1]), float(lens[lens.index.max()])],
+        # a one-block model's second-to-last layer is the embedding, which the tied unembedding reads back
+        # as the input token itself: not a prediction, so not shown
+        lens=[float(lens[lens.index.max() - 1]) if lens.index.max() >= 2 else None, float(lens[lens.index.max()])],
     )
+
+
+def pct(p: float) -> str:
+    """A probability as a percentage: whole percents, one decimal near 0 and 1 (99.8%, not 100%)."""
+    return f"{p:.1%}" if p < 0.1 or p >= 0.995 else f"{p:.0%}"
 
 
 def _cells(m: dict) -> dict:
@@ -159,14 +166,14 @@ def _cells(m: dict) -> dict:
     return {
         "params": "-" if m["params"] is None else f"{m['params']:,}",
         "loss": f"{m['loss']:.2f}",
-        "repeat": f"{rep_first:.2f} / {rep_second:.2f} ({rep_second / rep_first:.0%}; uniform {uniform:.2f})",
+        "repeat": f"{rep_first:.2f} / {rep_second:.2f} ({pct(rep_second / rep_first)}; uniform guess {uniform:.2f})",
         "induction": f"{m['induction'][0]} ({m['induction'][1]:.2f})",
         "prev": f"{m['prev'][0]} ({m['prev'][1]:.2f})",
         "ablation": f"{top1:+.2f} (top {k} together: {joint:+.2f})",
-        "zorbin": " / ".join(f'"{t.strip()}" {p:.0%}' for t, p in m["zorbin"]),
-        "stories": f"{m['stories']:.0%}", "hand": f"{m['hand']:.0%}",
+        "zorbin": " / ".join(f'"{t.strip()}" {pct(p)}' for t, p in m["zorbin"]),
+        "stories": pct(m["stories"]), "hand": pct(m["hand"]),
         "rms": " -> ".join(f"{r:.3g}" for r in m["rms"]),
-        "lens": f"{m['lens'][0]:.0%} / {m['lens'][1]:.0%}",
+        "lens": " / ".join("-" if p is None else pct(p) for p in m["lens"]),
     }
 
 

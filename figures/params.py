@@ -13,23 +13,24 @@ PART_NAMES = {"embedding": "embedding (= output layer)", "attention": "attention
 
 
 def param_breakdown(df: pd.DataFrame, title: str = "Parameters per preset") -> go.Figure:
-    """Stacked bars, one per preset and one segment per part: counts on the left, shares on the right.
+    """Stacked bars, one per preset and one segment per part: counts on top, shares below.
 
     Args:
         df: `interp.param_table` rows for several configs (columns `config`, `part`, `count`; the
             "total" rows are left out, the bars add up to them).
 
     Returns:
-        Two stacked bar charts (parameter count; share of the total), with the total and the
-        embedding's share written above each bar of the first.
+        Two stacked bar charts, one above the other (parameter count; share of the total), with the
+        total and the embedding's share written above each bar of the first. The panels share the
+        figure's width, which grows with the number of presets up to 1,200 px (a 1400-px page).
     """
     require(df, ["config", "part", "count"], "param_breakdown")
     df = df[df["part"] != "total"]
     presets = list(dict.fromkeys(df["config"]))
     parts = list(dict.fromkeys(df["part"]))
     totals = df.groupby("config", sort=False)["count"].sum().reindex(presets)
-    fig = make_subplots(rows=1, cols=2, subplot_titles=["parameters", "share of the parameters"],
-                        horizontal_spacing=0.12)
+    fig = make_subplots(rows=2, cols=1, subplot_titles=["parameters", "share of the parameters"],
+                        vertical_spacing=0.16)
     for i, part in enumerate(parts):
         counts = df[df["part"] == part].groupby("config", sort=False)["count"].sum().reindex(presets, fill_value=0)
         share = counts / totals
@@ -40,7 +41,7 @@ def param_breakdown(df: pd.DataFrame, title: str = "Parameters per preset") -> g
                       row=1, col=1)
         fig.add_trace(go.Bar(x=presets, y=share.values, showlegend=False, **style,
                              hovertemplate=f"{name}<br>%{{x}}: %{{y:.1%}} of the parameters<extra></extra>"),
-                      row=1, col=2)
+                      row=2, col=1)
     for p in presets:
         emb = df[(df["config"] == p) & (df["part"] == "embedding")]["count"].sum()
         note = f"{totals[p]:,}" + (f"<br>embedding {emb / totals[p]:.0%}" if emb else "")
@@ -48,9 +49,9 @@ def param_breakdown(df: pd.DataFrame, title: str = "Parameters per preset") -> g
                            xref="x", yref="y")
     fig.update_layout(**base_layout(
         title, "stacked by part; the number above a bar is the total (the tied embedding counted once)",
-        barmode="stack", width=int(max(900, 300 * len(presets) + 300)), height=540,
+        barmode="stack", width=int(min(1200, max(760, 110 * len(presets) + 420))), height=860,
     ))
     fig.update_xaxes(title=dict(text="preset"), type="category")
     fig.update_yaxes(title=dict(text="parameters (count)"), range=[0, float(totals.max()) * 1.2], row=1, col=1)
-    fig.update_yaxes(title=dict(text="share of all parameters"), tickformat=".0%", range=[0, 1], row=1, col=2)
+    fig.update_yaxes(title=dict(text="share of all parameters"), tickformat=".0%", range=[0, 1], row=2, col=1)
     return fig

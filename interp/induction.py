@@ -13,6 +13,8 @@ from typing import Optional
 import pandas as pd
 import torch
 
+from sprout.synthetic import generate_story
+
 from ._model import logits_of, model_name
 
 _WORD = re.compile(r"\b[A-Z][a-z]+\b")  # a capitalised word
@@ -149,8 +151,6 @@ def induction_stories(models, n_stories: int = 50, seed: int = 0) -> pd.DataFram
         >>> sorted(df.occurrence.unique().tolist())
         ['first', 'later']
     """
-    from sprout.synthetic import generate_story
-
     models = _named(models)
     rows = []
     for i in range(n_stories):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import tomllib
-from setuptools import find_packages
+from setuptools import find_namespace_packages
 
 ROOT = Path(__file__).resolve().parent.parent
 OURS = ("sprout", "interp", "figures", "experiments", "benchmarks", "sprout_cli", "tests")
@@ -120,10 +120,16 @@ def test_import_sprout_imports_no_training_analysis_or_plotting_code():
     assert out.stdout.strip() == "[]"
 
 
+def test_dir_of_sprout_lists_load_and_save():
+    import sprout
+
+    assert {"load", "save", "keep_freed_memory"} <= set(dir(sprout)) and callable(sprout.load)
+
+
 def test_installing_the_project_installs_no_experiments_or_benchmarks_package():
     """The wheel's packages are the library and the command: a user's own `experiments/` stays theirs."""
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["packages"]["find"]
-    installed = find_packages(str(ROOT), include=cfg["include"], exclude=cfg.get("exclude", ()))
+    installed = find_namespace_packages(str(ROOT), include=cfg["include"], exclude=cfg.get("exclude", ()))
     tops = {p.split(".")[0] for p in installed}
     assert tops == {"sprout", "interp", "figures", "sprout_cli"}
     assert "sprout.training" in installed and "sprout.demo" in installed

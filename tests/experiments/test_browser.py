@@ -3,6 +3,7 @@
 Needs Debian's `chromium` (installed by .ci/run). Without it these tests fail, on purpose: a figure
 nobody has seen render is not a tested figure.
 """
+import json
 import re
 import shutil
 import struct
@@ -115,6 +116,31 @@ def test_index_renders_every_plot_without_errors(chromium, results, tmp_path):
     assert dom.count('class="plot-container plotly"') == n_figures, "not every plot on index.html was drawn"
     assert dom.count('class="main-svg"') >= 2 * n_figures
     assert ink(read_png(shot)) > 0.03, "the index screenshot is (nearly) blank"
+
+
+PROBE = """<script>window.addEventListener('load', () => setTimeout(() => {
+  const cut = [...document.querySelectorAll('figure')].filter(f => f.scrollWidth > f.clientWidth + 1)
+    .map(f => [f.querySelector('.plotly-graph-div').id, f.scrollWidth, f.clientWidth,
+               f.querySelector('figcaption').textContent.slice(0, 40)]);
+  document.body.setAttribute('data-probe', JSON.stringify({page: document.documentElement.scrollWidth, window: window.innerWidth, cut}));
+}, 500));</script></body>"""
+
+
+def test_index_reads_in_a_1400px_window_without_sideways_scrolling(chromium, results, tmp_path):
+    """No figure but the per-token lens grid is wider than its column (the parameter chart's share panel
+    used to be cut off), and the page itself never scrolls sideways."""
+    out, _ = results
+    probe = out / "index_probe.html"
+    probe.write_text((out / "index.html").read_text(encoding="utf-8").replace("</body>", PROBE), encoding="utf-8")
+    dom, console = browse(chromium, tmp_path, probe.as_uri(), "--dump-dom", width=1400)
+    assert not js_errors(console), console
+    found = re.search(r'data-probe="([^"]*)"', dom)
+    assert found, "the probe script did not run"
+    seen = json.loads(found.group(1).replace("&quot;", '"'))
+    assert seen["page"] <= seen["window"], seen
+    # the logit-lens grid has a column per token (64 of them) and scrolls inside its own frame by design
+    cut = [c for c in seen["cut"] if "top-1 token after each block" not in c[3]]
+    assert cut == [], f"figures wider than the page's column (id, width, column, caption): {cut}"
 
 
 def test_logit_lens_figure_fills_its_plot_area(chromium, results, tmp_path):

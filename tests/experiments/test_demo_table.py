@@ -43,3 +43,31 @@ def test_replacing_the_table_keeps_the_rest_of_the_readme():
     assert new == f"intro\n{demo_table.BEGIN}\n| new | \\1 |\n{demo_table.END}\nrest $1 \\1\n"
     with pytest.raises(ValueError, match="demo-table"):
         demo_table.replace_readme_table("no markers", "| t |")
+
+
+def test_the_index_page_measures_with_the_readme_tables_functions_and_settings(tmp_path):
+    """run_all with its default settings prints, for any model, the numbers demo_table.measure gives it."""
+    import torch
+
+    import sprout
+    from experiments.run_all import run_all
+    from sprout import Sprout, SproutConfig
+    from sprout.synthetic import generate_corpus
+    from sprout.tokenizer import train_bpe
+
+    torch.manual_seed(1)
+    tok = train_bpe(generate_corpus(15_000, seed=3) + " Zorbin Plax", vocab_size=300)
+    sprout.save(Sprout(SproutConfig(vocab_size=300, context=128, n_layer=2, n_head=2, d_model=32, d_ff=64), tok),
+                tmp_path / "tiny")
+    model = sprout.load(tmp_path / "tiny")
+    done = run_all({"tiny": model}, tmp_path / "results", only=["head_detection", "residual_growth", "training_dynamics"],
+                   progress=False)
+    shown = {r["quantity"]: r["measured"] for _, _, rows in done.values() for r in rows}
+    m = demo_table.measure(model, "tiny")
+    assert shown["top induction head (score)"] == f"{m['induction'][0]} ({m['induction'][1]:.2f})"
+    assert shown["held-out loss on fresh stories (nats/token), measured here"] == pytest.approx(m["loss"], rel=1e-6)
+    assert shown["RMS after the embedding"] == pytest.approx(m["rms"][0], rel=1e-6)
+    assert shown["RMS after block 2 (the last)"] == pytest.approx(m["rms"][-1], rel=1e-6)
+    assert shown["repeated random tokens: loss on the 2nd copy (nats/token)"] == pytest.approx(m["repeat"][1], rel=1e-6)
+    top = [r for r in done["head_detection"][2] if r["quantity"].startswith("loss change, L")][0]
+    assert top["measured"] == pytest.approx(m["ablation"][0], rel=1e-6)

@@ -311,6 +311,8 @@ def test_param_breakdown_stacks_to_the_total():
     assert notes[:2] == ["parameters", "share of the parameters"]
     assert notes[2].startswith("1,978,368") and "embedding 80%" in notes[2]
     assert "parameters" in fig.layout.yaxis.title.text
+    many = pd.concat([df.assign(config=df.config + f" {i}") for i in range(4)])  # 8 presets
+    assert figures.param_breakdown(many).layout.width <= 1200  # fits a 1400-px page
 
 
 def test_loss_curves_train_and_held_out():

@@ -83,3 +83,10 @@ def test_lens_tuned_reads_the_lens_beside_the_checkpoint(spec, capsys, tmp_path)
     assert all(r[2].startswith(cli._tok(emb[0], 8)[:3]) for r in rows)
     for f in ("tuned_lens.safetensors", "tuned_lens.json"):
         (Path(spec) / f).unlink()
+
+
+@pytest.mark.parametrize("command,flag", [("train", "--recipe"), ("export-hf", "out_dir"), ("import-hf", "hf_dir")])
+def test_the_sprout_command_reaches_training_and_the_hugging_face_bridge(command, flag, capsys):
+    with pytest.raises(SystemExit) as e:
+        sprout_cli.main([command, "--help"])
+    assert e.value.code == 0 and flag in capsys.readouterr().out

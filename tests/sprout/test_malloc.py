@@ -1,5 +1,5 @@
-"""sprout keeps freed memory for reuse, so repeated activation caches do not page-fault their memory in anew."""
-import os
+"""`sprout.keep_freed_memory()` keeps freed memory for reuse, so repeated activation caches do not page-fault
+their memory in anew; `import sprout` alone leaves the allocator as it was."""
 import subprocess
 import sys
 
@@ -7,7 +7,9 @@ import pytest
 
 SCRIPT = """
 import resource, torch
-import sprout
+import sys, sprout
+if sys.argv[1] == 'keep':
+    assert sprout.keep_freed_memory()
 torch.set_num_threads(1)
 model = sprout.Sprout(sprout.SproutConfig(vocab_size=512, context=256, n_layer=2, n_head=4, d_model=128, d_ff=256))
 tokens = torch.randint(0, 512, (8, 256))
@@ -21,16 +23,16 @@ with torch.inference_mode():
 """
 
 
-def page_faults(defaults: bool) -> tuple[int, int]:
-    env = {**os.environ, "SPROUT_MALLOC_DEFAULTS": "1" if defaults else "0"}
-    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, check=True)
+def page_faults(keep: bool) -> tuple[int, int]:
+    out = subprocess.run([sys.executable, "-c", SCRIPT, "keep" if keep else "import-only"], capture_output=True,
+                         text=True, check=True)
     faults, pages = out.stdout.split()
     return int(faults), int(pages)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator settings are Linux-only")
 def test_repeated_caches_reuse_memory_instead_of_page_faulting():
-    faults, pages = page_faults(defaults=False)
+    faults, pages = page_faults(keep=True)
     assert faults < pages // 10  # three caches of `pages` pages each, served from memory already mapped
-    faults_glibc, _ = page_faults(defaults=True)
-    assert faults_glibc > 3 * faults  # glibc's own thresholds fault much of it in again every call
+    faults_import_only, _ = page_faults(keep=False)
+    assert faults_import_only > 3 * faults  # import alone keeps glibc's thresholds: much is faulted in every call
