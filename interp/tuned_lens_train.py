@@ -77,6 +77,28 @@ def _world() -> tuple[int, int]:
     return 1, 0
 
 
+class _CrossEntropyToTarget(torch.autograd.Function):
+    """Mean over rows of -sum_v p_v log softmax(z)_v, for logits z [rows, vocab] and a fixed distribution p.
+
+    Written out because autograd's log_softmax -> multiply -> sum keeps and re-reads three [rows, vocab]
+    tensors; here the forward is one log-sum-exp and one dot product, and the backward one pass,
+    softmax(z) - p (measured: the step went from ~50% to ~70% of the floor's tokens/s on the demos).
+    """
+
+    @staticmethod
+    def forward(ctx, z, p):
+        lse = torch.logsumexp(z, dim=-1)  # [rows]
+        ctx.save_for_backward(z, p, lse)
+        return lse.mean() - torch.dot(p.reshape(-1), z.reshape(-1)) / z.shape[0]
+
+    @staticmethod
+    def backward(ctx, grad):
+        z, p, lse = ctx.saved_tensors
+        g = torch.exp(z - lse[:, None])
+        g.sub_(p).mul_(grad / z.shape[0])
+        return g, None
+
+
 def lens_step(model, lens: TunedLens, ids: torch.Tensor, scale: float = 1.0) -> list[float]:
     """Forward of the frozen model once, then each translator's KL(final || lens), backpropagated layer by
     layer (times `scale`). Returns the mean KL per translator (nats)."""
@@ -89,8 +111,7 @@ def lens_step(model, lens: TunedLens, ids: torch.Tensor, scale: float = 1.0) -> 
     kls = []
     for i, name in enumerate(names):
         resid = cache[name].flatten(0, -2)
-        log_q = torch.log_softmax(unembed(model, lens(i, resid)).float(), dim=-1)
-        cross = -(p * log_q).sum(-1).mean()  # KL = cross - H(p); H(p) has no gradient
+        cross = _CrossEntropyToTarget.apply(unembed(model, lens(i, resid)).float(), p)  # KL = cross - H(p)
         (cross * scale).backward()
         kls.append((cross.detach() + neg_h).item())
     return kls
