@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import interp
+from interp._model import logits_of
 from interp.tuned_lens_train import model_text, windows
 from sprout import Sprout
 from sprout.checkpoint import load
@@ -43,7 +44,7 @@ def test_tuned_lens_matches_a_hand_computation_and_the_last_layer_is_the_output(
     df = interp.tuned_lens(tiny_model, ids, lens, k=3, stats=True)
     _, cache = tiny_model.run_with_cache(ids)
     with torch.no_grad():
-        final = F.log_softmax(tiny_model(ids)[0].float(), -1)
+        final = F.log_softmax(logits_of(tiny_model, ids).float(), -1)
         for i, name in enumerate(lens.sites):
             x = cache[name]
             if i < len(lens.translators):  # h + A h + b, written out by hand
