@@ -23,8 +23,7 @@ import torch.nn.functional as F
 from transformer_lens.hook_points import HookPoint
 
 from .config import SproutConfig
-from .hooked import HookedLM, TextOrTokens, check_stop_at_layer, hooked, lm_loss
-from .text import check_tokens
+from .hooked import HookedLM, hooked
 
 
 class NormHooks(nn.Module):
@@ -75,7 +74,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 def rope_rows(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The [pos, d_head/2] tables as whole rows [pos, 1, d_head]: (cos, cos) and (-sin, sin)."""
-    return torch.cat((cos, cos), dim=-1)[:, None, :], torch.cat((-sin, sin), dim=-1)[:, None, :]
+    return torch.cat((cos, cos), dim=-1)[..., None, :], torch.cat((-sin, sin), dim=-1)[..., None, :]
 
 
 def rotate(x: torch.Tensor, cos_rows: torch.Tensor, sin_rows: torch.Tensor) -> torch.Tensor:
@@ -115,8 +114,10 @@ class Attention(nn.Module):
         """[head, d_head, d_model]: each head's output matrix (TransformerLens' layout)."""
         return self.proj.weight.T.reshape(self.n_head, self.d_head, -1)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x [batch, pos, d_model]; cos/sin the whole-row tables of `rope_rows`, [pos, 1, d_head]."""
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x [batch, pos, d_model]; cos/sin the whole-row tables of `rope_rows`, [pos, 1, d_head] (or
+        [batch, pos, 1, d_head] per row); attn_mask None (causal) or bool [batch, 1, query, key], True = may attend."""
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=-1)
         q = self.hook_q(q.view(B, T, self.n_head, self.d_head))
@@ -131,12 +132,12 @@ class Attention(nn.Module):
             # Materialise scores and pattern only when someone reads or edits them.
             # In place: scores is fresh, and a copy of [batch, head, pos, pos] costs as much as the softmax.
             scores = (q @ k.transpose(-2, -1)).div_(math.sqrt(self.d_head))
-            future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-            scores = self.hook_attn_scores(scores.masked_fill_(future, float("-inf")))
+            hidden = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1) if attn_mask is None else ~attn_mask
+            scores = self.hook_attn_scores(scores.masked_fill_(hidden, float("-inf")))
             pattern = self.hook_pattern(F.softmax(scores, dim=-1))
             z = pattern @ v
         else:
-            z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None)
         z = self.hook_z(z.transpose(1, 2))  # (B, T, head, d_head)
         if hooked(self.hook_result):
             W_O = self.proj.weight.view(C, self.n_head, self.d_head)
@@ -190,9 +191,10 @@ class Block(nn.Module):
         self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         x = self.hook_resid_pre(x)
-        x = self.hook_resid_mid(x + self.hook_attn_out(self.attn(self.norm1(x, self.ln1), cos, sin)))
+        x = self.hook_resid_mid(x + self.hook_attn_out(self.attn(self.norm1(x, self.ln1), cos, sin, attn_mask)))
         x = self.hook_resid_post(x + self.hook_mlp_out(self.ffn(self.norm2(x, self.ln2), self.mlp)))
         return x
 
@@ -206,12 +208,13 @@ class UnembedHooks(nn.Module):
 
 
 class Sprout(HookedLM):
-    """The Sprout transformer, hooked. `forward(idx, targets, loss_mask)` returns `(logits, loss)`."""
+    """The Sprout transformer, hooked. `logits, loss = model(idx, targets, loss_mask)` as model.py, and
+    `model(tokens, return_type=...)` as TransformerLens (see `HookedLM.forward`)."""
 
     def __init__(self, cfg: SproutConfig, tokenizer=None):
         super().__init__()
         self.config = cfg
-        self.tokenizer = tokenizer  # optional tokenizers.Tokenizer, for text in and text out
+        self.tokenizer = tokenizer  # optional; held as a Hugging Face PreTrainedTokenizerFast
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.hook_embed = HookPoint()  # [batch, pos, d_model]
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
@@ -250,33 +253,36 @@ class Sprout(HookedLM):
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
 
-    # --- forward ----------------------------------------------------------------------------------
+    # --- forward (the calling conventions live in HookedLM.forward) -------------------------------
 
-    def forward(self, idx: TextOrTokens, targets: Optional[torch.Tensor] = None,
-                loss_mask: Optional[torch.Tensor] = None, stop_at_layer: Optional[int] = None):
-        """Token ids [batch, pos] (or text) -> (logits [batch, pos, vocab], loss or None).
+    def run_layers(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
+                   positions: Optional[torch.Tensor] = None, start_at_layer: Optional[int] = None,
+                   stop_at_layer: Optional[int] = None) -> torch.Tensor:
+        """Token ids [batch, pos] -> logits [batch, pos, vocab].
 
-        With `stop_at_layer=L` only blocks 0..L-1 run, `blocks.L.hook_resid_pre` still fires, and the
-        residual stream [batch, pos, d_model] is returned in place of the logits (loss None): a probe
-        of an early layer does not pay for the rest of the model.
+        With padding, `attn_mask` [batch, 1, pos, pos] and each token's RoPE position [batch, pos] (see
+        `hooked.padding_masks`). With `start_at_layer=S`, x is the residual stream entering block S.
+        With `stop_at_layer=L` only blocks up to L-1 run, `blocks.L.hook_resid_pre` still fires (as
+        TransformerLens does not: a probe of layer L reads it), and the stream [batch, pos, d_model]
+        is returned: a probe of an early layer does not pay for the rest of the model.
         """
-        idx = check_tokens(self, idx)
-        T = idx.size(1)
-        x = self.hook_embed(self.embed(idx))
-        cos, sin = rope_rows(self.cos[:T], self.sin[:T])  # [pos, 1, d_head], built once for every block
+        T = x.size(1)
+        if positions is None:
+            cos, sin = rope_rows(self.cos[:T], self.sin[:T])  # [pos, 1, d_head], built once for every block
+        else:
+            cos, sin = rope_rows(self.cos[positions], self.sin[positions])  # [batch, pos, 1, d_head]
+        if start_at_layer is None:
+            x = self.hook_embed(self.embed(x))
+        blocks = self.blocks
+        if start_at_layer is not None or stop_at_layer is not None:
+            blocks = self.blocks[start_at_layer:stop_at_layer]
+        for block in blocks:
+            x = block(x, cos, sin, attn_mask)
         if stop_at_layer is not None:
-            check_stop_at_layer(self, stop_at_layer)
-            for block in self.blocks[:stop_at_layer]:
-                x = block(x, cos, sin)
             if stop_at_layer < len(self.blocks):
                 x = self.blocks[stop_at_layer].hook_resid_pre(x)
-            return x, None
-        for block in self.blocks:
-            x = block(x, cos, sin)
-        logits = self.unembed.hook_out(self.head(self.norm(x, self.ln_final)))
-        if targets is None:
-            return logits, None
-        return logits, lm_loss(logits, targets, loss_mask)
+            return x
+        return self.unembed.hook_out(self.head(self.norm(x, self.ln_final)))
 
 
 # The course's names, so code written against model.py runs unchanged.

@@ -32,8 +32,7 @@ import torch.nn.functional as F
 from transformer_lens.hook_points import HookPoint
 
 from .config import LensConfig, strict_from_dict
-from .hooked import HookedLM, check_stop_at_layer, hooked, lm_loss
-from .text import check_tokens
+from .hooked import HookedLM, hooked
 
 
 @dataclass(frozen=True)
@@ -198,7 +197,8 @@ class Attention(nn.Module):
         W = torch.cat([getattr(h, name).weight for h in self.heads])  # (head * d_head, C)
         return F.linear(x, W).view(*x.shape[:2], self.n_head, self.d_head)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x [batch, pos, d_model]; attn_mask None (causal) or bool [batch, 1, query, key], True = may attend."""
         B, T, C = x.shape
         q = self.hook_q(self._project(x, "query"))
         k = self.hook_k(self._project(x, "key"))
@@ -207,13 +207,13 @@ class Attention(nn.Module):
         if hooked(self.hook_attn_scores, self.hook_pattern):
             # Materialise scores and pattern only when someone reads or edits them.
             scores = (q @ k.transpose(-2, -1)) * self.d_head ** -0.5
-            causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-            scores = self.hook_attn_scores(scores.masked_fill(~causal, float("-inf")))
+            allowed = torch.ones(T, T, dtype=torch.bool, device=x.device).tril() if attn_mask is None else attn_mask
+            scores = self.hook_attn_scores(scores.masked_fill(~allowed, float("-inf")))
             pattern = self.hook_pattern(F.softmax(scores, dim=-1))
             z = self.attn_dropout(pattern) @ v
         else:
             p = self.attn_dropout.p if self.training else 0.0
-            z = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p, is_causal=attn_mask is None)
         z = self.hook_z(z.transpose(1, 2))  # (B, T, head, d_head); heads concatenate in this order
         if hooked(self.hook_result):
             W_O = self.projection.weight.view(C, self.n_head, self.d_head)
@@ -263,10 +263,10 @@ class Block(nn.Module):
                 self.hook_resid_mid = HookPoint()
             self.hook_resid_post = HookPoint()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         if self.residual:
             x = self.hook_resid_pre(x)
-        a = self.hook_attn_out(self.dropout(self.attention_projection(self.attn(self.ln1(x)))))
+        a = self.hook_attn_out(self.dropout(self.attention_projection(self.attn(self.ln1(x), attn_mask))))
         if self.mlp is None:
             return self.hook_resid_post(x + a) if self.residual else a
         x = self.hook_resid_mid(x + a) if self.residual else a
@@ -286,7 +286,8 @@ class Unembed(nn.Linear):
 
 
 class WalkthroughGPT(HookedLM):
-    """The walkthrough's character GPT, hooked. `forward(idx, targets, loss_mask)` returns `(logits, loss)`."""
+    """The walkthrough's character GPT, hooked; called as model.py (`logits, loss = model(idx, targets)`) or as
+    TransformerLens (`model(tokens, return_type=...)`), see `HookedLM.forward`."""
 
     family = "walkthrough"
 
@@ -306,31 +307,31 @@ class WalkthroughGPT(HookedLM):
         self.unembed = Unembed(cfg.d_model, cfg.vocab_size)
         self.setup()
 
-    def forward(self, idx, targets: Optional[torch.Tensor] = None, loss_mask: Optional[torch.Tensor] = None,
-                stop_at_layer: Optional[int] = None):
-        """Token ids [batch, pos] (or text) -> (logits [batch, pos, vocab], loss or None).
+    def run_layers(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
+                   positions: Optional[torch.Tensor] = None, start_at_layer: Optional[int] = None,
+                   stop_at_layer: Optional[int] = None) -> torch.Tensor:
+        """Token ids [batch, pos] -> logits [batch, pos, vocab] (the calling conventions: HookedLM.forward).
 
-        The loss is the mean cross-entropy over positions, or over those where `loss_mask` is nonzero.
-        With `stop_at_layer=L` only blocks 0..L-1 run and their output [batch, pos, d_model] is returned
-        in place of the logits (loss None); `blocks.L.hook_resid_pre` fires when the step has it.
+        With padding, `attn_mask` [batch, 1, pos, pos] and each token's position [batch, pos], so left
+        padding does not shift the learned positions. With `start_at_layer=S`, x is the stream entering
+        block S. With `stop_at_layer=L` only blocks 0..L-1 run and their output [batch, pos, d_model] is
+        returned; `blocks.L.hook_resid_pre` fires when the step has it.
         """
-        idx = check_tokens(self, idx)
-        B, T = idx.shape
-        pos = torch.arange(T, device=idx.device) % self.config.context  # the walkthrough wraps positions
-        x = self.hook_embed(self.embed(idx)) + self.hook_pos_embed(self.pos_embed(pos).expand(B, T, -1))
+        if start_at_layer is None:
+            B, T = x.shape
+            pos = torch.arange(T, device=x.device) if positions is None else positions
+            pos = pos % self.config.context  # the walkthrough wraps positions
+            x = self.hook_embed(self.embed(x)) + self.hook_pos_embed(self.pos_embed(pos).expand(B, T, -1))
+        blocks = self.blocks
+        if start_at_layer is not None or stop_at_layer is not None:
+            blocks = self.blocks[start_at_layer:stop_at_layer]
+        for block in blocks:
+            x = block(x, attn_mask)
         if stop_at_layer is not None:
-            check_stop_at_layer(self, stop_at_layer)
-            for block in self.blocks[:stop_at_layer]:
-                x = block(x)
             if stop_at_layer < len(self.blocks) and self.config.residual:
                 x = self.blocks[stop_at_layer].hook_resid_pre(x)
-            return x, None
-        for block in self.blocks:
-            x = block(x)
-        logits = self.unembed(self.ln_final(x))
-        if targets is None:
-            return logits, None
-        return logits, lm_loss(logits, targets, loss_mask)
+            return x
+        return self.unembed(self.ln_final(x))
 
 
 # ----------------------------------------------------------------------------- the walkthrough's keys
