@@ -8,7 +8,6 @@ import io
 
 import pytest
 import torch
-import torch.nn.functional as F
 from transformer_lens import evals
 from transformer_lens import utilities as utils
 from transformer_lens.tools.analysis.attribution_patching import attribution_patch
