@@ -169,6 +169,7 @@ def load(path: PathLike, map_location: Union[str, torch.device] = "cpu",
         raise ValueError(f"{path}: unknown checkpoint format; expected a directory, .safetensors or one of {TORCH_SUFFIXES}")
     if tokenizer is None and (path.parent / TOKENIZER).is_file():
         tokenizer = path.parent / TOKENIZER
+    tokenizer = getattr(tokenizer, "backend_tokenizer", tokenizer)  # a model's HF tokenizer: the one inside
     if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
         try:
             tokenizer = Tokenizer.from_file(str(tokenizer))

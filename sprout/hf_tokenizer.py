@@ -18,11 +18,30 @@ from transformers import PreTrainedTokenizerFast
 from .tokenizer import EOT, decode
 
 
+class Ids(list):
+    """Hugging Face's `encode` result (a list of ids) that also reads as the raw tokenizer's `Encoding`
+    (`.ids`, `.offsets`, `.tokens`), so code written against `tokenizers.Tokenizer.encode` keeps working."""
+
+    def __init__(self, ids, encoding):
+        super().__init__(ids)
+        self._encoding = encoding
+
+    @property
+    def ids(self) -> list:
+        return list(self)
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._encoding, name)
+
+
 class SproutTokenizer(PreTrainedTokenizerFast):
     """A PreTrainedTokenizerFast over a `tokenizers.Tokenizer`, answering the raw tokenizer's calls too.
 
     `get_vocab_size`, `token_to_id`, `id_to_token`, `to_str` and `save` reach the raw tokenizer, so code
-    written for it keeps working; `encode` is Hugging Face's (a list of ids). Decoding shows ids the
+    written for it keeps working; `encode` is Hugging Face's (a list of ids) and its result also has the
+    raw `Encoding`'s `.ids` and `.offsets`. Decoding shows ids the
     tokenizer lacks as `<unk:ID>` (as `sprout.tokenizer.decode`), never dropping them.
     """
 
@@ -34,6 +53,12 @@ class SproutTokenizer(PreTrainedTokenizerFast):
         elif tok.get_vocab_size() > 0:
             special = dict(pad_token=tok.id_to_token(0))
         return cls(tokenizer_object=tok, clean_up_tokenization_spaces=False, padding_side="right", **special)
+
+    def encode(self, text, *args, **kwargs) -> Ids:
+        ids = super().encode(text, *args, **kwargs)
+        if not isinstance(text, str):
+            return ids
+        return Ids(ids, self.backend_tokenizer.encode(text, add_special_tokens=kwargs.get("add_special_tokens", True)))
 
     def get_vocab_size(self, with_added_tokens: bool = True) -> int:
         return self.backend_tokenizer.get_vocab_size(with_added_tokens)
