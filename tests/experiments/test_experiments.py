@@ -12,7 +12,7 @@ from experiments import EXPERIMENTS, terminal
 from experiments.common import ZORBIN, Output, held_out_text
 from experiments.run_all import run_all
 from sprout import Sprout, SproutConfig
-from sprout.data import generate_corpus
+from sprout.synthetic import generate_corpus
 from sprout.tokenizer import train_bpe
 
 CFG = SproutConfig(vocab_size=300, context=128, n_layer=2, n_head=2, d_model=32, d_ff=64)
@@ -46,7 +46,7 @@ def numbers(out, name):
 
 def test_every_file_is_written(run):
     out = run["out"]
-    assert sorted(p.name for p in out.iterdir()) == sorted(EXPERIMENTS + ["index.html", "numbers.csv", "plotly.min.js"])
+    assert sorted(p.name for p in out.iterdir()) == sorted(EXPERIMENTS + [".run_all", "index.html", "numbers.csv", "plotly.min.js"])
     expected = {
         "param_counts": {"param_table.csv", "param_breakdown.html"},
         "rope_check": {"chapter_pairs.csv", "sweep.csv", "rope_distance.html"},
