@@ -23,9 +23,10 @@ import torch.nn.functional as F
 from transformer_lens.hook_points import HookPoint
 
 from .config import SproutConfig
+from .hook_flags import HookFlags, editable, per_head_inputs
 from .hooked import HookedLM, TextOrTokens, check_stop_at_layer, hooked, lm_loss
 from .text import check_tokens
-from .weights import Embed, SproutAttentionWeights, SproutMLPWeights, SproutUnembedWeights, TLWeights, link
+from .weights import Embed, SproutAttentionWeights, SproutMLPWeights, SproutUnembedWeights, TLWeights, link, linked
 
 
 class NormHooks(nn.Module):
@@ -58,7 +59,7 @@ class RMSNorm(nn.Module):
         if hooks is None or not hooked(hooks.hook_scale, hooks.hook_normalized):
             return F.rms_norm(x.float(), (x.size(-1),), self.weight.float(), self.eps).type_as(x)
         xf = x.float()
-        scale = hooks.hook_scale((xf.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
+        scale = hooks.hook_scale(editable((xf.pow(2).mean(-1, keepdim=True) + self.eps).sqrt(), hooks.hook_scale))
         return (hooks.hook_normalized(xf / scale) * self.weight.float()).type_as(x)
 
 
@@ -111,34 +112,49 @@ class Attention(SproutAttentionWeights, nn.Module):
         self.hook_z = HookPoint()  # [batch, pos, head, d_head]
         self.hook_result = HookPoint()  # [batch, pos, head, d_model]: each head's write to the stream
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x [batch, pos, d_model]; cos/sin the whole-row tables of `rope_rows`, [pos, 1, d_head]."""
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=-1)
-        q = self.hook_q(q.view(B, T, self.n_head, self.d_head))
-        k = self.hook_k(k.view(B, T, self.n_head, self.d_head))
-        v = self.hook_v(v.view(B, T, self.n_head, self.d_head))
+    def forward(self, x, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [batch, pos, d_model], or with split inputs a tuple of each head's own (normalised) copy
+        for Q, K and V, each [batch, pos, head, d_model]; cos/sin the whole-row tables of `rope_rows`,
+        [pos, 1, d_head]."""
+        q, k, v = self.project_per_head(*x) if isinstance(x, tuple) else self.project(x)
+        # A hook may edit q, k, v in place: with autograd on, they must not be views of one fused output.
+        q = self.hook_q(editable(q, self.hook_q))
+        k = self.hook_k(editable(k, self.hook_k))
+        v = self.hook_v(editable(v, self.hook_v))
         q = self.hook_q_normed(self.q_norm(q))
         k = self.hook_k_normed(self.k_norm(k))
         q = self.hook_rot_q(rotate(q, cos, sin))
         k = self.hook_rot_k(rotate(k, cos, sin))
+        B, T = q.shape[:2]
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, head, T, d_head)
         if hooked(self.hook_attn_scores, self.hook_pattern):
-            # Materialise scores and pattern only when someone reads or edits them.
+            # Materialise scores and pattern only when someone reads or edits them. The result differs
+            # from scaled_dot_product_attention's by float32 rounding (README, *Speed*).
             # In place: scores is fresh, and a copy of [batch, head, pos, pos] costs as much as the softmax.
             scores = (q @ k.transpose(-2, -1)).div_(math.sqrt(self.d_head))
-            future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+            future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
             scores = self.hook_attn_scores(scores.masked_fill_(future, float("-inf")))
-            pattern = self.hook_pattern(F.softmax(scores, dim=-1))
+            pattern = self.hook_pattern(editable(F.softmax(scores, dim=-1), self.hook_pattern))  # softmax keeps its output
             z = pattern @ v
         else:
             z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        z = self.hook_z(z.transpose(1, 2))  # (B, T, head, d_head)
+        z = self.hook_z(editable(z.transpose(1, 2), self.hook_z))  # (B, T, head, d_head); attention keeps its output
+        C = self.proj.weight.size(0)
         if hooked(self.hook_result):
             W_O = self.proj.weight.view(C, self.n_head, self.d_head)
             result = self.hook_result(torch.einsum("bphd,mhd->bphm", z, W_O))
             return result.sum(dim=2)
         return self.proj(z.reshape(B, T, C))
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [batch, pos, d_model] -> q, k, v [batch, pos, head, d_head], in one fused matmul."""
+        B, T, C = x.shape
+        return tuple(t.view(B, T, self.n_head, self.d_head) for t in self.qkv(x).split(C, dim=-1))
+
+    def project_per_head(self, xq: torch.Tensor, xk: torch.Tensor, xv: torch.Tensor):
+        """Each head's q, k, v [batch, pos, head, d_head] from its own input [batch, pos, head, d_model]."""
+        W = self.qkv.weight.view(3, self.n_head, self.d_head, -1)
+        return tuple(torch.einsum("bphm,hdm->bphd", x, W[i]) for i, x in enumerate((xq, xk, xv)))
 
 
 class MLPHooks(SproutMLPWeights, nn.Module):
@@ -188,11 +204,25 @@ class Block(nn.Module):
         self.hook_resid_mid = HookPoint()
         self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
+        # Fire only with TransformerLens' flags on (sprout/hook_flags.py):
+        self.hook_q_input = HookPoint()  # [batch, pos, head, d_model]: each head's copy of resid_pre, before ln1
+        self.hook_k_input = HookPoint()
+        self.hook_v_input = HookPoint()
+        self.hook_attn_in = HookPoint()  # [batch, pos, head, d_model]: one copy per head for Q, K and V
+        self.hook_mlp_in = HookPoint()  # [batch, pos, d_model]: the MLP's input before ln2, a copy
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = self.hook_resid_pre(x)
-        x = self.hook_resid_mid(x + self.hook_attn_out(self.attn(self.norm1(x, self.ln1), cos, sin)))
-        x = self.hook_resid_post(x + self.hook_mlp_out(self.ffn(self.norm2(x, self.ln2), self.mlp)))
+        flags = linked(self, "lens")
+        if flags is not None and (flags.use_split_qkv_input or flags.use_attn_in):
+            attn_in = per_head_inputs(self, x, self.attn.n_head, flags.use_attn_in, lambda c: self.norm1(c))
+            if hooked(self.ln1.hook_scale, self.ln1.hook_normalized):
+                self.norm1(x, self.ln1)  # ln1's hooks still see the shared stream; the heads read their copies
+        else:
+            attn_in = self.norm1(x, self.ln1)
+        x = self.hook_resid_mid(x + self.hook_attn_out(self.attn(attn_in, cos, sin)))
+        mlp_in = self.hook_mlp_in(x.clone()) if flags is not None and flags.use_hook_mlp_in else x
+        x = self.hook_resid_post(x + self.hook_mlp_out(self.ffn(self.norm2(mlp_in, self.ln2), self.mlp)))
         return x
 
 
@@ -204,7 +234,7 @@ class UnembedHooks(SproutUnembedWeights, nn.Module):
         self.hook_out = HookPoint()  # [batch, pos, vocab]: the logits
 
 
-class Sprout(TLWeights, HookedLM):
+class Sprout(TLWeights, HookFlags, HookedLM):
     """The Sprout transformer, hooked. `forward(idx, targets, loss_mask)` returns `(logits, loss)`."""
 
     def __init__(self, cfg: SproutConfig, tokenizer=None):

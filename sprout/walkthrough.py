@@ -32,9 +32,10 @@ import torch.nn.functional as F
 from transformer_lens.hook_points import HookPoint
 
 from .config import LensConfig, strict_from_dict
+from .hook_flags import HookFlags, editable, per_head_inputs
 from .hooked import HookedLM, check_stop_at_layer, hooked, lm_loss
 from .text import check_tokens
-from .weights import Embed, PosEmbed, TLWeights, WalkthroughAttentionWeights, WalkthroughMLPWeights, WalkthroughUnembedWeights, link
+from .weights import Embed, PosEmbed, TLWeights, WalkthroughAttentionWeights, WalkthroughMLPWeights, WalkthroughUnembedWeights, link, linked
 
 
 @dataclass(frozen=True)
@@ -162,8 +163,12 @@ class LayerNorm(nn.Module):
         if not hooked(self.hook_scale, self.hook_normalized):
             return F.layer_norm(x, (x.size(-1),), self.weight, self.bias, self.eps)
         x = x - x.mean(-1, keepdim=True)
-        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
+        scale = self.hook_scale(editable((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt(), self.hook_scale))
         return self.hook_normalized(x / scale) * self.weight + self.bias
+
+    def without_hooks(self, x: torch.Tensor) -> torch.Tensor:
+        """The same LayerNorm, firing no hooks (for each head's own copy of the stream)."""
+        return F.layer_norm(x, (x.size(-1),), self.weight, self.bias, self.eps)
 
 
 class Head(nn.Module):
@@ -197,25 +202,30 @@ class Attention(WalkthroughAttentionWeights, nn.Module):
     def _project(self, x: torch.Tensor, name: str) -> torch.Tensor:
         # All heads' weights stacked head after head: one matmul, the same numbers as head by head.
         W = torch.cat([getattr(h, name).weight for h in self.heads])  # (head * d_head, C)
+        if x.dim() == 4:  # each head's own input [batch, pos, head, C] (split qkv input)
+            return torch.einsum("bphm,hdm->bphd", x, W.view(self.n_head, self.d_head, -1))
         return F.linear(x, W).view(*x.shape[:2], self.n_head, self.d_head)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        q = self.hook_q(self._project(x, "query"))
-        k = self.hook_k(self._project(x, "key"))
-        v = self.hook_v(self._project(x, "value"))
+    def forward(self, x) -> torch.Tensor:
+        """x [batch, pos, C], or a tuple of each head's own input for Q, K and V, each [batch, pos, head, C]."""
+        xq, xk, xv = x if isinstance(x, tuple) else (x, x, x)
+        q = self.hook_q(self._project(xq, "query"))
+        k = self.hook_k(self._project(xk, "key"))
+        v = self.hook_v(self._project(xv, "value"))
+        B, T = q.shape[:2]
+        C = self.projection.weight.size(0)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, head, T, d_head)
         if hooked(self.hook_attn_scores, self.hook_pattern):
             # Materialise scores and pattern only when someone reads or edits them.
             scores = (q @ k.transpose(-2, -1)) * self.d_head ** -0.5
-            causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
             scores = self.hook_attn_scores(scores.masked_fill(~causal, float("-inf")))
-            pattern = self.hook_pattern(F.softmax(scores, dim=-1))
+            pattern = self.hook_pattern(editable(F.softmax(scores, dim=-1), self.hook_pattern))
             z = self.attn_dropout(pattern) @ v
         else:
             p = self.attn_dropout.p if self.training else 0.0
             z = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-        z = self.hook_z(z.transpose(1, 2))  # (B, T, head, d_head); heads concatenate in this order
+        z = self.hook_z(editable(z.transpose(1, 2), self.hook_z))  # (B, T, head, d_head); heads concatenate in this order
         if hooked(self.hook_result):
             W_O = self.projection.weight.view(C, self.n_head, self.d_head)
             result = self.hook_result(torch.einsum("bphd,mhd->bphm", z, W_O))
@@ -235,7 +245,8 @@ class MLP(WalkthroughMLPWeights, nn.Module):
         self.hook_post = HookPoint()  # [batch, pos, d_mlp]: relu(fc1(x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.dropout(self.hook_post(F.relu(self.hook_pre(self.fc1(x))))))
+        post = editable(F.relu(self.hook_pre(self.fc1(x))), self.hook_post)  # relu keeps its output for backward
+        return self.fc2(self.dropout(self.hook_post(post)))
 
 
 class Block(nn.Module):
@@ -266,16 +277,34 @@ class Block(nn.Module):
             if self.mlp is not None:
                 self.hook_resid_mid = HookPoint()
             self.hook_resid_post = HookPoint()
+        # Fire only with TransformerLens' flags on (sprout/hook_flags.py):
+        self.hook_q_input = HookPoint()  # [batch, pos, head, C]: each head's copy of the block's input, before ln1
+        self.hook_k_input = HookPoint()
+        self.hook_v_input = HookPoint()
+        self.hook_attn_in = HookPoint()  # [batch, pos, head, C]: one copy per head for Q, K and V
+        if self.mlp is not None:
+            self.hook_mlp_in = HookPoint()  # [batch, pos, C]: the feed-forward layer's input before ln2, a copy
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.residual:
             x = self.hook_resid_pre(x)
-        a = self.hook_attn_out(self.dropout(self.attention_projection(self.attn(self.ln1(x)))))
+        flags = linked(self, "lens")
+        a = self.hook_attn_out(self.dropout(self.attention_projection(self.attn(self._attn_input(x, flags)))))
         if self.mlp is None:
             return self.hook_resid_post(x + a) if self.residual else a
         x = self.hook_resid_mid(x + a) if self.residual else a
-        m = self.hook_mlp_out(self.dropout(self.feedforward_projection(self.mlp(self.ln2(x)))))
+        mlp_in = self.hook_mlp_in(x.clone()) if flags is not None and flags.use_hook_mlp_in else x
+        m = self.hook_mlp_out(self.dropout(self.feedforward_projection(self.mlp(self.ln2(mlp_in)))))
         return self.hook_resid_post(x + m) if self.residual else m
+
+    def _attn_input(self, x: torch.Tensor, flags):
+        if flags is None or not (flags.use_split_qkv_input or flags.use_attn_in):
+            return self.ln1(x)
+        if not isinstance(self.ln1, LayerNorm):
+            return per_head_inputs(self, x, self.attn.n_head, flags.use_attn_in, lambda c: c)
+        if hooked(self.ln1.hook_scale, self.ln1.hook_normalized):
+            self.ln1(x)  # ln1's hooks still see the shared stream; the heads read their copies
+        return per_head_inputs(self, x, self.attn.n_head, flags.use_attn_in, self.ln1.without_hooks)
 
 
 class Unembed(WalkthroughUnembedWeights, nn.Linear):
@@ -289,7 +318,7 @@ class Unembed(WalkthroughUnembedWeights, nn.Linear):
         return self.hook_out(super().forward(x))
 
 
-class WalkthroughGPT(TLWeights, HookedLM):
+class WalkthroughGPT(TLWeights, HookFlags, HookedLM):
     """The walkthrough's character GPT, hooked. `forward(idx, targets, loss_mask)` returns `(logits, loss)`."""
 
     family = "walkthrough"
@@ -322,7 +351,10 @@ class WalkthroughGPT(TLWeights, HookedLM):
         idx = check_tokens(self, idx)
         B, T = idx.shape
         pos = torch.arange(T, device=idx.device) % self.config.context  # the walkthrough wraps positions
-        x = self.hook_embed(self.embed(idx)) + self.hook_pos_embed(self.pos_embed(pos).expand(B, T, -1))
+        pos_embed = self.pos_embed(pos).expand(B, T, -1)
+        if hooked(self.hook_pos_embed):
+            pos_embed = pos_embed.contiguous()  # one row per sequence, so a hook may edit it in place
+        x = self.hook_embed(self.embed(idx)) + self.hook_pos_embed(pos_embed)
         if stop_at_layer is not None:
             check_stop_at_layer(self, stop_at_layer)
             for block in self.blocks[:stop_at_layer]:
