@@ -25,8 +25,9 @@ from transformer_lens.hook_points import HookPoint
 from .config import SproutConfig
 from .hook_flags import HookFlags, editable, per_head_inputs
 from .hooked import HookedLM, TextOrTokens, check_stop_at_layer, hooked, lm_loss
+from .stacked_weights import TLWeights
 from .text import check_tokens
-from .weights import Embed, SproutAttentionWeights, SproutMLPWeights, SproutUnembedWeights, TLWeights, link, linked
+from .weights import Embed, SproutAttentionWeights, SproutMLPWeights, SproutUnembedWeights, link, linked
 
 
 class NormHooks(nn.Module):

@@ -34,8 +34,9 @@ from transformer_lens.hook_points import HookPoint
 from .config import LensConfig, strict_from_dict
 from .hook_flags import HookFlags, editable, per_head_inputs
 from .hooked import HookedLM, check_stop_at_layer, hooked, lm_loss
+from .stacked_weights import TLWeights
 from .text import check_tokens
-from .weights import Embed, PosEmbed, TLWeights, WalkthroughAttentionWeights, WalkthroughMLPWeights, WalkthroughUnembedWeights, link, linked
+from .weights import Embed, PosEmbed, WalkthroughAttentionWeights, WalkthroughMLPWeights, WalkthroughUnembedWeights, link, linked
 
 
 @dataclass(frozen=True)
@@ -266,9 +267,10 @@ class Block(nn.Module):
         self.ln1 = LayerNorm(cfg.d_model) if cfg.layer_norm else nn.Identity()
         self.ln2 = LayerNorm(cfg.d_model) if cfg.layer_norm and cfg.feed_forward else nn.Identity()
         self.dropout = nn.Dropout(cfg.dropout)  # on each branch, before it joins the stream
-        link(self.attn, norm=self.ln1)  # W_Q ... with ln1 folded in (TransformerLens' fold_ln)
+        # W_Q ... with ln1 folded in (TransformerLens' fold_ln); W_O, W_out with 4.8's extra projections
+        link(self.attn, norm=self.ln1, after=self.attention_projection if extra else None)
         if self.mlp is not None:
-            link(self.mlp, norm=self.ln2)
+            link(self.mlp, norm=self.ln2, after=self.feedforward_projection if extra else None)
         self.hook_attn_out = HookPoint()  # [batch, pos, d_model]: what the attention branch writes
         if self.mlp is not None:
             self.hook_mlp_out = HookPoint()
