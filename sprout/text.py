@@ -53,14 +53,19 @@ def to_tokens(model, text, prepend_bos: bool = False) -> torch.Tensor:
     return check_tokens(model, torch.tensor(ids, dtype=torch.long, device=device))
 
 
+def check_integer_ids(idx: torch.Tensor) -> None:
+    """Token ids are integers: a float or bool tensor is a TypeError (1.7 must not quietly become token 1)."""
+    if idx.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
+        raise TypeError(f"token ids must be an integer tensor, got dtype {idx.dtype}")
+
+
 def check_tokens(model, idx) -> torch.Tensor:
     """Validate token ids (or tokenize text) for a forward pass; returns ids [batch, pos]."""
     if isinstance(idx, (str, list, tuple)):
         return to_tokens(model, idx)
     if not isinstance(idx, torch.Tensor):
         raise TypeError(f"expected token ids as a torch.Tensor [batch, pos] or text, got {type(idx).__name__}")
-    if idx.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
-        raise TypeError(f"token ids must be an integer tensor, got dtype {idx.dtype}")
+    check_integer_ids(idx)
     if idx.dim() == 1:
         idx = idx[None]
     if idx.dim() != 2:

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from transformer_lens.hook_points import HookPoint
 
 from .config import LensConfig, strict_from_dict
+from .fit import describe, fit
 from .hook_flags import HookFlags, editable, per_head_inputs
 from .hooked import HookedLM, check_stop_at_layer, hooked, lm_loss
 from .stacked_weights import TLWeights
@@ -450,6 +451,21 @@ def infer_config(state_dict: dict[str, torch.Tensor]) -> WalkthroughConfig:
     )
 
 
+def _mask_problems(state_dict: dict, masks: frozenset, cfg: WalkthroughConfig) -> list[str]:
+    """Each `mask` buffer must be one this step has and the causal lower triangle."""
+    known = set(_mask_names(cfg))
+    problems = [f"{k}: unexpected (found {tuple(state_dict[k].shape)})" for k in sorted(masks - known)]
+    causal = torch.ones(cfg.context, cfg.context).tril()
+    for name in sorted(masks & known):
+        mask = state_dict[name].detach().cpu()
+        if tuple(mask.shape) != (cfg.context, cfg.context):
+            problems.append(f"{name}: expected (block_size, block_size) = ({cfg.context}, {cfg.context}), "
+                            f"found {tuple(mask.shape)}")
+        elif not torch.equal((mask != 0).float(), causal):
+            problems.append(f"{name}: not the causal lower-triangular mask this model assumes")
+    return problems
+
+
 def from_walkthrough_state_dict(state_dict: Union[dict, str, Path], config: Optional[WalkthroughConfig] = None,
                                 tokenizer=None, text: Optional[str] = None) -> WalkthroughGPT:
     """Load weights saved from the walkthrough's own classes (`model.state_dict()` of its script).
@@ -479,30 +495,12 @@ def from_walkthrough_state_dict(state_dict: Union[dict, str, Path], config: Opti
     if tokenizer is not None and tokenizer.get_vocab_size() != cfg.vocab_size:
         raise ValueError(f"the tokenizer has {tokenizer.get_vocab_size()} characters but the weights are for "
                          f"{cfg.vocab_size} (token_embedding_table.weight {_shape(state_dict, 'token_embedding_table.weight')})")
-    model = WalkthroughGPT(cfg, tokenizer=tokenizer)
-    ours = model.state_dict()
-    problems, converted = [], {}
-    for key, target in ours.items():
-        name = walkthrough_name(key, cfg)
-        if name not in state_dict:
-            problems.append(f"missing {name!r} (expected shape {tuple(target.shape)})")
-        elif tuple(state_dict[name].shape) != tuple(target.shape):
-            problems.append(f"{name!r} has shape {tuple(state_dict[name].shape)}, expected {tuple(target.shape)}")
-        else:
-            converted[key] = state_dict[name]
-    causal = torch.ones(cfg.context, cfg.context).tril()
-    masks = [n for n in _mask_names(cfg) if n in state_dict]
-    for name in masks:
-        mask = state_dict[name].detach().cpu()
-        if tuple(mask.shape) != (cfg.context, cfg.context):
-            problems.append(f"{name!r} has shape {tuple(mask.shape)}, expected (block_size, block_size) = "
-                            f"({cfg.context}, {cfg.context})")
-        elif not torch.equal((mask != 0).float(), causal):
-            problems.append(f"{name!r} is not the causal lower-triangular mask this model assumes")
-    used = {walkthrough_name(k, cfg) for k in ours} | set(masks)
-    problems += [f"unexpected {k!r}" for k in sorted(set(state_dict) - used)]
+    masks = frozenset(k for k in state_dict if k.endswith(".mask"))  # buffers: checked once the sizes fit
+    converted, problems = fit(WalkthroughGPT, cfg, state_dict, rename=lambda k: walkthrough_name(k, cfg), ignore=masks)
+    if not problems:
+        problems = _mask_problems(state_dict, masks, cfg)
     if problems:
-        shown = "\n  ".join(problems[:20]) + (f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else "")
-        raise ValueError(f"this walkthrough state dict does not fit {cfg}:\n  {shown}")
+        raise ValueError(describe(problems, f"this walkthrough state dict does not fit {cfg}"))
+    model = WalkthroughGPT(cfg, tokenizer=tokenizer)
     model.load_state_dict(converted, strict=True)
     return model.eval()

@@ -46,7 +46,7 @@ def numbers(out, name):
 
 def test_every_file_is_written(run):
     out = run["out"]
-    assert sorted(p.name for p in out.iterdir()) == sorted(EXPERIMENTS + ["index.html", "numbers.csv", "plotly.min.js"])
+    assert sorted(p.name for p in out.iterdir()) == sorted(EXPERIMENTS + [".run_all", "index.html", "numbers.csv", "plotly.min.js"])
     expected = {
         "param_counts": {"param_table.csv", "param_breakdown.html"},
         "rope_check": {"chapter_pairs.csv", "sweep.csv", "rope_distance.html"},
