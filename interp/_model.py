@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from sprout.tokenizer import decode
+
 # (final norm, output layer) attribute pairs, in the order they are tried. Sprout keeps model.py's
 # `norm` and `head` (its `ln_final` / `unembed` only hold hook points); the walkthrough GPT's are
 # `ln_final` (nn.Identity at steps without a final norm) and `unembed`; nanoGPT-style models use `ln_f`.
@@ -65,12 +67,13 @@ def _has_weight(module) -> bool:
 
 
 def str_tokens(model, ids: torch.Tensor) -> list[str]:
-    """Each id of a 1-D tensor as text (the model's tokenizer), or as "#id" when it has none."""
+    """Each id of a 1-D tensor as text (the model's tokenizer; `<unk:ID>` for an id it lacks), or "#id"
+    when it has none."""
     ids = ids.reshape(-1).tolist()
     tok = getattr(model, "tokenizer", None)
     if tok is None:
         return [f"#{i}" for i in ids]
-    return [tok.decode([i], skip_special_tokens=False) for i in ids]
+    return [decode(tok, [i]) for i in ids]
 
 
 def as_index(value, what: str) -> int:

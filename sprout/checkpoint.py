@@ -180,6 +180,7 @@ def _tokenizer(tokenizer, beside: Path) -> Optional[Tokenizer]:
             raise ValueError(f"{beside} is not a file (a folder or a broken link?): expected the model's "
                              "tokenizer.json; move it away or pass tokenizer=")
         tokenizer = beside
+    tokenizer = getattr(tokenizer, "backend_tokenizer", tokenizer)  # a model's HF tokenizer: the one inside
     if tokenizer is None or isinstance(tokenizer, Tokenizer):
         return tokenizer
     try:

@@ -88,6 +88,8 @@ class SproutTransformerLensConfig(TransformerLensConfig):
     """
 
     source: Any = None
+    use_attn_in: bool = False  # TransformerLens' HookedTransformer flags its config class lacks (`set_use_attn_in`)
+    use_hook_mlp_in: bool = False
 
     def __getattr__(self, name):  # only reached when normal lookup fails
         source = self.__dict__.get("source")

@@ -24,7 +24,7 @@ def fresh(cfg: SproutConfig = TINY, seed: int = 0) -> Sprout:
 
 def logits(model) -> torch.Tensor:
     with torch.no_grad():
-        return model(IDS % model.cfg.d_vocab)[0]
+        return model(IDS % model.cfg.d_vocab, return_type="logits")
 
 
 def assert_same_model(a, b):

@@ -76,7 +76,7 @@ def test_greedy_generation_matches(model, qwen3, tokens):
         theirs = qwen3.generate(prompt, max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0)
         argmax = prompt
         for _ in range(16):
-            argmax = torch.cat([argmax, model(argmax)[0][:, -1].argmax(-1, keepdim=True)], dim=1)
+            argmax = torch.cat([argmax, model(argmax, return_type="logits")[:, -1].argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(theirs, argmax)
     assert torch.equal(model.generate(prompt, 16, top_k=1), argmax)
 
