@@ -11,12 +11,13 @@ from .induction import induction_stories, induction_table, story_names
 from .lens import first_top1_layer, lens_dataset_summary, lens_summary, logit_lens
 from .params import param_table
 from .patching import SITES, patch, patch_tensor
+from .path_patching import path_patch
 from .residual import LogHistogram, residual_rms
 from .rope import rope_distance_check
 
 __all__ = [
-    "KINDS", "LogHistogram", "ablate_heads", "attention_patterns", "first_top1_layer", "head_score_tensor",
-    "head_scores", "induction_stories", "induction_table", "lens_dataset_summary", "lens_summary", "logit_lens",
-    "SITES", "param_table", "patch", "patch_tensor", "pattern_tensor", "repeated_tokens", "residual_rms", "rope_distance_check", "story_names",
-    "target_mask",
+    "ablate_heads", "attention_patterns", "first_top1_layer", "head_score_tensor", "head_scores", "induction_stories",
+    "induction_table", "KINDS", "lens_dataset_summary", "lens_summary", "LogHistogram", "logit_lens", "param_table",
+    "patch", "patch_tensor", "path_patch", "pattern_tensor", "repeated_tokens", "residual_rms", "rope_distance_check",
+    "SITES", "story_names", "target_mask",
 ]
