@@ -25,6 +25,7 @@ from transformer_lens.hook_points import HookPoint
 from .config import SproutConfig
 from .hooked import HookedLM, TextOrTokens, check_stop_at_layer, hooked, lm_loss
 from .text import check_tokens
+from .weights import Embed, SproutAttentionWeights, SproutMLPWeights, SproutUnembedWeights, TLWeights, link
 
 
 class NormHooks(nn.Module):
@@ -87,7 +88,7 @@ def rotate(x: torch.Tensor, cos_rows: torch.Tensor, sin_rows: torch.Tensor) -> t
     return x * cos_rows + x.roll(x.size(-1) // 2, dims=-1) * sin_rows
 
 
-class Attention(nn.Module):
+class Attention(SproutAttentionWeights, nn.Module):
     """Causal multi-head self-attention with per-head QK-RMSNorm and RoPE."""
 
     def __init__(self, cfg: SproutConfig):
@@ -109,11 +110,6 @@ class Attention(nn.Module):
         self.hook_pattern = HookPoint()  # [batch, head, query_pos, key_pos], rows sum to 1
         self.hook_z = HookPoint()  # [batch, pos, head, d_head]
         self.hook_result = HookPoint()  # [batch, pos, head, d_model]: each head's write to the stream
-
-    @property
-    def W_O(self) -> torch.Tensor:
-        """[head, d_head, d_model]: each head's output matrix (TransformerLens' layout)."""
-        return self.proj.weight.T.reshape(self.n_head, self.d_head, -1)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [batch, pos, d_model]; cos/sin the whole-row tables of `rope_rows`, [pos, 1, d_head]."""
@@ -145,8 +141,9 @@ class Attention(nn.Module):
         return self.proj(z.reshape(B, T, C))
 
 
-class MLPHooks(nn.Module):
-    """The hook points of the SwiGLU layer (`mlp`); the weights live in FeedForward (`ffn`)."""
+class MLPHooks(SproutMLPWeights, nn.Module):
+    """The hook points of the SwiGLU layer (`mlp`); the weights live in FeedForward (`ffn`) and are read,
+    in TransformerLens' layout, through `W_in`, `W_gate`, `W_out`."""
 
     def __init__(self):
         super().__init__()
@@ -184,6 +181,8 @@ class Block(nn.Module):
         self.norm2 = RMSNorm(cfg.d_model)
         self.ffn = FeedForward(cfg)
         self.ln1, self.ln2, self.mlp = NormHooks(), NormHooks(), MLPHooks()
+        link(self.attn, norm=self.norm1)  # for W_Q/W_K/W_V with ln1's gain folded in
+        link(self.mlp, norm=self.norm2, ffn=self.ffn)
         self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
         self.hook_attn_out = HookPoint()
         self.hook_resid_mid = HookPoint()
@@ -197,7 +196,7 @@ class Block(nn.Module):
         return x
 
 
-class UnembedHooks(nn.Module):
+class UnembedHooks(SproutUnembedWeights, nn.Module):
     """The hook point of the output layer (`unembed`); its weight is `head`, tied to `embed`."""
 
     def __init__(self):
@@ -205,14 +204,14 @@ class UnembedHooks(nn.Module):
         self.hook_out = HookPoint()  # [batch, pos, vocab]: the logits
 
 
-class Sprout(HookedLM):
+class Sprout(TLWeights, HookedLM):
     """The Sprout transformer, hooked. `forward(idx, targets, loss_mask)` returns `(logits, loss)`."""
 
     def __init__(self, cfg: SproutConfig, tokenizer=None):
         super().__init__()
         self.config = cfg
         self.tokenizer = tokenizer  # optional tokenizers.Tokenizer, for text in and text out
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.embed = Embed(cfg.vocab_size, cfg.d_model)
         self.hook_embed = HookPoint()  # [batch, pos, d_model]
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.norm = RMSNorm(cfg.d_model)
@@ -220,6 +219,7 @@ class Sprout(HookedLM):
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.head.weight = self.embed.weight  # weight tying
         self.unembed = UnembedHooks()
+        link(self.unembed, norm=self.norm, head=self.head)
         cos, sin = rope_tables(cfg.d_head, cfg.context, cfg.rope_base)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
@@ -229,21 +229,6 @@ class Sprout(HookedLM):
             if name.endswith("proj.weight") or name.endswith("w2.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
         self.setup()
-
-    @property
-    def W_U(self) -> torch.Tensor:
-        """[d_model, vocab]: the unembedding with the final norm's gain folded in (TransformerLens'
-        fold_ln convention), so `ln_final(x) @ W_U` are the logits and `ln_final` needs no weight."""
-        return self.norm.weight[:, None] * self.head.weight.T
-
-    @property
-    def b_U(self) -> torch.Tensor:
-        """[vocab]: zero; Sprout has no biases."""
-        return self.embed.weight.new_zeros(self.config.vocab_size)
-
-    def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> torch.Tensor:
-        """[d_model]: zero, the sum of the biases written to the stream before `layer` (there are none)."""
-        return self.embed.weight.new_zeros(self.config.d_model)
 
     @staticmethod
     def _init(m: nn.Module):

@@ -34,6 +34,7 @@ from transformer_lens.hook_points import HookPoint
 from .config import LensConfig, strict_from_dict
 from .hooked import HookedLM, check_stop_at_layer, hooked, lm_loss
 from .text import check_tokens
+from .weights import Embed, PosEmbed, TLWeights, WalkthroughAttentionWeights, WalkthroughMLPWeights, WalkthroughUnembedWeights, link
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,7 @@ class Head(nn.Module):
         self.value = nn.Linear(d_model, d_head, bias=False)
 
 
-class Attention(nn.Module):
+class Attention(WalkthroughAttentionWeights, nn.Module):
     """Causal multi-head self-attention: separate heads, concatenated, then a biased projection."""
 
     def __init__(self, cfg: WalkthroughConfig):
@@ -222,7 +223,7 @@ class Attention(nn.Module):
         return self.proj_dropout(self.projection(z.reshape(B, T, C)))
 
 
-class MLP(nn.Module):
+class MLP(WalkthroughMLPWeights, nn.Module):
     """The position-wise feed-forward layer: fc2(dropout(relu(fc1(x)))), width 4C, with biases."""
 
     def __init__(self, cfg: WalkthroughConfig):
@@ -254,6 +255,9 @@ class Block(nn.Module):
         self.ln1 = LayerNorm(cfg.d_model) if cfg.layer_norm else nn.Identity()
         self.ln2 = LayerNorm(cfg.d_model) if cfg.layer_norm and cfg.feed_forward else nn.Identity()
         self.dropout = nn.Dropout(cfg.dropout)  # on each branch, before it joins the stream
+        link(self.attn, norm=self.ln1)  # W_Q ... with ln1 folded in (TransformerLens' fold_ln)
+        if self.mlp is not None:
+            link(self.mlp, norm=self.ln2)
         self.hook_attn_out = HookPoint()  # [batch, pos, d_model]: what the attention branch writes
         if self.mlp is not None:
             self.hook_mlp_out = HookPoint()
@@ -274,7 +278,7 @@ class Block(nn.Module):
         return self.hook_resid_post(x + m) if self.residual else m
 
 
-class Unembed(nn.Linear):
+class Unembed(WalkthroughUnembedWeights, nn.Linear):
     """The LM head: Linear(C, vocab) with a bias, not tied to the embedding."""
 
     def __init__(self, d_model: int, vocab_size: int):
@@ -285,7 +289,7 @@ class Unembed(nn.Linear):
         return self.hook_out(super().forward(x))
 
 
-class WalkthroughGPT(HookedLM):
+class WalkthroughGPT(TLWeights, HookedLM):
     """The walkthrough's character GPT, hooked. `forward(idx, targets, loss_mask)` returns `(logits, loss)`."""
 
     family = "walkthrough"
@@ -297,13 +301,14 @@ class WalkthroughGPT(HookedLM):
                              f"vocab_size is {cfg.vocab_size}")
         self.config = cfg
         self.tokenizer = tokenizer  # optional tokenizers.Tokenizer (one id per character)
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos_embed = nn.Embedding(cfg.context, cfg.d_model)
+        self.embed = Embed(cfg.vocab_size, cfg.d_model)
+        self.pos_embed = PosEmbed(cfg.context, cfg.d_model)
         self.hook_embed = HookPoint()  # [batch, pos, d_model]
         self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_final = LayerNorm(cfg.d_model) if cfg.final_layer_norm else nn.Identity()
         self.unembed = Unembed(cfg.d_model, cfg.vocab_size)
+        link(self.unembed, norm=self.ln_final)  # W_U, b_U with the final LayerNorm folded in
         self.setup()
 
     def forward(self, idx, targets: Optional[torch.Tensor] = None, loss_mask: Optional[torch.Tensor] = None,

@@ -243,12 +243,7 @@ def test_full_resid_decomposition_without_neurons(run):
     torch.testing.assert_close(parts.sum(0), final, atol=1e-5, rtol=0)
 
 
-def test_neuron_helpers_need_mlp_weights_sprout_does_not_expose(run):
-    # blocks[l].mlp is the weightless hook holder; the SwiGLU weights live in blocks[l].ffn.
-    _, cache = run
-    with pytest.raises(AttributeError, match="W_out"):
-        cache.stack_neuron_results(layer=TINY.n_layer)
-
+# The neuron-level helpers (stack_neuron_results, expand_neurons=True) are in test_tl_weights.py.
 
 
 # --- the same helpers on TransformerLens' own bridge ------------------------------------------------
