@@ -7,6 +7,8 @@ is `figures` and `experiments`).
 from .ablation import ablate_heads
 from .attention import attention_patterns, pattern_tensor
 from .attribution import attribution_patch, attribution_summary, logit_attribution
+from .circuit import induction_circuit
+from .composition import composition_scores, ov_copying_scores, positional_qk_scores
 from .heads import KINDS, head_score_tensor, head_scores, repeated_tokens, target_mask
 from .induction import induction_stories, induction_table, story_names
 from .lens import first_top1_layer, lens_dataset_summary, lens_summary, logit_lens
@@ -17,6 +19,7 @@ from .residual import LogHistogram, residual_rms
 from .rope import rope_distance_check
 
 __all__ = [
+    "composition_scores", "induction_circuit", "ov_copying_scores", "positional_qk_scores",
     "attribution_patch", "attribution_summary", "logit_attribution",
     "ablate_heads", "attention_patterns", "first_top1_layer", "head_score_tensor", "head_scores", "induction_stories",
     "induction_table", "KINDS", "lens_dataset_summary", "lens_summary", "LogHistogram", "logit_lens", "param_table",

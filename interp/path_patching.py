@@ -98,8 +98,13 @@ def _freeze_hook(base: torch.Tensor, senders: list[Node], source: torch.Tensor):
     return hook
 
 
-def _record(model, base_tokens, senders, base_cache, source_cache, receiver_layers, via) -> dict[int, torch.Tensor]:
-    """Receiver-layer inputs [n_senders * batch, pos, head, d_head] with only the senders' direct paths changed."""
+class _Recorded(Exception):
+    """Raised by the last recording hook: nothing after the receivers' layer is needed."""
+
+
+def _record(model, base_tokens, senders, base_cache, source_cache, receiver_layers, vias) -> dict:
+    """{(layer, via): receiver-layer input [n_senders * batch, pos, head, d_head]} with only the senders'
+    direct paths changed. The forward stops at the last receiver input."""
     n, hooks, recorded = len(senders), [], {}
     sender_names = {_source_name(s) for s in senders}
     for l in range(max(receiver_layers)):
@@ -108,11 +113,17 @@ def _record(model, base_tokens, senders, base_cache, source_cache, receiver_laye
             hooks.append((name, _freeze_hook(base_cache[name], senders, source)))
     if "hook_embed" in sender_names:
         hooks.append(("hook_embed", _freeze_hook(base_cache["hook_embed"], senders, source_cache["hook_embed"])))
+    wanted = {(l, via) for l in receiver_layers for via in vias}
 
     def keep(act, hook):
-        recorded[int(hook.name.split(".")[1])] = act.clone()
-    hooks += [(_input(l, via), keep) for l in receiver_layers]
-    model.run_with_hooks(base_tokens.repeat(n, 1), fwd_hooks=hooks)
+        recorded[int(hook.name.split(".")[1]), hook.name[-1]] = act.clone()
+        if len(recorded) == len(wanted):
+            raise _Recorded
+    hooks += [(_input(l, via), keep) for l, via in sorted(wanted)]
+    try:
+        model.run_with_hooks(base_tokens.repeat(n, 1), fwd_hooks=hooks)
+    except _Recorded:
+        pass
     return recorded
 
 
@@ -146,17 +157,17 @@ def _nodes(model, senders, receivers) -> tuple[list[Node], list[Node]]:
     return list(dict.fromkeys(senders)), list(dict.fromkeys(receivers))
 
 
-def _caches(model, base, source, senders, receivers, via):
+def _caches(model, base, source, receivers, vias):
     last = max(r.layer for r in receivers)
     names = [n for l in range(last) for n in (_z(l), _mlp(l))] + ["hook_embed"]
-    require_hooks(model, names + [_input(r.layer, via) for r in receivers])
+    require_hooks(model, names + [_input(r.layer, via) for r in receivers for via in vias])
     _, base_cache = model.run_with_cache(base, names_filter=names)
     _, source_cache = model.run_with_cache(source, names_filter=names)
     return base_cache, source_cache
 
 
 @torch.inference_mode()
-def path_patch(model, clean, corrupted, metric: Metric, senders, receivers, via: str = "k",
+def path_patch(model, clean, corrupted, metric: Metric, senders, receivers, via="k",
                direction: str = "noising", pairs_per_forward: Optional[int] = None) -> pd.DataFrame:
     """The effect of each sender on each later receiver head through its `via` input alone.
 
@@ -167,7 +178,8 @@ def path_patch(model, clean, corrupted, metric: Metric, senders, receivers, via:
         senders: components: "L{l}H{h}" or (l, h), "MLP{l}", "embed" (a list, or one).
         receivers: heads "L{l}H{h}" or (l, h) (a list, or one); each sender is paired with every
             receiver in a later layer, and a sender with none is an error.
-        via: "q", "k" or "v": the receiver input the path goes through.
+        via: "q", "k" or "v": the receiver input the path goes through (or a list of them: one
+            recording run serves them all).
         direction: "noising" (clean base run, corrupted sender) or "denoising" (corrupted base run,
             clean sender: TransformerLens' `get_act_patch_direct_path`).
 
@@ -179,21 +191,23 @@ def path_patch(model, clean, corrupted, metric: Metric, senders, receivers, via:
     Example:
         >>> interp.path_patch(model, clean, corrupted, metric, senders=["L0H1"], receivers=["L1H0"], via="k")
     """
-    if via not in VIA:
-        raise ValueError(f"via must be one of {list(VIA)}, got {via!r}")
+    vias = [via] if isinstance(via, str) else list(via)
+    if not vias or any(v not in VIA for v in vias):
+        raise ValueError(f"via must be one of {list(VIA)} (or a list of them), got {via!r}")
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {list(DIRECTIONS)}, got {direction!r}")
     clean, corrupted = clean_and_corrupted(model, clean, corrupted)
     base, source = (clean, corrupted) if direction == "noising" else (corrupted, clean)
     senders, receivers = _nodes(model, senders, receivers)
     pairs = _pairs(senders, receivers)
-    base_cache, source_cache = _caches(model, base, source, senders, receivers, via)
+    base_cache, source_cache = _caches(model, base, source, receivers, vias)
     layers = sorted({r.layer for r in receivers})
-    recorded = _record(model, base, senders, base_cache, source_cache, layers, via)
-    values = _patched_values(model, base, metric, pairs, recorded, senders, via, pairs_per_forward)
+    recorded = _record(model, base, senders, base_cache, source_cache, layers, vias)
     base_value = metric_value(metric, model.run_with_hooks(base))
     source_value = metric_value(metric, model.run_with_hooks(source))
-    return _frame(pairs, values, via, direction, base_value, source_value)
+    frames = [_frame(pairs, _patched_values(model, base, metric, pairs, recorded, senders, v, pairs_per_forward),
+                     v, direction, base_value, source_value) for v in vias]
+    return pd.concat(frames, ignore_index=True)
 
 
 def _patched_values(model, base, metric, pairs, recorded, senders, via, limit) -> list[float]:
@@ -203,7 +217,7 @@ def _patched_values(model, base, metric, pairs, recorded, senders, via, limit) -
     for layer, group in grouped.items():
         for start in range(0, len(group), n_max):
             chunk = [(p.sender, p.receiver) for p in group[start:start + n_max]]
-            hook = _replace_hook(chunk, recorded[layer], sender_index, B)
+            hook = _replace_hook(chunk, recorded[layer, via], sender_index, B)
             logits = batched_forward(model, base, layer, [(_input(layer, via), hook)], len(chunk))
             values.update(zip(chunk, split_metric(metric, logits, len(chunk))))
     return [values[p] for p in pairs]
