@@ -4,4 +4,4 @@
 `python -m experiments.run_all` runs them all and writes an index.html.
 """
 EXPERIMENTS = ["param_counts", "rope_check", "residual_growth", "logit_lens", "head_detection",
-               "attention_maps", "induction_demo", "training_dynamics"]
+               "attention_maps", "induction_demo", "training_dynamics", "circuits"]

@@ -15,10 +15,12 @@ from .lens import first_top1_layer, lens_dataset_summary, lens_summary, logit_le
 from .params import param_table
 from .patching import SITES, patch, patch_tensor
 from .path_patching import path_patch
+from .phase import icl_score, phase_measures, phase_table
 from .residual import LogHistogram, residual_rms
 from .rope import rope_distance_check
 
 __all__ = [
+    "icl_score", "phase_measures", "phase_table",
     "composition_scores", "induction_circuit", "ov_copying_scores", "positional_qk_scores",
     "attribution_patch", "attribution_summary", "logit_attribution",
     "ablate_heads", "attention_patterns", "first_top1_layer", "head_score_tensor", "head_scores", "induction_stories",
