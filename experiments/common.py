@@ -102,7 +102,7 @@ def held_out_text(model, n_chars: int = 30_000) -> str:
     for name in ("val.txt", "held_out.txt"):
         if d is not None and (d / name).is_file():
             return (d / name).read_text(encoding="utf-8")[:n_chars]
-    from sprout.data import generate_corpus
+    from sprout.synthetic import generate_corpus
 
     return generate_corpus(n_chars, seed=20_261_129)
 

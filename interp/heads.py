@@ -62,7 +62,7 @@ def repeated_tokens(model, half_len: int = 32, n_seqs: int = 16, token_range: Op
     `token_range` is (low, high), ids drawn from [low, high); the default (1, d_vocab) skips id 0
     (`<|endoftext|>` for Sprout's tokenizers).
     """
-    from sprout.data import repeated_random_tokens
+    from sprout.synthetic import repeated_random_tokens
 
     vocab = int(model.cfg.d_vocab)
     low, high = (1, vocab) if token_range is None else token_range

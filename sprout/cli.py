@@ -7,7 +7,7 @@ import sys
 # subcommand -> (module, function, one line of help); imported only when called, so `sprout train`
 # does not pay for plotly and `sprout lens` does not pay for the training code.
 COMMANDS = {
-    "train": ("sprout.train", "main", "train a model from a recipe (see --help)"),
+    "train": ("sprout.training.cli", "main", "train a model from a recipe (see --help)"),
     "export-hf": ("sprout.hf", "export_main", "CHECKPOINT OUT_DIR: write a Hugging Face Qwen3 folder"),
     "import-hf": ("sprout.hf", "import_main", "DIR OUT_CHECKPOINT: read a Qwen3 folder back into Sprout"),
     "lens": ("experiments.terminal", "lens_main", '"TEXT" --model gpt-4: top-1 token per layer and position'),

@@ -25,7 +25,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-# Frames written by hand for this test (none comes from sprout.data's generator), with names the
+# Frames written by hand for this test (none comes from sprout.synthetic's generator), with names the
 # generator cannot draw (checked against the training corpus by `unseen_names`).
 STORIES = [
     ("Quorvath and Ellisandre", ["Quorvath", "Ellisandre"],
@@ -66,7 +66,7 @@ def unseen_names(text: str) -> list[str]:
 
 @torch.no_grad()
 def held_out_loss(model, n_chars: int = 200_000, seed: int = 987_654) -> float:
-    from sprout.data import generate_corpus
+    from sprout.synthetic import generate_corpus
     from sprout.tokenizer import encode
 
     ids = torch.tensor(encode(model.tokenizer, generate_corpus(n_chars, seed)))
@@ -78,7 +78,7 @@ def held_out_loss(model, n_chars: int = 200_000, seed: int = 987_654) -> float:
 
 
 def repeated_tokens(model, n: int = 100, seed: int = 0) -> torch.Tensor:
-    from sprout.data import repeated_random_tokens
+    from sprout.synthetic import repeated_random_tokens
 
     low = 1 if model.tokenizer is not None and model.tokenizer.token_to_id("<|endoftext|>") == 0 else 0
     return repeated_random_tokens(n, HALF, model.cfg.d_vocab, torch.Generator().manual_seed(seed), low=low)

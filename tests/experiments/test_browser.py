@@ -16,7 +16,7 @@ import torch
 import sprout
 from experiments.run_all import run_all
 from sprout import Sprout, SproutConfig
-from sprout.data import generate_corpus
+from sprout.synthetic import generate_corpus
 from sprout.tokenizer import train_bpe
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")

@@ -12,7 +12,7 @@ from experiments import EXPERIMENTS, terminal
 from experiments.common import ZORBIN, Output, held_out_text
 from experiments.run_all import run_all
 from sprout import Sprout, SproutConfig
-from sprout.data import generate_corpus
+from sprout.synthetic import generate_corpus
 from sprout.tokenizer import train_bpe
 
 CFG = SproutConfig(vocab_size=300, context=128, n_layer=2, n_head=2, d_model=32, d_ff=64)

@@ -6,7 +6,9 @@ inherits half-made and then waits on forever.
 """
 import torch
 
-from sprout.train import build_model, get_train_batch, make_optimizer, parse_args
+from sprout.training.cli import parse_args
+from sprout.training.curriculum import get_train_batch
+from sprout.training.loop import build_model, make_optimizer
 from tests.robustness.test_training import ARGS
 
 torch.set_num_threads(1)

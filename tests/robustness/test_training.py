@@ -22,8 +22,10 @@ import torch
 from safetensors.torch import load_file
 
 from sprout import checkpoint
-from sprout.train import main as train_main
-from sprout.train import parse_args, prepare_data
+from sprout.training import rundir
+from sprout.training.cli import main as train_main
+from sprout.training.cli import parse_args
+from sprout.training.corpus import prepare_data
 
 STEPS = 6
 ARGS = ["--recipe", "tiny", "--max-steps", str(STEPS), "--ckpt-every", "1", "--eval-every", "3",
@@ -76,11 +78,14 @@ def kill_during_trainer_state(n):
     torch.save = save
 
 
-def kill_at_call(module, name, n, when):
-    """SIGKILL just before or just after the n-th call of module.name (os.rename, os.replace)."""
+def kill_at_call(module, name, n, when, target=None):
+    """SIGKILL just before or just after the n-th call of module.name (os.rename, os.replace), counting
+    only calls whose destination is named `target` if given."""
     real, seen = getattr(module, name), [0]
 
     def wrapped(*args, **kwargs):
+        if target is not None and Path(args[1]).name != target:
+            return real(*args, **kwargs)
         seen[0] += 1
         if seen[0] == n and when == "before":
             die()
@@ -94,20 +99,16 @@ def kill_at_call(module, name, n, when):
 
 def kill_during_prune(n):
     """SIGKILL after deleting one file of the n-th old checkpoint being pruned."""
-    import shutil
+    real, seen = rundir.remove_checkpoint, [0]
 
-    real, seen = shutil.rmtree, [0]
+    def remove_checkpoint(path):
+        seen[0] += 1
+        if seen[0] == n:
+            os.remove(sorted(Path(path).iterdir())[0])
+            die()
+        return real(path)
 
-    def rmtree(path, *args, **kwargs):
-        path = Path(path)
-        if path.name.startswith("step_") and path.is_dir():
-            seen[0] += 1
-            if seen[0] == n:
-                os.remove(sorted(path.iterdir())[0])
-                die()
-        return real(path, *args, **kwargs)
-
-    shutil.rmtree = rmtree
+    rundir.remove_checkpoint = remove_checkpoint
 
 
 # Per uninterrupted run of STEPS steps with a checkpoint every step: STEPS weight files, trainer
@@ -119,14 +120,12 @@ KILL_POINTS = {
     "before a rename": (2 * STEPS, lambda n: kill_at_call(os, "rename", n, "before")),
     "after a rename": (2 * STEPS, lambda n: kill_at_call(os, "rename", n, "after")),
     "pruning an old checkpoint": (STEPS - 2, kill_during_prune),
-    "replacing train_log.csv": (STEPS // 3, lambda n: kill_at_call(os, "replace", n, "before")),
+    "replacing train_log.csv": (STEPS // 3, lambda n: kill_at_call(os, "replace", n, "before", "train_log.csv")),
 }
 
 
 def keep_every_checkpoint():
-    import sprout.train
-
-    sprout.train._prune = lambda root, recipe: None
+    rundir.prune = lambda root, keep: None
 
 
 def disk_full(target, fail_at):
@@ -174,7 +173,7 @@ def _child(args, log, setup, setup_args):
 # Children are forked from a fork server (imports done, kernels warmed up on one thread): a process that
 # has run torch on several threads, as the test process has, cannot safely fork; its children can hang.
 FORKS = multiprocessing.get_context("forkserver")
-FORKS.set_forkserver_preload(["torch", "torch._dynamo", "safetensors.torch", "tqdm", "sprout.train", "sprout.data",
+FORKS.set_forkserver_preload(["torch", "torch._dynamo", "safetensors.torch", "tqdm", "sprout.training.cli", "sprout.synthetic",
                               "sprout.checkpoint", "sprout.tokenizer", __name__, "tests.robustness._warm_fork_server"])
 
 

@@ -6,7 +6,7 @@ import pytest
 
 import sprout
 from sprout.checkpoint import demo_dir, demo_names
-from sprout.recipes import Recipe, get_recipe
+from sprout.training.recipes import Recipe, get_recipe
 
 DEMOS = ["gpt-1", "gpt-4", "sprout-mini", "walkthrough"]
 

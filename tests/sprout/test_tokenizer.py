@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sprout.data import generate_corpus, random_name
+from sprout.synthetic import generate_corpus, random_name
 from sprout.tokenizer import (
     char_tokenizer,
     decode,

@@ -13,9 +13,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import sprout
 from sprout import Sprout
-from sprout.recipes import RECIPES, Recipe, get_recipe
-from sprout.train import NonFiniteLoss, lr_at, make_optimizer, parse_args, repeat_rows, snapshot_steps, train
+from sprout.training.cli import parse_args
+from sprout.training.corpus import prepare_data
+from sprout.training.curriculum import repeat_rows
+from sprout.training.loop import NonFiniteLoss, lr_at, make_optimizer, snapshot_steps, train
+from sprout.training.recipes import RECIPES, Recipe, get_recipe
 
 ROOT = Path(__file__).resolve().parents[3]
 TINY = get_recipe("tiny")
@@ -24,8 +28,6 @@ TINY = get_recipe("tiny")
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
     """One tokenised tiny corpus for the whole module (building it is the slow part of a tiny run)."""
-    from sprout.train import prepare_data
-
     root = tmp_path_factory.mktemp("cache")
     prepare_data(TINY, root)
     return root
@@ -111,8 +113,6 @@ def test_recipe_from_dict_names_unknown_keys():
 
 
 def test_run_writes_log_recipe_checkpoints_and_keeps_the_last_two(tmp_path, cache):
-    import sprout
-
     out = tmp_path / "run"
     trained = train(TINY.override(max_steps=30), out, data_cache=cache, progress=False)
     steps = sorted(d.name for d in (out / "checkpoints").iterdir())
@@ -148,8 +148,6 @@ def test_snapshots_keep_log_spaced_checkpoints(tmp_path, cache):
 
 def test_non_finite_loss_stops_with_a_clear_error_and_keeps_the_last_good_checkpoint(tmp_path, cache,
                                                                                      monkeypatch):
-    import sprout
-
     calls = {"n": 0}
     forward = Sprout.forward
 
@@ -197,3 +195,9 @@ def test_resume_after_sigkill_gives_bit_identical_weights(tmp_path, cache):
     assert all(torch.equal(a[k], b[k]) for k in a)
     drop_time = lambda p: [r.rsplit(",", 1)[0] for r in (p / "train_log.csv").read_text().splitlines()]
     assert drop_time(straight) == drop_time(broken)  # the log was cut back to the checkpoint and redone
+
+
+def test_import_sprout_does_not_import_the_trainer_and_the_old_entry_point_still_works():
+    code = ("import sys, sprout, interp; assert 'sprout.training' not in sys.modules, sorted(sys.modules); "
+            "import sprout.train, sprout.training.cli; assert sprout.train.main is sprout.training.cli.main")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from sprout.recipes import get_recipe
+from sprout.training.recipes import get_recipe
 
 ROOT = Path(__file__).resolve().parents[3]
 RECIPE = get_recipe("tiny").override(max_steps=6, ckpt_every=3, eval_every=3)
@@ -16,8 +16,8 @@ RECIPE = get_recipe("tiny").override(max_steps=6, ckpt_every=3, eval_every=3)
 SCRIPT = textwrap.dedent("""
     import os, sys, torch
     from safetensors.torch import save_file
-    from sprout.recipes import Recipe
-    from sprout.train import train
+    from sprout.training.recipes import Recipe
+    from sprout.training import train
     torch.set_num_threads(1)
     out, cache, recipe = sys.argv[1], sys.argv[2], Recipe.from_dict(eval(sys.argv[3]))
     model = train(recipe, out, data_cache=cache, progress=False)

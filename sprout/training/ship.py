@@ -1,4 +1,4 @@
-"""Ship a finished training run as a demo model: `python -m sprout.demo.ship runs/gpt-4 gpt-4`.
+"""Ship a finished training run as a demo model: `python -m sprout.training.ship runs/gpt-4 gpt-4`.
 
 Writes `sprout/demo/<name>/` = the run's latest checkpoint (config.json, model.safetensors,
 tokenizer.json, via `sprout.checkpoint.save`) plus its recipe.json and train_log.csv, so that
@@ -11,8 +11,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from sprout.checkpoint import demo_dir, latest_checkpoint, load, save
-from sprout.recipes import Recipe
+from ..checkpoint import demo_dir, latest_checkpoint, load, save
+from .recipes import Recipe
 
 MAX_BYTES = 15 * 2**20  # what one demo may add to the repository
 
@@ -35,5 +35,5 @@ def ship(run_dir, name: str) -> Path:
 
 if __name__ == "__main__":
     if len(sys.argv) != 3:
-        sys.exit("usage: python -m sprout.demo.ship RUN_DIR NAME")
+        sys.exit("usage: python -m sprout.training.ship RUN_DIR NAME")
     ship(sys.argv[1], sys.argv[2])

@@ -1,29 +1,21 @@
-"""Training text and batches: an embedded story generator, user corpora, uint16 token files.
+"""Synthetic text that both training and the analyses use: generated stories and repeated random tokens.
 
-The embedded corpus is simple English stories about characters, places and things with invented
-names (random syllables, drawn fresh for every story), so the later pieces of a name can only be
-predicted by copying them from earlier in the context. A corpus whose only repetition is names
-teaches a lookup bound to the sentence templates rather than real induction, so most stories also
-repeat arbitrary material: codes, lists of random words read back in order, echoed sentences,
-chants, random strings and nonsense songs (see `MIX`). About 45% of the characters lie in a span
-of 20 or more characters that occurs twice in its story (`repeated_fraction`).
+The stories are simple English about characters, places and things with invented names (random
+syllables, drawn fresh for every story), so the later pieces of a name can only be predicted by
+copying them from earlier in the context. A corpus whose only repetition is names teaches a lookup
+bound to the sentence templates rather than real induction, so most stories also repeat arbitrary
+material: codes, lists of random words read back in order, echoed sentences, chants, random strings
+and nonsense songs (see `MIX`). About 45% of the characters lie in a span of 20 or more characters
+that occurs twice in its story (`repeated_fraction`).
 
-Pipeline: `generate_corpus` or `read_text` -> `sprout.tokenizer.train_bpe` -> `build_token_files`
-(train.bin / val.bin, uint16) -> `TokenDataset` / `get_batch`, random windows drawn with a
-`torch.Generator`, so a run resumes bit-exactly by restoring the generator's state.
+Training draws its corpus from `generate_corpus` (`sprout.training.corpus`); the analyses draw
+held-out stories from `generate_story` and the induction probe from `repeated_random_tokens`.
 """
 from __future__ import annotations
 
-import itertools
 import random
-import re
-from pathlib import Path
-from typing import Union
 
-import numpy as np
 import torch
-
-from .tokenizer import encode, is_char_level
 
 # ----------------------------------------------------------------------------- vocabulary
 
@@ -347,190 +339,6 @@ def repeated_fraction(text: str, min_len: int = 20) -> float:
             covered += min_len - max(0, end - s) if end < s + min_len else 0
             end = max(end, s + min_len)
     return covered / max(total, 1)
-
-
-# ----------------------------------------------------------------------------- user corpora
-
-def _read_file(path: Path) -> str:
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path} is not UTF-8 text: byte 0x{data[e.start]:02x} at byte offset "
-                         f"{e.start} ({e.reason})") from None
-    return text[1:] if text.startswith("\ufeff") else text  # drop a byte-order mark
-
-
-def _read_hf_dataset(path: Path) -> list[str]:
-    import datasets  # slow to import; only a saved dataset needs it
-
-    ds = datasets.load_from_disk(str(path))
-    if isinstance(ds, datasets.DatasetDict):
-        if "train" not in ds and len(ds) != 1:
-            raise ValueError(f"{path} holds splits {list(ds)}; expected 'train' or a single split")
-        ds = ds["train"] if "train" in ds else next(iter(ds.values()))
-    if "text" not in ds.column_names:
-        raise ValueError(f"{path} has no 'text' column (columns: {ds.column_names})")
-    return [t for t in ds["text"] if t and t.strip()]
-
-
-def read_text(path: Union[str, Path]) -> str:
-    """Reads a user corpus as one str, documents separated by "\\n\\n".
-
-    Args:
-        path: a UTF-8 text file; a folder of `.txt` files (read in sorted order, empty ones
-            skipped); or a Hugging Face `datasets` folder written by `save_to_disk` (its `text`
-            column, the 'train' split of a DatasetDict).
-
-    Raises:
-        ValueError: for a missing path, a file that is not UTF-8 (naming the file and the byte
-            offset), or an input with no text.
-    """
-    path = Path(path)
-    if not path.exists():
-        raise ValueError(f"no such file or folder: {path}")
-    if path.is_dir():
-        if (path / "dataset_info.json").exists() or (path / "state.json").exists() \
-                or (path / "dataset_dict.json").exists():
-            docs = _read_hf_dataset(path)
-        else:
-            files = sorted(path.glob("*.txt"))
-            if not files:
-                raise ValueError(f"{path} is a folder with no .txt files and no saved dataset")
-            docs = [t for t in map(_read_file, files) if t.strip()]
-        if not docs:
-            raise ValueError(f"{path} holds no text: every document is empty")
-        return "\n\n".join(docs)
-    text = _read_file(path)
-    if not text.strip():
-        raise ValueError(f"{path} is empty: there is no text to train on")
-    return text
-
-
-# ----------------------------------------------------------------------------- token files
-
-# Cut only where a non-space meets a space or a newline: the byte-level pre-tokenizer always splits
-# there, so encoding the pieces gives exactly the ids of encoding the whole text at once.
-_CUT = re.compile(r"\S[ \n]")
-
-
-def _split_point(text: str, frac: float) -> tuple[int, int]:
-    """(end of train, start of val): at the story boundary ("\\n\\n") nearest the target."""
-    target = int(len(text) * (1 - frac))
-    before, after = text.rfind("\n\n", 0, target + 2), text.find("\n\n", target + 1)
-    candidates = [i for i in (before, after) if 0 < i < len(text) - 2]
-    if not candidates:  # one long document: cut at whitespace instead
-        m = _CUT.search(text, target)
-        i = m.start() + 1 if m else target
-        return i, i
-    i = min(candidates, key=lambda c: abs(c - target))
-    return i, i + 2
-
-
-def _chunks(text: str, size: int):
-    start = 0
-    while start < len(text):
-        end = start + size
-        if end < len(text):
-            m = _CUT.search(text, end)
-            end = m.start() + 1 if m else len(text)
-        yield text[start:end]
-        start = end
-
-
-def _write_tokens(text: str, tok, path: Path, chunk_chars: int) -> None:
-    pieces = _chunks(text, chunk_chars)
-    with open(path, "wb") as f:
-        while batch := list(itertools.islice(pieces, 16)):  # 16 chunks at a time, on all cores
-            for enc in tok.encode_batch(batch, add_special_tokens=False):
-                np.asarray(enc.ids, dtype=np.uint16).tofile(f)
-
-
-def build_token_files(text: str, tokenizer, out_dir: Union[str, Path], val_fraction: float = 0.1,
-                      chunk_chars: int = 1 << 20) -> tuple[Path, Path]:
-    """Tokenises `text` once into `out_dir/train.bin` and `out_dir/val.bin` (flat np.uint16).
-
-    The split falls on the story boundary ("\\n\\n") nearest `1 - val_fraction` of the text; the
-    text is encoded in chunks of about `chunk_chars` characters, so memory stays bounded.
-
-    Returns:
-        (train_path, val_path).
-
-    Raises:
-        ValueError: if the vocabulary does not fit in uint16, `val_fraction` is not in [0, 1), the
-            text is empty, or (character tokenizer) it holds characters outside the vocabulary.
-    """
-    vocab = tokenizer.get_vocab_size()
-    if vocab > 1 << 16:
-        raise ValueError(f"vocabulary of {vocab} tokens does not fit in uint16 (at most 65536)")
-    if not 0 <= val_fraction < 1:
-        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
-    if not text:
-        raise ValueError("the text is empty: there is nothing to tokenise")
-    if is_char_level(tokenizer):
-        encode(tokenizer, "".join(set(text)))  # fails early, naming characters outside the vocab
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    end, start = _split_point(text, val_fraction) if val_fraction > 0 else (len(text), len(text))
-    train_path, val_path = out_dir / "train.bin", out_dir / "val.bin"
-    _write_tokens(text[:end], tokenizer, train_path, chunk_chars)
-    _write_tokens(text[start:], tokenizer, val_path, chunk_chars)
-    return train_path, val_path
-
-
-def _check_length(n: int, context: int, where: str) -> None:
-    if n < context + 1:
-        raise ValueError(f"corpus smaller than one batch: {where} has {n} tokens, but a window "
-                         f"needs context + 1 = {context + 1}; give it more text or use a smaller context")
-
-
-def check_windows(data: np.ndarray, context: int) -> None:
-    """Raise a ValueError naming the file if `data` (a token file's memmap, or any 1-D array) is too
-    short for one window of context + 1 tokens."""
-    _check_length(len(data), context, getattr(data, "filename", None) or "the token array")
-
-
-def get_batch(data: np.ndarray, batch_size: int, context: int,
-              generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random windows of a token array: inputs and the next-token targets.
-
-    Args:
-        data: the tokens, a 1-D array (e.g. the np.memmap of a .bin file).
-        batch_size: B, the number of windows.
-        context: T, the window length.
-        generator: draws the window starts; restoring its state replays the same batches.
-
-    Returns:
-        (x, y), int64 tensors of shape [B, T], with y[:, t] = the token after x[:, t].
-    """
-    check_windows(data, context)
-    ix = torch.randint(len(data) - context, (batch_size,), generator=generator).tolist()
-    xy = torch.from_numpy(np.stack([data[i:i + context + 1] for i in ix]).astype(np.int64))
-    return xy[:, :-1], xy[:, 1:]
-
-
-class TokenDataset:
-    """A uint16 token file (from `build_token_files`), read through a memmap.
-
-    Args:
-        path: the .bin file.
-        context: T, the window length of the batches.
-    """
-
-    def __init__(self, path: Union[str, Path], context: int):
-        self.path, self.context = Path(path), context
-        if not self.path.is_file():
-            raise ValueError(f"no token file at {self.path}")
-        n = self.path.stat().st_size // 2
-        _check_length(n, context, str(self.path))  # also keeps np.memmap off an empty file
-        self.data = np.memmap(self.path, dtype=np.uint16, mode="r", shape=(n,))
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def batch(self, batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x, y), int64 [batch_size, context]; see `get_batch`."""
-        return get_batch(self.data, batch_size, self.context, generator)
 
 
 def repeated_random_tokens(batch: int, half_len: int, vocab_size: int, generator: torch.Generator,
