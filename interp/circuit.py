@@ -27,6 +27,9 @@ from typing import Optional
 import pandas as pd
 import torch
 
+from sprout.synthetic import generate_story
+from sprout.tokenizer import encode
+
 from ._model import n_heads, require_hooks
 from .ablation import ablate_heads
 from .composition import composition_scores
@@ -70,9 +73,6 @@ def story_pair(model, n_stories: int = 8, max_len: int = 128, seed: int = 1000) 
     ids [n_stories, pos] each; None for a model without a tokenizer."""
     if getattr(model, "tokenizer", None) is None:
         return None
-    from sprout.data import generate_story
-    from sprout.tokenizer import encode
-
     texts = [generate_story(random.Random(f"circuit-{seed}-{i}")) for i in range(2 * n_stories)]
     stories = [torch.tensor(encode(model.tokenizer, t), dtype=torch.long) for t in texts]
     T = min(min(len(s) for s in stories), max_len, int(model.cfg.n_ctx))
