@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -24,6 +25,8 @@ SUMMARY = ("For every induction head, each earlier head is noised on the path in
 def add_args(p):
     p.add_argument("--n-seqs", type=int, default=4, help="sequences of repeated random tokens and of stories")
     p.add_argument("--max-snapshots", type=int, default=6, help="snapshots measured per training run")
+    p.add_argument("--readme", default=None, metavar="README.md",
+                   help="rewrite the block between <!-- circuit:MODEL --> and <!-- /circuit:MODEL --> with each model's circuit")
 
 
 def _pairs(model, n: int):
@@ -53,6 +56,8 @@ def _circuit(model, label, out, args) -> list[dict]:
     frame, summary = interp.induction_circuit(model, data=repeated, stories=stories is not None)
     out.table(frame, f"circuit_{label}")
     (out.dir / f"circuit_{label}.txt").write_text(summary + "\n", encoding="utf-8")
+    if args.readme:
+        write_readme(Path(args.readme), label, summary)
     if frame.empty:
         return [number("induction circuit", summary, None, label)]
     out.figure(figures.path_patching_matrix(frame, title=f"Path patching into the induction heads, {label}"),
@@ -64,6 +69,19 @@ def _circuit(model, label, out, args) -> list[dict]:
         names = ", ".join(f"{r.sender} ({r.share_repeated:.2f})" for r in g.sort_values("share_repeated", ascending=False).itertuples())
         rows.append(number(f"{receiver}'s {figures.circuits.VIA_NAMES[via]} fed by (share)", names, None, label))
     return rows
+
+
+def write_readme(path: Path, label: str, summary: str) -> None:
+    """Replace what lies between `<!-- circuit:{label} -->` and `<!-- /circuit:{label} -->` in `path` with
+    the summary as a code block; nothing else in the file changes, and without both markers nothing does."""
+    start, end = f"<!-- circuit:{label} -->", f"<!-- /circuit:{label} -->"
+    text = path.read_text(encoding="utf-8")
+    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
+        raise ValueError(f"{path} needs exactly one {start} ... {end} block for --readme; nothing was written")
+    head, rest = text.split(start)
+    _, tail = rest.split(end)
+    block = f"{start}\n```text\n{summary}\n```\n{end}"
+    path.write_text(head + block + tail, encoding="utf-8")
 
 
 def _composition(model, label, out) -> list[dict]:

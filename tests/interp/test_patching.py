@@ -79,3 +79,12 @@ def test_bad_inputs_are_named(tiny_model):
         interp.patch(tiny_model, clean, corrupted, scalar_metric, site="resid_post_typo")
     with pytest.raises(ValueError, match="has no heads"):
         interp.patch(tiny_model, clean, corrupted, scalar_metric, site="mlp_out", by="head")
+
+
+def test_a_site_the_model_lacks_is_named():
+    from sprout import build_step
+
+    model = build_step("4.2").eval()  # a walkthrough step without residual connections
+    ids = torch.randint(0, int(model.cfg.d_vocab), (1, 5))
+    with pytest.raises(ValueError, match="has no hook point 'blocks.0.hook_resid_pre'"):
+        interp.patch(model, ids, ids, scalar_metric, site="resid_pre")
