@@ -158,7 +158,7 @@ def _add_weights_and_ablation(model, frame: pd.DataFrame) -> pd.DataFrame:
     else:
         frame["composition"], frame["baseline"] = float("nan"), float("nan")
     senders = sorted({tuple(int(x) for x in s[1:].split("H")) for s in frame["sender"]})
-    ablation = ablate_heads(model, senders, together=False, n_seqs=8)
+    ablation = ablate_heads(model, senders, together=False, n_seqs=4, half_len=min(24, int(model.cfg.n_ctx) // 2))
     per_head = {r.label: r.delta for r in ablation.itertuples() if r.label in set(frame["sender"])}
     frame["ablation_delta"] = frame["sender"].map(per_head)
     return frame
