@@ -5,6 +5,8 @@ from typing import Iterator, Optional, Union
 
 import torch
 
+from sprout.text import check_integer_ids
+
 TextOrTokens = Union[str, list, torch.Tensor]
 
 
@@ -19,6 +21,7 @@ def token_rows(model, data: TextOrTokens, seq_len: Optional[int] = None) -> list
     if not 1 <= seq_len <= n_ctx:
         raise ValueError(f"seq_len must be in 1..{n_ctx} (the model's context), got {seq_len}")
     if isinstance(data, torch.Tensor):
+        check_integer_ids(data)
         if data.dim() not in (1, 2) or data.numel() == 0:
             raise ValueError(f"token ids must be a non-empty [pos] or [batch, pos] tensor, got shape {tuple(data.shape)}")
         full = list(data.reshape(-1, data.shape[-1]).long())
@@ -35,6 +38,7 @@ def token_rows(model, data: TextOrTokens, seq_len: Optional[int] = None) -> list
 
 def _encode(model, text) -> torch.Tensor:
     if isinstance(text, torch.Tensor):
+        check_integer_ids(text)
         return text.reshape(-1).long()
     if not isinstance(text, str):
         raise TypeError(f"expected text (str) or token ids, got {type(text).__name__}")

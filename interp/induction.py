@@ -13,6 +13,8 @@ from typing import Optional
 import pandas as pd
 import torch
 
+from sprout.tokenizer import raw
+
 from ._model import logits_of, model_name
 
 _WORD = re.compile(r"\b[A-Z][a-z]+\b")  # a capitalised word
@@ -39,7 +41,7 @@ def _token_probs(model, text: str, spans: list[tuple[int, int]]) -> list[list[tu
     tok = getattr(model, "tokenizer", None)
     if tok is None:
         raise ValueError(f"{model_name(model)} has no tokenizer; the induction table reads text")
-    enc = tok.encode(text, add_special_tokens=False)
+    enc = raw(tok).encode(text, add_special_tokens=False)  # the raw tokenizer's Encoding, with offsets
     offsets, all_ids = enc.offsets, enc.ids  # each access converts the whole list: read them once
     n = min(len(all_ids), int(model.cfg.n_ctx))
     ids = torch.tensor(all_ids[:n], device=model.cfg.device)[None]

@@ -25,6 +25,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from sprout.tokenizer import raw
+
 # Frames written by hand for this test (none comes from sprout.synthetic's generator), with names the
 # generator cannot draw (checked against the training corpus by `unseen_names`).
 STORIES = [
@@ -96,9 +98,9 @@ def name_piece_probability(model, stories=STORIES) -> tuple[float, int]:
     be copied from, and every piece after the first of each later occurrence is scored."""
     probs = []
     for _, names, text in stories:
-        enc = model.tokenizer.encode(text, add_special_tokens=False)
+        enc = raw(model.tokenizer).encode(text, add_special_tokens=False)
         ids = torch.tensor([enc.ids[:model.cfg.n_ctx]])  # a character model sees the first n_ctx only
-        p = model(ids)[0][0].softmax(-1)  # [pos, vocab]
+        p = model(ids, return_type="logits")[0].softmax(-1)  # [pos, vocab]
         for name in names:
             starts = [i for i in range(len(text)) if text.startswith(name, i)]
             for s in starts[1:]:  # the second and later occurrences
@@ -149,7 +151,7 @@ def measure(name: str) -> dict:
     model = sprout.load(name)
     seq = repeated_tokens(model)
     with torch.no_grad():
-        nll = _nll(model(seq)[0], seq)
+        nll = _nll(model(seq, return_type="logits"), seq)
     induction, prev = head_scores(model, seq)
     layer, head = divmod(int(induction.argmax()), induction.size(1))
     out = {

@@ -39,7 +39,7 @@ def results():
         model = sprout.load(name).eval()
         seq = measure.repeated_tokens(model)
         with torch.no_grad():
-            nll = measure._nll(model(seq)[0], seq)
+            nll = measure._nll(model(seq, return_type="logits"), seq)
         induction, prev = measure.head_scores(model, seq)
         out[name] = dict(model=model, seq=seq, first=nll[:, :measure.HALF - 1].mean().item(),
                          second=nll[:, measure.HALF:].mean().item(), induction=induction, prev=prev,

@@ -254,3 +254,15 @@ def test_a_copied_model_reads_its_own_weights(model):
         twin.blocks[1].ffn.w2.weight.zero_()
     assert not twin.W_in[1].any() and not twin.blocks[1].mlp.W_out.any()
     assert model.W_in[1].any() and model.blocks[1].mlp.W_out.any()
+
+
+def test_walkthrough_extra_projections_fold_into_the_writes():
+    torch.manual_seed(0)
+    m = build_step("4.8").eval()  # Linear(C, C) after the attention and after the feed-forward layer
+    _, cache = m.run_with_cache(torch.randint(0, 65, (2, 8), generator=torch.Generator().manual_seed(4)))
+    for l in range(m.cfg.n_layers):
+        attn = torch.einsum("bphd,hdm->bpm", cache[f"blocks.{l}.attn.hook_z"], m.W_O[l]) + m.b_O[l]
+        close(attn, cache[f"blocks.{l}.hook_attn_out"])
+        close(cache[f"blocks.{l}.mlp.hook_post"] @ m.W_out[l] + m.b_out[l], cache[f"blocks.{l}.hook_mlp_out"])
+    parts = cache.get_full_resid_decomposition(expand_neurons=True)
+    close(parts.sum(0), cache[f"blocks.{m.cfg.n_layers - 1}.hook_resid_post"])
