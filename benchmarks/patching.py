@@ -11,8 +11,8 @@ nnsight is not in the project's dependencies and is not measured.
 
 Why ours is faster: TransformerLens runs one forward of the whole corrupted batch per patch (here
 n_layers x n_heads x pos forwards, each with its pandas row, hook registration and tqdm step);
-`interp.patch` stacks as many patches as fit 256 MB of logits into one forward, and runs the layers
-before the patched one once for all of them (the batch is copied at `hook_resid_pre` of that layer).
+`interp.patch` stacks as many patches as fit 256 MB of logits into one forward (one hook call per
+layer patches every copy).
 """
 from __future__ import annotations
 

@@ -6,9 +6,10 @@ replaced by its value on the clean tokens, and the metric is read from the patch
 equal TransformerLens' within float rounding (tested against `get_act_patch_*`).
 
 What differs is the cost. TransformerLens runs one forward per patch. Here many patches share one
-forward: the corrupted batch is run once up to the patched layer, copied `n` times at that layer's
-`hook_resid_pre` (nothing before it depends on the patch), and copy `i` carries patch `i`. The metric
-is then called on each copy's logits [batch, pos, d_vocab] exactly as TransformerLens calls it.
+forward: the corrupted batch is stacked `n` times and copy `i` carries patch `i` (one hook call per
+layer patches every copy). The metric is then called on each copy's logits [batch, pos, d_vocab]
+exactly as TransformerLens calls it. (Running the layers before the patched one once and copying at
+its `hook_resid_pre` would save more, but Sprout's hooks refuse a replacement of another shape.)
 
 A metric maps logits [batch, pos, d_vocab] to a scalar, or to one value per batch row ([batch]),
 which is averaged. Anything else is refused with its shape.
@@ -125,12 +126,6 @@ def _write(act: torch.Tensor, source: torch.Tensor, p: Patch, layout: str) -> No
     act[idx] = source[idx]
 
 
-def _expand_hook(n: int):
-    def hook(x, hook):
-        return x.repeat(n, *([1] * (x.dim() - 1)))
-    return hook
-
-
 def _patch_hook(chunk: list[Patch], source: torch.Tensor, layout: str):
     def hook(act, hook):
         B = source.shape[0]
@@ -141,15 +136,9 @@ def _patch_hook(chunk: list[Patch], source: torch.Tensor, layout: str):
     return hook
 
 
-def batched_forward(model, tokens: torch.Tensor, layer: int, hooks: list, n: int) -> torch.Tensor:
-    """Logits [n * batch, pos, d_vocab] of `n` copies of `tokens` that split at `layer`.
-
-    `hooks` (hook name, function) act on the n copies stacked copy-major ([n * batch, ...]); layers before
-    `layer` run once. A model without `blocks.{layer}.hook_resid_pre` runs every copy from the start.
-    """
-    split = f"blocks.{layer}.hook_resid_pre"
-    if split in model.hook_dict:
-        return model.run_with_hooks(tokens, fwd_hooks=[(split, _expand_hook(n))] + hooks)
+def batched_forward(model, tokens: torch.Tensor, hooks: list, n: int) -> torch.Tensor:
+    """Logits [n * batch, pos, d_vocab] of `n` copies of `tokens` stacked copy-major, with `hooks`
+    (hook name, function) acting on all copies at once ([n * batch, ...])."""
     return model.run_with_hooks(tokens.repeat(n, 1), fwd_hooks=hooks)
 
 
@@ -186,7 +175,7 @@ def patch_values(model, clean: torch.Tensor, corrupted: torch.Tensor, metric: Me
         for start in range(0, len(group), n_max):
             chunk = group[start:start + n_max]
             hooks = [(hook_name(site, layer), _patch_hook(chunk, source, layout))]
-            logits = batched_forward(model, corrupted, layer, hooks, len(chunk))
+            logits = batched_forward(model, corrupted, hooks, len(chunk))
             values.update(zip(chunk, split_metric(metric, logits, len(chunk))))
     return [values[p] for p in todo]
 

@@ -14,7 +14,7 @@ write added to the receiver's own copy of the residual), and the values agree (t
 
 Everything is read and written through hooks (`hook_z`, `hook_mlp_out`, `hook_embed`, `hook_q/k/v`),
 so no weight matrix is needed. Recording runs one forward per chunk of senders, the patched runs one
-forward per chunk of (sender, receiver) pairs, each split at the receiver's layer as in `patching`.
+forward per chunk of (sender, receiver) pairs, as in `patching`.
 """
 from __future__ import annotations
 
@@ -218,7 +218,7 @@ def _patched_values(model, base, metric, pairs, recorded, senders, via, limit) -
         for start in range(0, len(group), n_max):
             chunk = [(p.sender, p.receiver) for p in group[start:start + n_max]]
             hook = _replace_hook(chunk, recorded[layer, via], sender_index, B)
-            logits = batched_forward(model, base, layer, [(_input(layer, via), hook)], len(chunk))
+            logits = batched_forward(model, base, [(_input(layer, via), hook)], len(chunk))
             values.update(zip(chunk, split_metric(metric, logits, len(chunk))))
     return [values[p] for p in pairs]
 

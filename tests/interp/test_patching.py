@@ -67,6 +67,7 @@ def test_one_forward_per_layer_when_the_chunk_allows(tiny_model):
         tiny_model.reset_hooks(including_permanent=True)
     # one cache forward, one batched forward per layer (2), two baselines: far fewer than 2 * 7 * 4 patches
     assert len(calls) == 1 + 2 + 2
+    assert sorted(calls) == [2, 2, 2, 7 * 4 * 2, 7 * 4 * 2]  # each batched forward carries a layer's 28 patches
 
 
 def test_bad_inputs_are_named(tiny_model):
