@@ -85,3 +85,20 @@ def test_bad_senders_and_receivers_are_named(three_layers):
         interp.path_patch(three_layers, clean, corrupted, metric, ["L0H0"], ["L1H0"], via="z")
     with pytest.raises(ValueError, match="same \\[batch, pos\\] shape"):
         interp.path_patch(three_layers, clean[:1], corrupted, metric, ["L0H0"], ["L1H0"])
+
+
+@pytest.mark.parametrize("via", ["q", "k", "v"])
+def test_denoising_equals_transformer_lens_direct_path(three_layers, via):
+    """TransformerLens' get_act_patch_direct_path runs on Sprout through its split q/k/v input hooks."""
+    from transformer_lens import patching
+
+    clean, corrupted = pair(6, pos=8)
+    _, clean_cache = three_layers.run_with_cache(clean)
+    _, corrupted_cache = three_layers.run_with_cache(corrupted)
+    scalar = lambda logits: metric(logits).mean()  # noqa: E731
+    theirs = patching.get_act_patch_direct_path(three_layers, corrupted, clean_cache, corrupted_cache, scalar, 0, 2,
+                                               component=via, verbose=False)
+    receivers = [f"L{l}H{h}" for l in (1, 2) for h in range(4)]
+    frame = interp.path_patch(three_layers, clean, corrupted, scalar, ["L0H2"], receivers, via=via, direction="denoising")
+    for row in frame.itertuples():
+        assert row.metric == pytest.approx(float(theirs[row.receiver_layer, int(row.receiver.split("H")[1])]), abs=1e-5)
