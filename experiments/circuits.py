@@ -23,15 +23,16 @@ SUMMARY = ("For every induction head, each earlier head is noised on the path in
 
 
 def add_args(p):
-    p.add_argument("--n-seqs", type=int, default=4, help="sequences of repeated random tokens and of stories")
+    p.add_argument("--n-seqs", type=int, default=2, help="sequences of repeated random tokens and of stories")
+    p.add_argument("--story-len", type=int, default=64, help="tokens per story (from the start)")
     p.add_argument("--max-snapshots", type=int, default=6, help="snapshots measured per training run")
     p.add_argument("--readme", default=None, metavar="README.md",
                    help="rewrite the block between <!-- circuit:MODEL --> and <!-- /circuit:MODEL --> with each model's circuit")
 
 
-def _pairs(model, n: int):
+def _pairs(model, n: int, story_len: int):
     repeated = interp.circuit.repeated_pair(model, half_len=min(24, int(model.cfg.n_ctx) // 2), n_seqs=n)
-    stories = interp.circuit.story_pair(model, n_stories=n)
+    stories = interp.circuit.story_pair(model, n_stories=n, max_len=story_len)
     return repeated, stories
 
 
@@ -52,8 +53,8 @@ def _dla(model, label, out) -> None:
 
 
 def _circuit(model, label, out, args) -> list[dict]:
-    repeated, stories = _pairs(model, args.n_seqs)
-    frame, summary = interp.induction_circuit(model, data=repeated, stories=stories is not None)
+    repeated, stories = _pairs(model, args.n_seqs, args.story_len)
+    frame, summary = interp.induction_circuit(model, data=repeated, stories=stories)
     out.table(frame, f"circuit_{label}")
     (out.dir / f"circuit_{label}.txt").write_text(summary + "\n", encoding="utf-8")
     if args.readme:

@@ -95,7 +95,7 @@ def find_induction_heads(model, min_score: float = 0.3) -> pd.DataFrame:
 
 
 def induction_circuit(model, data=None, min_score: float = 0.3, min_share: float = 0.02, relative: float = 0.25,
-                      stories: bool = True) -> tuple[pd.DataFrame, str]:
+                      stories=True) -> tuple[pd.DataFrame, str]:
     """For each induction head, the earlier heads feeding its queries, keys and values.
 
     Args:
@@ -105,7 +105,8 @@ def induction_circuit(model, data=None, min_score: float = 0.3, min_share: float
         min_score: induction score that makes a head an induction head.
         min_share, relative: a sender feeds a receiver's input when its share is at least `min_share`
             and at least `relative` times the largest share into that input.
-        stories: also measure on held-out name stories (needs a tokenizer).
+        stories: also measure on held-out name stories (needs a tokenizer): True (8 stories of up to 128
+            tokens), False, or (clean, corrupted) story ids [batch, pos] from `story_pair`.
 
     Returns:
         (frame, summary). The frame has one row per (receiver, sender, via): `receiver`,
@@ -121,7 +122,7 @@ def induction_circuit(model, data=None, min_score: float = 0.3, min_share: float
     if inductions.empty:
         return pd.DataFrame(columns=COLUMNS), f"no head scores {min_score} or more as an induction head"
     pair = repeated_pair(model) if data is None else data
-    story = story_pair(model) if stories else None
+    story = story_pair(model) if stories is True else (stories or None)
     frame = _add_weights_and_ablation(model, _edge_rows(model, inductions, pair, story))
     best = frame.groupby(["receiver", "via"])["share_repeated"].transform("max")
     frame["feeds"] = (frame["share_repeated"] >= min_share) & (frame["share_repeated"] >= relative * best)
