@@ -6,11 +6,17 @@ is `figures` and `experiments`).
 """
 from .ablation import ablate_heads
 from .attention import attention_patterns, pattern_tensor
+from .attribution import attribution_patch, attribution_summary, logit_attribution
+from .circuit import induction_circuit
+from .composition import composition_scores, ov_copying_scores, positional_qk_scores
 from .heads import KINDS, head_score_tensor, head_scores, repeated_tokens, target_mask
 from .induction import induction_stories, induction_table, story_names
 from .lens import first_top1_layer, lens_dataset_summary, lens_summary, logit_lens
 from .loss import mean_loss, repeat_loss
 from .params import param_table
+from .patching import SITES, patch, patch_tensor
+from .path_patching import path_patch
+from .phase import icl_score, phase_measures, phase_table
 from .residual import LogHistogram, residual_rms
 from .rope import rope_distance_check
 from .texts import HELD_OUT_SEED, held_out_stories
@@ -18,9 +24,11 @@ from .tuned_lens import TunedLens, lens_comparison, load_tuned_lens, tuned_lens
 from .tuned_lens_train import train_tuned_lens
 
 __all__ = [
-    "HELD_OUT_SEED", "KINDS", "LogHistogram", "ablate_heads", "attention_patterns", "first_top1_layer",
-    "head_score_tensor", "head_scores", "held_out_stories", "induction_stories", "induction_table",
-    "lens_dataset_summary", "lens_summary", "logit_lens", "mean_loss", "param_table", "pattern_tensor",
-    "repeat_loss", "repeated_tokens", "residual_rms", "rope_distance_check", "story_names", "target_mask",
-    "TunedLens", "lens_comparison", "load_tuned_lens", "train_tuned_lens", "tuned_lens",
+    "ablate_heads", "attention_patterns", "attribution_patch", "attribution_summary", "composition_scores",
+    "first_top1_layer", "head_score_tensor", "head_scores", "HELD_OUT_SEED", "held_out_stories", "icl_score",
+    "induction_circuit", "induction_stories", "induction_table", "KINDS", "lens_comparison", "lens_dataset_summary",
+    "lens_summary", "load_tuned_lens", "LogHistogram", "logit_attribution", "logit_lens", "mean_loss",
+    "ov_copying_scores", "param_table", "patch", "patch_tensor", "path_patch", "pattern_tensor", "phase_measures",
+    "phase_table", "positional_qk_scores", "repeat_loss", "repeated_tokens", "residual_rms", "rope_distance_check",
+    "SITES", "story_names", "target_mask", "train_tuned_lens", "tuned_lens", "TunedLens",
 ]

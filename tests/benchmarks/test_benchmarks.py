@@ -28,3 +28,14 @@ def test_runner_prints_every_row_with_a_numeric_ratio(capsys, tmp_path):
     # the memory table compares the same activations: the hook names both models have
     shared = re.search(r"\| TransformerBridge, the (\d+) hook names both have \| (\d+) \|", out)
     assert shared and shared.group(1) == shared.group(2) and int(shared.group(1)) >= 20 * 2
+
+
+def test_patching_benchmark_checks_equality_and_prints_every_row(tmp_path):
+    from benchmarks import patching
+
+    text = patching.main(["--tiny", "--pos", "2", "--repeats", "1", "--out", str(tmp_path / "results.md")])
+    assert text in (tmp_path / "results.md").read_text()
+    assert re.search(r"equals TransformerLens' within \d\.\de-\d\d", text)
+    for what in ("our Sprout |", "TransformerBridge |", "`interp.patch(", "`interp.attribution_patch`"):
+        line = next(l for l in text.splitlines() if what in l)
+        assert re.search(r"\| \d+\.\d\d s \| \d+\.\d{3}x \|", line), line

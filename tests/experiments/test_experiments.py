@@ -64,6 +64,9 @@ def test_every_file_is_written(run):
                            "induction_stories.html"},
         "training_dynamics": {"train_logs.csv", "loss_curves.html", "induction_snapshots_tiny.csv",
                               "induction_over_training_tiny.html"},
+        "circuits": {"attribution_tiny.csv", "attribution_tiny.html", "circuit_tiny.csv", "circuit_tiny.txt",
+                     "composition_k_tiny.csv", "composition_tiny.html", "dla_tiny.csv", "dla_tiny.html",
+                     "phase_tiny.csv", "phase_tiny.html"},
     }
     for name, files in expected.items():
         assert {p.name for p in (out / name).iterdir()} == files | {"numbers.json"}, name
@@ -161,6 +164,23 @@ def test_rope_and_training_numbers(run):
     assert got == pytest.approx(expected, rel=1e-5)
     snaps = pd.read_csv(run["out"] / "training_dynamics" / "induction_snapshots_tiny.csv")
     assert sorted(snaps.tokens.unique()) == [0, 10240] and len(snaps) == 2 * CFG.n_layer * CFG.n_head
+
+
+def test_circuit_numbers_are_recomputed_from_the_snapshots(run):
+    import interp
+
+    phase = pd.read_csv(run["out"] / "circuits" / "phase_tiny.csv")
+    assert sorted(phase["tokens"].unique()) == [0, 10240]  # both snapshots, at the tokens of train_log.csv
+    last = sprout.load(run["run_dir"] / "checkpoints" / "step_00000020")
+    measured = phase[phase["tokens"] == 10240].set_index("measure")["value"]
+    ind = interp.head_scores(last, "induction").iloc[0].score
+    assert measured["induction score"] == pytest.approx(ind, abs=1e-6)
+    dla = pd.read_csv(run["out"] / "circuits" / "dla_tiny.csv")
+    ids = torch.tensor(dla[dla.component == "embed"]["token"].to_numpy().copy())
+    logits = run["model"].run_with_hooks(ids[None])[0]
+    total = dla.groupby("pos")["attribution"].sum()
+    targets = dla[dla.component == "embed"]["target"].to_numpy().copy()
+    assert total.to_numpy() == pytest.approx(logits[np.arange(len(ids)), targets].detach().numpy(), abs=1e-3)
 
 
 def test_standalone_script_writes_its_own_plotly(tmp_path, run, capsys):

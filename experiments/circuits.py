@@ -1,0 +1,165 @@
+"""Which heads feed the induction head, through which input, and how much: the circuit, measured causally."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+import figures
+import interp
+
+from .common import ZORBIN, held_out_text, number, standalone
+from .training_dynamics import run_dirs, snapshot_dirs
+
+NAME = "circuits"
+DOC = "Composition scores, path patching into each induction head, direct logit attribution and the circuit graph."
+SUMMARY = ("For every induction head, each earlier head is noised on the path into its queries, keys or values "
+           "alone (path patching), scored by weight composition against random matrices, and ablated; the heads "
+           "that carry a real share form the circuit graph. Direct logit attribution splits the logit of a copied "
+           "name into the writes of every head and MLP.")
+
+
+def add_args(p):
+    p.add_argument("--n-seqs", type=int, default=2, help="sequences of repeated random tokens and of stories")
+    p.add_argument("--story-len", type=int, default=64, help="tokens per story (from the start)")
+    p.add_argument("--max-snapshots", type=int, default=6, help="snapshots measured per training run")
+    p.add_argument("--readme", default=None, metavar="README.md",
+                   help="rewrite the block between <!-- circuit:MODEL --> and <!-- /circuit:MODEL --> with each model's circuit")
+
+
+def _pairs(model, n: int, story_len: int):
+    repeated = interp.circuit.repeated_pair(model, half_len=min(24, int(model.cfg.n_ctx) // 2), n_seqs=n)
+    stories = interp.circuit.story_pair(model, n_stories=n, max_len=story_len)
+    return repeated, stories
+
+
+def _name_position(model, ids: torch.Tensor) -> int:
+    """The position that predicts the second token of the name at its second occurrence in ZORBIN."""
+    name = model.to_tokens(" Zorbin")[0]
+    hits = (ids[:-1] == name[0]).nonzero().flatten()
+    return int(hits[-1]) + len(name) - 1 if len(hits) else len(ids) - 2
+
+
+def _dla(model, label, out) -> None:
+    ids = model.to_tokens(ZORBIN)[0][: int(model.cfg.n_ctx)]
+    frame = interp.logit_attribution(model, ids)
+    out.table(frame, f"dla_{label}")
+    out.figure(figures.dla_bars(frame, pos=min(_name_position(model, ids), int(frame["pos"].max())),
+                                title=f"Direct logit attribution, {label}"), f"dla_{label}",
+               f"{label}: which heads and MLPs write the logit of the name's next token at its second occurrence.")
+
+
+def _circuit(model, label, out, args) -> list[dict]:
+    repeated, stories = _pairs(model, args.n_seqs, args.story_len)
+    frame, summary = interp.induction_circuit(model, data=repeated, stories=stories)
+    out.table(frame, f"circuit_{label}")
+    (out.dir / f"circuit_{label}.txt").write_text(summary + "\n", encoding="utf-8")
+    if args.readme:
+        write_readme(Path(args.readme), label, summary)
+    if frame.empty:
+        return [number("induction circuit", summary, None, label)]
+    out.figure(figures.path_patching_matrix(frame, title=f"Path patching into the induction heads, {label}"),
+               f"path_patching_{label}", f"{label}: each earlier head's share through each input of each induction head.")
+    out.figure(figures.circuit_graph(frame, title=f"Induction circuit, {label}"), f"circuit_graph_{label}",
+               f"{label}: the heads that feed each induction head, edge width = path-patching share.")
+    rows = []
+    for (receiver, via), g in frame[frame["feeds"]].groupby(["receiver", "via"]):
+        names = ", ".join(f"{r.sender} ({r.share_repeated:.2f})" for r in g.sort_values("share_repeated", ascending=False).itertuples())
+        rows.append(number(f"{receiver}'s {figures.circuits.VIA_NAMES[via]} fed by (share)", names, None, label))
+    return rows
+
+
+def write_readme(path: Path, label: str, summary: str) -> None:
+    """Replace what lies between `<!-- circuit:{label} -->` and `<!-- /circuit:{label} -->` in `path` with
+    the summary as a code block; nothing else in the file changes, and without both markers nothing does."""
+    start, end = f"<!-- circuit:{label} -->", f"<!-- /circuit:{label} -->"
+    text = path.read_text(encoding="utf-8")
+    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
+        raise ValueError(f"{path} needs exactly one {start} ... {end} block for --readme; nothing was written")
+    head, rest = text.split(start)
+    _, tail = rest.split(end)
+    block = f"{start}\n```text\n{summary}\n```\n{end}"
+    path.write_text(head + block + tail, encoding="utf-8")
+
+
+def _composition(model, label, out) -> list[dict]:
+    comp = interp.composition_scores(model, "k")
+    out.table(comp, f"composition_k_{label}")
+    out.figure(figures.composition_heatmap(comp, title=f"K-composition, {label}"), f"composition_{label}",
+               f"{label}: how much each head's output is read by a later head's keys, against random matrices.")
+    best = comp.sort_values("score").iloc[-1]
+    return [number("strongest K-composition (x random baseline)", f"{best.sender} -> {best.receiver} ({best.ratio:.1f}x)",
+                   None, label)]
+
+
+def _attribution(model, label, out) -> list[dict]:
+    clean, corrupted = interp.circuit.repeated_pair(model, half_len=min(16, int(model.cfg.n_ctx) // 2), n_seqs=2)
+    metric = interp.circuit.induction_metric(clean)
+    frame = interp.attribution_patch(model, clean, corrupted, metric, site="z", by="head", exact=True)
+    out.table(frame, f"attribution_{label}")
+    out.figure(figures.attribution_scatter(frame, title=f"Attribution patching vs exact, {label}"),
+               f"attribution_{label}", f"{label}: every head's z patched, gradient estimate against the exact patch.")
+    return [number("attribution patching vs exact, Pearson r (heads' z)", interp.attribution_summary(frame)["correlation"],
+                   None, label, fmt="{:.3f}")]
+
+
+def _phase(models, out, args) -> list[dict]:
+    import sprout
+
+    rows, runs = [], run_dirs(models, [])
+    for label, run in runs.items():
+        snaps = snapshot_dirs(run)
+        if len(snaps) < 2:
+            continue
+        keep = np.unique(np.linspace(0, len(snaps) - 1, min(args.max_snapshots, len(snaps))).round().astype(int))
+        log = pd.read_csv(run / "train_log.csv")
+        tokens_at = dict(zip(log["step"], log["tokens"]))
+        measures = {}
+        for step, d in (snaps[i] for i in keep):
+            model = sprout.load(d)
+            measures[tokens_at.get(step, step)] = interp.phase_measures(model, _held_out(model))
+        table = interp.phase_table(measures)
+        out.table(table, f"phase_{label}")
+        out.figure(figures.phase_change(table, title=f"The phase change, {label}"), f"phase_{label}",
+                   f"{label}: previous-token score, induction score, K-composition and in-context score per snapshot.")
+        rows.append(number("snapshots measured for the phase change", len(keep), None, label, fmt="{:d}"))
+    return rows
+
+
+def _held_out(model, n_windows: int = 8):
+    """Held-out ids [n, 129] for the in-context score, or None when the context or the text is too short."""
+    from sprout.tokenizer import encode
+
+    n = interp.phase.LATE.stop + 1
+    if int(model.cfg.n_ctx) < n - 1 or getattr(model, "tokenizer", None) is None:
+        return None
+    ids = torch.tensor(encode(model.tokenizer, held_out_text(model, 12_000)))
+    if len(ids) < n:
+        return None
+    return torch.stack([ids[i:i + n] for i in range(0, len(ids) - n + 1, n)][:n_windows])
+
+
+def run(models, out, args) -> list[dict]:
+    rows = []
+    for label, model in models.items():
+        if int(model.cfg.n_layers) < 2:
+            rows.append(number("induction circuit", "one layer: no head can feed another", None, label))
+            continue
+        if hasattr(model, "W_U") and model.cfg.normalization_type == "RMS":
+            _dla(model, label, out)
+        rows += _circuit(model, label, out, args)
+        if hasattr(model, "W_Q"):
+            rows += _composition(model, label, out)
+        rows += _attribution(model, label, out)
+    return rows + _phase(models, out, args)
+
+
+def main(argv=None) -> int:
+    return standalone(sys.modules[__name__], argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

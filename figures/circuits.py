@@ -1,0 +1,153 @@
+"""Circuits: composition heatmaps, path-patching matrices, logit attribution bars, the circuit as a graph,
+attribution patching against exact patching."""
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from .style import PALETTE, SCALE, base_layout, require
+
+VIA_COLOURS = {"k": PALETTE[1], "q": PALETTE[0], "v": PALETTE[2]}
+VIA_NAMES = {"k": "keys", "q": "queries", "v": "values"}
+
+
+def _order(labels) -> list[str]:
+    def key(label):
+        layer, _, head = label[1:].partition("H")
+        return (int(layer), int(head)) if head else (int(layer), -1)
+    return sorted(set(labels), key=key)
+
+
+def composition_heatmap(frame: pd.DataFrame, title: str = "Composition scores") -> go.Figure:
+    """Senders (rows) x receivers (columns) of `interp.composition_scores`; the colour bar marks the random
+    baseline, and cells at or below it are left blank."""
+    require(frame, ["sender", "receiver", "score", "baseline"], "composition_heatmap")
+    senders, receivers = _order(frame["sender"]), _order(frame["receiver"])
+    grid = frame.pivot(index="sender", columns="receiver", values="score").reindex(index=senders, columns=receivers)
+    base = float(frame["baseline"].iloc[0])
+    shown = grid.where(grid > base)
+    top = float(frame["score"].max())
+    kind = frame["kind"].iloc[0] if "kind" in frame.columns else ""
+    fig = go.Figure(go.Heatmap(
+        z=shown.to_numpy(), x=receivers, y=senders, colorscale=SCALE, zmin=base, zmax=max(top, base * 1.01),
+        text=grid.round(2).to_numpy(), texttemplate="%{text}", customdata=(grid / base).round(1).to_numpy(),
+        colorbar=dict(title=dict(text="score"), tickvals=[base, top], ticktext=[f"random {base:.2f}", f"{top:.2f}"]),
+        hovertemplate="%{y} -> %{x}<br>score %{text}<br>%{customdata}x the random baseline<extra></extra>",
+    ))
+    fig.update_layout(**base_layout(title, f"{kind.upper()}-composition, sender (row) into a later receiver (column); "
+                                           f"blank: not above the random baseline {base:.3f}",
+                                    width=160 + 46 * len(receivers), height=200 + 30 * len(senders)))
+    fig.update_yaxes(autorange="reversed", title=dict(text="sender"))
+    fig.update_xaxes(title=dict(text="receiver"))
+    return fig
+
+
+def path_patching_matrix(frame: pd.DataFrame, value: str = "share_repeated", title: str = "Path patching") -> go.Figure:
+    """Senders (rows) x (receiver, input) columns of `interp.induction_circuit`'s frame: each edge's share."""
+    require(frame, ["sender", "receiver", "via", value], "path_patching_matrix")
+    df = frame.assign(column=frame["receiver"] + " " + frame["via"].map(VIA_NAMES))
+    columns = [f"{r} {VIA_NAMES[v]}" for r in _order(df["receiver"]) for v in ("q", "k", "v")]
+    columns = [c for c in columns if c in set(df["column"])]
+    senders = _order(df["sender"])
+    grid = df.pivot(index="sender", columns="column", values=value).reindex(index=senders, columns=columns)
+    fig = go.Figure(go.Heatmap(
+        z=grid.to_numpy(), x=columns, y=senders, colorscale="RdBu", zmid=0, text=grid.round(3).to_numpy(),
+        texttemplate="%{text}", colorbar=dict(title=dict(text="share")),
+        hovertemplate="%{y} -> %{x}<br>share of the corruption's effect %{text}<extra></extra>",
+    ))
+    fig.update_layout(**base_layout(title, "each sender noised on the path into one input of one induction head only "
+                                           "(share of the whole corruption's effect)",
+                                    width=220 + 70 * len(columns), height=200 + 26 * len(senders)))
+    fig.update_yaxes(autorange="reversed", title=dict(text="sender"))
+    return fig
+
+
+def dla_bars(frame: pd.DataFrame, seq: int = 0, pos: int = -1, top: int = 12, title: str = "Direct logit attribution") -> go.Figure:
+    """The components with the largest shares of one position's logit (difference), from `interp.logit_attribution`."""
+    require(frame, ["seq", "pos", "component", "kind", "attribution"], "dla_bars")
+    rows = frame[frame["seq"] == seq]
+    pos = int(rows["pos"].max()) if pos < 0 else pos
+    rows = rows[rows["pos"] == pos]
+    total = float(rows["attribution"].sum())
+    rows = rows.reindex(rows["attribution"].abs().sort_values(ascending=False).index).head(top)
+    colours = {"embed": PALETTE[4], "head": PALETTE[0], "mlp": PALETTE[2]}
+    fig = go.Figure(go.Bar(
+        x=rows["component"], y=rows["attribution"], marker_color=[colours[k] for k in rows["kind"]],
+        hovertemplate="%{x}<br>%{y:.3f}<extra></extra>",
+    ))
+    fig.update_layout(**base_layout(title, f"position {pos}: the {len(rows)} largest shares of a total of {total:.2f} "
+                                           "(blue: heads, green: MLPs, orange: embedding)", width=760, height=420))
+    fig.update_yaxes(title=dict(text="share of the logit (difference)"))
+    return fig
+
+
+def circuit_graph(frame: pd.DataFrame, title: str = "Induction circuit") -> go.Figure:
+    """Heads as nodes (x = layer, y = head), every feeding edge of `interp.induction_circuit` as a line
+    whose width is its share on repeated tokens, coloured by the input it enters."""
+    require(frame, ["sender", "receiver", "via", "share_repeated", "feeds"], "circuit_graph")
+    edges = frame[frame["feeds"]]
+    nodes = _order(list(frame["sender"]) + list(frame["receiver"]))
+    where = {n: (int(n[1:].split("H")[0]), -int(n.split("H")[1])) for n in nodes}
+    fig = go.Figure()
+    offsets = {"q": 0.12, "k": 0.0, "v": -0.12}
+    for via in ("q", "k", "v"):
+        for r in edges[edges["via"] == via].itertuples():
+            (x0, y0), (x1, y1) = where[r.sender], where[r.receiver]
+            fig.add_trace(go.Scatter(
+                x=[x0, (x0 + x1) / 2, x1], y=[y0, (y0 + y1) / 2 + offsets[via], y1], mode="lines",
+                line=dict(color=VIA_COLOURS[via], width=1 + 10 * min(abs(r.share_repeated), 1.0)), name=VIA_NAMES[via],
+                legendgroup=via, showlegend=False, hovertemplate=f"{r.sender} -> {r.receiver} ({VIA_NAMES[via]})<br>"
+                                                                 f"share {r.share_repeated:.3f}<extra></extra>"))
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", line=dict(color=VIA_COLOURS[via], width=4),
+                                 name=f"into {VIA_NAMES[via]}", legendgroup=via))
+    receivers = set(frame["receiver"])
+    fig.add_trace(go.Scatter(
+        x=[where[n][0] for n in nodes], y=[where[n][1] for n in nodes], mode="markers+text", text=nodes,
+        textposition="top center", showlegend=False, hovertemplate="%{text}<extra></extra>",
+        marker=dict(size=[22 if n in receivers else 14 for n in nodes],
+                    color=[PALETTE[3] if n in receivers else "#bbbbbb" for n in nodes]),
+    ))
+    fig.update_layout(**base_layout(title, "nodes: heads (purple: induction heads); edges: path-patching share, "
+                                           "width proportional", width=820, height=460))
+    fig.update_xaxes(title=dict(text="layer"), dtick=1)
+    fig.update_yaxes(title=dict(text="head"), tickvals=sorted({y for _, y in where.values()}),
+                     ticktext=[str(-y) for y in sorted({y for _, y in where.values()})])
+    return fig
+
+
+def attribution_scatter(frame: pd.DataFrame, title: str = "Attribution patching against activation patching") -> go.Figure:
+    """Each patch's gradient estimate (y) against its exact patched value (x), from
+    `interp.attribution_patch(..., exact=True)`; the diagonal is perfect agreement."""
+    require(frame, ["metric", "estimate", "label"], "attribution_scatter")
+    lo = float(min(frame["metric"].min(), frame["estimate"].min()))
+    hi = float(max(frame["metric"].max(), frame["estimate"].max()))
+    r = float(frame["metric"].corr(frame["estimate"]))
+    fig = go.Figure([
+        go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", line=dict(color="#999", dash="dash"), name="exact = estimate"),
+        go.Scatter(x=frame["metric"], y=frame["estimate"], mode="markers", text=frame["label"], name="patch",
+                   marker=dict(color=PALETTE[0], size=6, opacity=0.7),
+                   hovertemplate="%{text}<br>exact %{x:.3f}<br>estimate %{y:.3f}<extra></extra>"),
+    ])
+    fig.update_layout(**base_layout(title, f"{len(frame)} patches; Pearson r = {r:.3f}", width=620, height=520))
+    fig.update_xaxes(title=dict(text="metric, exact patch"))
+    fig.update_yaxes(title=dict(text="metric, attribution estimate"))
+    return fig
+
+
+def phase_change(frame: pd.DataFrame, title: str = "The induction phase change") -> go.Figure:
+    """Measures against training tokens, one line each (previous-token score, induction score,
+    K-composition, in-context-learning score), from the experiment's snapshot table (`tokens`,
+    `measure`, `value`)."""
+    require(frame, ["tokens", "measure", "value"], "phase_change")
+    fig = go.Figure()
+    for i, (measure, rows) in enumerate(frame.groupby("measure", sort=False)):
+        rows = rows.sort_values("tokens")
+        icl = measure.startswith("in-context")
+        fig.add_trace(go.Scatter(x=rows["tokens"], y=rows["value"], name=measure, mode="lines+markers",
+                                 yaxis="y2" if icl else "y", line=dict(color=PALETTE[i % len(PALETTE)], dash="dash" if icl else None)))
+    fig.update_layout(**base_layout(title, "measured on each saved snapshot", width=900, height=460,
+                                    legend=dict(x=1.1, xanchor="left")))
+    fig.update_layout(yaxis=dict(title=dict(text="score")),
+                      yaxis2=dict(title=dict(text="ICL score (nats)"), overlaying="y", side="right", showgrid=False))
+    fig.update_xaxes(title=dict(text="training tokens seen"))
+    return fig

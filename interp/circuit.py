@@ -1,0 +1,186 @@
+"""The induction circuit of a model in one call: which heads feed each induction head, through which input, how much.
+
+Induction heads are found by their induction score on repeated random tokens (`head_scores`). For
+each one, every head of an earlier layer is a candidate sender, measured three ways:
+
+- path patching (`path_patch`, noising) through the receiver's query, key and value, on two kinds of
+  data: repeated random tokens (clean: [A A], corrupted: another [B B]) and held-out name stories
+  (clean: one story, corrupted: another cut to the same length). The metric is the mean log
+  probability of the next token at the positions an induction head can predict (the query's token
+  and the one before it occurred earlier, and the token that followed comes next);
+  `share` = effect / (corrupted - clean metric): the part of the whole corruption this one edge carries.
+- composition score (`composition_scores`) against its random baseline;
+- ablation (`ablate_heads`, zero): how much the loss on repeated tokens rises without the sender.
+
+A sender `feeds` a receiver through an input when its share on repeated random tokens is at least
+`min_share` and at least `relative` times the largest share into that input. Relative, because heads
+doing the same job are redundant: noising one of three previous-token heads leaves the other two
+intact, so each carries a small share alone (gpt-4's L1H2 and L2H2 each move a few percent of the
+key path), yet they stand far above every other head. The shares of different senders can add to
+more than 1 (they overlap) or less (the rest goes through MLPs, the embedding and other paths).
+"""
+from __future__ import annotations
+
+import random
+from typing import Optional
+
+import pandas as pd
+import torch
+
+from sprout.synthetic import generate_story
+from sprout.tokenizer import encode
+
+from ._model import n_heads, require_hooks
+from .ablation import ablate_heads
+from .composition import composition_scores
+from .heads import head_scores, repeated_tokens, target_mask
+from .path_patching import VIA, path_patch
+
+
+def induction_positions(tokens: torch.Tensor) -> torch.Tensor:
+    """bool [batch, pos]: positions q whose next token an induction head predicts (some key k with
+    t[k-1] = t[q], t[k-2] = t[q-1] and t[k] = t[q+1])."""
+    mask = target_mask(tokens, "induction")  # [batch, query, key]
+    nxt = torch.zeros_like(tokens)
+    nxt[:, :-1] = tokens[:, 1:]
+    hit = mask & (tokens[:, None, :] == nxt[:, :, None])
+    hit[:, -1] = False
+    return hit.any(-1)
+
+
+def induction_metric(tokens: torch.Tensor):
+    """logits [batch, pos, d_vocab] -> mean log p(next token) over the clean tokens' induction positions."""
+    where = induction_positions(tokens)
+    if not where.any():
+        raise ValueError("the clean tokens have no position an induction head could predict")
+    nxt = torch.zeros_like(tokens)
+    nxt[:, :-1] = tokens[:, 1:]
+
+    def metric(logits):
+        logp = logits.float().log_softmax(-1).gather(-1, nxt[..., None])[..., 0]
+        return (logp * where).sum() / where.sum()
+    return metric
+
+
+def repeated_pair(model, half_len: int = 24, n_seqs: int = 8, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clean [A A] and corrupted [B B] repeated random tokens, ids [n_seqs, 2 half_len] each."""
+    half_len = min(half_len, int(model.cfg.n_ctx) // 2)
+    return (repeated_tokens(model, half_len, n_seqs, seed=seed), repeated_tokens(model, half_len, n_seqs, seed=seed + 1))
+
+
+def story_pair(model, n_stories: int = 8, max_len: int = 128, seed: int = 1000) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """Clean and corrupted name stories (generated, names never seen in training), cut to one length:
+    ids [n_stories, pos] each; None for a model without a tokenizer."""
+    if getattr(model, "tokenizer", None) is None:
+        return None
+    texts = [generate_story(random.Random(f"circuit-{seed}-{i}")) for i in range(2 * n_stories)]
+    stories = [torch.tensor(encode(model.tokenizer, t), dtype=torch.long) for t in texts]
+    T = min(min(len(s) for s in stories), max_len, int(model.cfg.n_ctx))
+    ids = torch.stack([s[:T] for s in stories]).to(model.cfg.device)
+    return ids[:n_stories], ids[n_stories:]
+
+
+def _edges(model, receivers: list[str], pair, senders: list[str], label: str) -> pd.DataFrame:
+    clean, corrupted = pair
+    frame = path_patch(model, clean, corrupted, induction_metric(clean), senders, receivers, via=VIA)
+    span = frame["source"] - frame["base"]
+    frame[f"share_{label}"] = frame["effect"] / span
+    return frame[["sender", "receiver", "via", f"share_{label}"]]
+
+
+def find_induction_heads(model, min_score: float = 0.3) -> pd.DataFrame:
+    """Heads above layer 0 whose induction score on repeated random tokens is at least min_score."""
+    scores = head_scores(model, "induction")
+    return scores[(scores["score"] >= min_score) & (scores["layer"] > 0)].reset_index(drop=True)
+
+
+def induction_circuit(model, data=None, min_score: float = 0.3, min_share: float = 0.02, relative: float = 0.25,
+                      stories=True) -> tuple[pd.DataFrame, str]:
+    """For each induction head, the earlier heads feeding its queries, keys and values.
+
+    Args:
+        model: a hooked model with hook_z, hook_mlp_out, hook_embed, hook_q/k/v (and, for the
+            composition column, TransformerLens' weight properties).
+        data: None (seeded repeated random tokens), or (clean, corrupted) ids [batch, pos] to use instead.
+        min_score: induction score that makes a head an induction head.
+        min_share, relative: a sender feeds a receiver's input when its share is at least `min_share`
+            and at least `relative` times the largest share into that input.
+        stories: also measure on held-out name stories (needs a tokenizer): True (8 stories of up to 128
+            tokens), False, or (clean, corrupted) story ids [batch, pos] from `story_pair`.
+
+    Returns:
+        (frame, summary). The frame has one row per (receiver, sender, via): `receiver`,
+        `induction_score`, `sender`, `via`, `share_repeated`, `share_stories` (NaN without stories),
+        `composition`, `baseline`, `ablation_delta` (loss rise when the sender is zeroed), `feeds`.
+        The summary names, per induction head and input, the feeding heads with their numbers.
+
+    Example:
+        >>> frame, summary = interp.induction_circuit(sprout.load("gpt-4")); print(summary)
+    """
+    require_hooks(model, ["hook_embed"])
+    inductions = find_induction_heads(model, min_score)
+    if inductions.empty:
+        return pd.DataFrame(columns=COLUMNS), f"no head scores {min_score} or more as an induction head"
+    pair = repeated_pair(model) if data is None else data
+    story = story_pair(model) if stories is True else (stories or None)
+    frame = _add_weights_and_ablation(model, _edge_rows(model, inductions, pair, story))
+    best = frame.groupby(["receiver", "via"])["share_repeated"].transform("max")
+    frame["feeds"] = (frame["share_repeated"] >= min_share) & (frame["share_repeated"] >= relative * best)
+    return frame[COLUMNS], summarize(frame)
+
+
+COLUMNS = ["receiver", "induction_score", "sender", "via", "share_repeated", "share_stories", "composition",
+           "baseline", "ablation_delta", "feeds"]
+
+
+def _edge_rows(model, inductions: pd.DataFrame, pair, story) -> pd.DataFrame:
+    receivers = [f"L{r.layer}H{r.head}" for r in inductions.itertuples()]
+    senders = [f"L{l}H{h}" for l in range(int(inductions["layer"].max())) for h in range(n_heads(model))]
+    frame = _edges(model, receivers, pair, senders, "repeated")
+    if story is not None:
+        frame = frame.merge(_edges(model, receivers, story, senders, "stories"), on=["sender", "receiver", "via"])
+    else:
+        frame["share_stories"] = float("nan")
+    scores = {f"L{r.layer}H{r.head}": r.score for r in inductions.itertuples()}
+    frame["induction_score"] = frame["receiver"].map(scores)
+    return frame
+
+
+def _add_weights_and_ablation(model, frame: pd.DataFrame) -> pd.DataFrame:
+    comps = []
+    for via in VIA:
+        try:
+            c = composition_scores(model, via)
+        except ValueError:  # no weight properties: the composition columns stay empty
+            continue
+        comps.append(c.assign(via=via)[["sender", "receiver", "via", "score", "baseline"]])
+    if comps:
+        frame = frame.merge(pd.concat(comps).rename(columns={"score": "composition"}), on=["sender", "receiver", "via"], how="left")
+    else:
+        frame["composition"], frame["baseline"] = float("nan"), float("nan")
+    senders = sorted({tuple(int(x) for x in s[1:].split("H")) for s in frame["sender"]})
+    ablation = ablate_heads(model, senders, together=False, n_seqs=4, half_len=min(24, int(model.cfg.n_ctx) // 2))
+    per_head = {r.label: r.delta for r in ablation.itertuples() if r.label in set(frame["sender"])}
+    frame["ablation_delta"] = frame["sender"].map(per_head)
+    return frame
+
+
+def summarize(frame: pd.DataFrame) -> str:
+    """A few lines: per induction head and input, the heads that feed it with share, composition and ablation."""
+    lines = []
+    for receiver, rows in frame.groupby("receiver", sort=False):
+        lines.append(f"{receiver} (induction score {rows['induction_score'].iloc[0]:.2f})")
+        for via, name in (("k", "keys"), ("q", "queries"), ("v", "values")):
+            fed = rows[(rows["via"] == via) & rows["feeds"]].sort_values("share_repeated", ascending=False)
+            parts = [f"{r.sender} ({_edge_numbers(r)})" for r in fed.itertuples()]
+            lines.append(f"  {name}: " + ("; ".join(parts) if parts else "no single head above the threshold"))
+    return "\n".join(lines)
+
+
+def _edge_numbers(r) -> str:
+    text = f"share {r.share_repeated:.2f} on repeated tokens"
+    if pd.notna(r.share_stories):
+        text += f", {r.share_stories:.2f} on stories"
+    if pd.notna(r.composition):
+        text += f", composition {r.composition:.2f} vs {r.baseline:.2f} random"
+    return text + f", ablation +{r.ablation_delta:.2f} nats"

@@ -1,0 +1,241 @@
+"""Activation patching sweeps: put one clean activation into the corrupted run, see how far the metric comes back.
+
+The convention is TransformerLens' `patching.get_act_patch_*` (denoising): the model runs on the
+corrupted tokens, one piece of one activation (a layer, a head, a position, a head at a position) is
+replaced by its value on the clean tokens, and the metric is read from the patched logits. The values
+equal TransformerLens' within float rounding (tested against `get_act_patch_*`).
+
+What differs is the cost. TransformerLens runs one forward per patch. Here many patches share one
+forward: the corrupted batch is stacked `n` times and copy `i` carries patch `i` (one hook call per
+layer patches every copy). The metric is then called on each copy's logits [batch, pos, d_vocab]
+exactly as TransformerLens calls it. (Running the layers before the patched one once and copying at
+its `hook_resid_pre` would save more, but Sprout's hooks refuse a replacement of another shape.)
+
+A metric maps logits [batch, pos, d_vocab] to a scalar, or to one value per batch row ([batch]),
+which is averaged. Anything else is refused with its shape.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import pandas as pd
+import torch
+
+from ._model import n_heads, n_layers, require_hooks
+
+Metric = Callable[[torch.Tensor], torch.Tensor]
+
+# site -> (hook name template, layout): "vector" acts are [batch, pos, ...], "head" [batch, pos, head, ...],
+# "pattern" [batch, head, query_pos, key_pos].
+SITES = {
+    "resid_pre": ("blocks.{l}.hook_resid_pre", "vector"),
+    "attn_out": ("blocks.{l}.hook_attn_out", "vector"),
+    "mlp_out": ("blocks.{l}.hook_mlp_out", "vector"),
+    "z": ("blocks.{l}.attn.hook_z", "head"),
+    "q": ("blocks.{l}.attn.hook_q", "head"),
+    "k": ("blocks.{l}.attn.hook_k", "head"),
+    "v": ("blocks.{l}.attn.hook_v", "head"),
+    "pattern": ("blocks.{l}.attn.hook_pattern", "pattern"),
+}
+BY = ("layer", "position", "head", "head_position")
+# elements of logits held at once by one batched forward (copies x batch x pos x d_vocab): 256 MB of float32
+LOGIT_BUDGET = 2 ** 26
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One patch: a layer, and the head and position it is limited to (None: all of them)."""
+
+    layer: int
+    head: Optional[int] = None
+    pos: Optional[int] = None
+
+    @property
+    def label(self) -> str:
+        name = f"L{self.layer}" if self.head is None else f"L{self.layer}H{self.head}"
+        return name if self.pos is None else f"{name}@{self.pos}"
+
+
+def hook_name(site: str, layer: int) -> str:
+    return SITES[site][0].format(l=layer)
+
+
+def check_site(model, site: str, by: str) -> None:
+    """Raise a ValueError for an unknown site or `by`, a per-head `by` on a whole-layer site, or hooks the model lacks."""
+    if site not in SITES:
+        raise ValueError(f"unknown site {site!r}; choose one of {list(SITES)}")
+    if by not in BY:
+        raise ValueError(f"unknown by={by!r}; choose one of {list(BY)}")
+    if SITES[site][1] == "vector" and by in ("head", "head_position"):
+        raise ValueError(f"site {site!r} has no heads: patch it by 'layer' or 'position'")
+    require_hooks(model, [hook_name(site, l) for l in range(n_layers(model))])
+
+
+def as_tokens(model, text_or_tokens) -> torch.Tensor:
+    """Token ids [batch, pos] from ids ([pos] or [batch, pos]) or text (one text or a list of equal length)."""
+    if isinstance(text_or_tokens, torch.Tensor):
+        if text_or_tokens.dim() not in (1, 2) or text_or_tokens.numel() == 0:
+            raise ValueError(f"token ids must be a non-empty [pos] or [batch, pos] tensor, got shape {tuple(text_or_tokens.shape)}")
+        ids = text_or_tokens.reshape(-1, text_or_tokens.shape[-1]).long()
+    else:
+        ids = model.to_tokens(text_or_tokens)
+    return ids.to(model.cfg.device)
+
+
+def clean_and_corrupted(model, clean, corrupted) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both inputs as ids [batch, pos] of the same shape, or a ValueError naming the two shapes."""
+    clean, corrupted = as_tokens(model, clean), as_tokens(model, corrupted)
+    if clean.shape != corrupted.shape:
+        raise ValueError(f"clean and corrupted must have the same [batch, pos] shape (patching swaps activations "
+                         f"position by position); got clean {tuple(clean.shape)} and corrupted {tuple(corrupted.shape)}")
+    return clean, corrupted
+
+
+def metric_value(metric: Metric, logits: torch.Tensor) -> float:
+    """The metric of logits [batch, pos, d_vocab] as a float: a scalar, or the mean of one value per batch row."""
+    out = torch.as_tensor(metric(logits))
+    if out.dim() == 1 and out.shape[0] == logits.shape[0]:
+        return float(out.float().mean())
+    if out.dim() != 0:
+        raise ValueError(f"the metric must return a scalar or one value per batch row ([{logits.shape[0]}]); "
+                         f"it returned shape {tuple(out.shape)}")
+    return float(out)
+
+
+def patches(model, site: str, by: str, n_pos: int) -> list[Patch]:
+    """Every patch of a sweep, in TransformerLens' order (layer, then position, then head)."""
+    layers, heads, positions = range(n_layers(model)), range(n_heads(model)), range(n_pos)
+    if by == "layer":
+        return [Patch(l) for l in layers]
+    if by == "position":
+        return [Patch(l, pos=p) for l in layers for p in positions]
+    if by == "head":
+        return [Patch(l, h) for l in layers for h in heads]
+    if site == "pattern":  # TransformerLens' pattern_by_pos orders (layer, head, dest_pos)
+        return [Patch(l, h, p) for l in layers for h in heads for p in positions]
+    return [Patch(l, h, p) for l in layers for p in positions for h in heads]
+
+
+def _write(act: torch.Tensor, source: torch.Tensor, p: Patch, layout: str) -> None:
+    """Copy the patched piece of `source` (one clean activation, [batch, ...]) into `act` in place."""
+    if layout == "pattern":  # [batch, head, query_pos, key_pos]; a position is a destination (query) row
+        idx = (slice(None), slice(None) if p.head is None else p.head, slice(None) if p.pos is None else p.pos)
+    else:  # [batch, pos, (head,) ...]
+        idx = (slice(None), slice(None) if p.pos is None else p.pos) + (() if p.head is None else (p.head,))
+    act[idx] = source[idx]
+
+
+def _patch_hook(chunk: list[Patch], source: torch.Tensor, layout: str):
+    def hook(act, hook):
+        B = source.shape[0]
+        act = act.clone()
+        for i, p in enumerate(chunk):
+            _write(act[i * B:(i + 1) * B], source, p, layout)
+        return act
+    return hook
+
+
+def batched_forward(model, tokens: torch.Tensor, hooks: list, n: int) -> torch.Tensor:
+    """Logits [n * batch, pos, d_vocab] of `n` copies of `tokens` stacked copy-major, with `hooks`
+    (hook name, function) acting on all copies at once ([n * batch, ...])."""
+    return model.run_with_hooks(tokens.repeat(n, 1), fwd_hooks=hooks)
+
+
+def chunk_size(model, tokens: torch.Tensor, limit: Optional[int]) -> int:
+    if limit is not None:
+        if limit < 1:
+            raise ValueError(f"patches_per_forward must be >= 1, got {limit}")
+        return int(limit)
+    return max(1, LOGIT_BUDGET // (tokens.numel() * int(model.cfg.d_vocab)))
+
+
+def split_metric(metric: Metric, logits: torch.Tensor, n: int) -> list[float]:
+    B = logits.shape[0] // n
+    return [metric_value(metric, logits[i * B:(i + 1) * B]) for i in range(n)]
+
+
+def by_layer(items: list) -> dict[int, list]:
+    groups: dict[int, list] = {}
+    for item in items:
+        groups.setdefault(item.layer, []).append(item)
+    return groups
+
+
+@torch.inference_mode()
+def patch_values(model, clean: torch.Tensor, corrupted: torch.Tensor, metric: Metric, site: str,
+                 todo: list[Patch], patches_per_forward: Optional[int] = None) -> list[float]:
+    """The metric after each patch in `todo`, in its order (clean/corrupted already checked ids)."""
+    layout = SITES[site][1]
+    names = sorted({hook_name(site, p.layer) for p in todo})
+    _, cache = model.run_with_cache(clean, names_filter=names)
+    n_max, values = chunk_size(model, corrupted, patches_per_forward), {}
+    for layer, group in by_layer(todo).items():
+        source = cache[hook_name(site, layer)]
+        for start in range(0, len(group), n_max):
+            chunk = group[start:start + n_max]
+            hooks = [(hook_name(site, layer), _patch_hook(chunk, source, layout))]
+            logits = batched_forward(model, corrupted, hooks, len(chunk))
+            values.update(zip(chunk, split_metric(metric, logits, len(chunk))))
+    return [values[p] for p in todo]
+
+
+@torch.inference_mode()
+def baselines(model, clean: torch.Tensor, corrupted: torch.Tensor, metric: Metric) -> tuple[float, float]:
+    """The metric on the clean and on the corrupted run, unpatched."""
+    return (metric_value(metric, model.run_with_hooks(clean)), metric_value(metric, model.run_with_hooks(corrupted)))
+
+
+def patch_frame(todo: list[Patch], site: str, values: dict, clean_value: float, corrupted_value: float) -> pd.DataFrame:
+    """One row per patch: `site`, `layer`, `head`, `pos` (-1: all), `label`, the value columns, `clean`,
+    `corrupted`, and `recovered` = (metric - corrupted) / (clean - corrupted) for each value column."""
+    frame = pd.DataFrame({
+        "site": site, "layer": [p.layer for p in todo], "head": [-1 if p.head is None else p.head for p in todo],
+        "pos": [-1 if p.pos is None else p.pos for p in todo], "label": [p.label for p in todo], **values,
+    })
+    frame["clean"], frame["corrupted"] = clean_value, corrupted_value
+    span = clean_value - corrupted_value
+    frame["recovered"] = (frame[next(iter(values))] - corrupted_value) / span if span != 0 else float("nan")
+    return frame
+
+
+def patch(model, clean, corrupted, metric: Metric, site: str = "resid_pre", by: str = "position",
+          patches_per_forward: Optional[int] = None) -> pd.DataFrame:
+    """Activation patching sweep (denoising): the metric with one clean piece of `site` in the corrupted run.
+
+    Args:
+        model: a hooked model (Sprout, the walkthrough GPT at a step with the site's hooks).
+        clean, corrupted: token ids [batch, pos] (or [pos], or text) of the same shape.
+        metric: logits [batch, pos, d_vocab] -> a scalar, or [batch] (averaged over rows).
+        site: one of `SITES`: resid_pre, attn_out, mlp_out, z, q, k, v, pattern.
+        by: "layer" (the whole activation), "position", "head" (all positions), or "head_position";
+            a pattern's position is its destination (query) row, as in TransformerLens.
+        patches_per_forward: patches sharing one forward (default: as many as 256 MB of logits allow).
+
+    Returns:
+        One row per patch (columns in `patch_frame`); `metric` is the patched value, equal to
+        TransformerLens' `patching.get_act_patch_<site>_<by>` at that index.
+
+    Example:
+        >>> frame = interp.patch(model, clean_ids, corrupted_ids, metric, site="z", by="head")
+    """
+    check_site(model, site, by)
+    clean, corrupted = clean_and_corrupted(model, clean, corrupted)
+    todo = patches(model, site, by, corrupted.shape[1])
+    values = patch_values(model, clean, corrupted, metric, site, todo, patches_per_forward)
+    clean_value, corrupted_value = baselines(model, clean, corrupted, metric)
+    return patch_frame(todo, site, {"metric": values}, clean_value, corrupted_value)
+
+
+def patch_tensor(frame: pd.DataFrame, column: str = "metric") -> torch.Tensor:
+    """A patch frame's values in TransformerLens' layout: [layer], [layer, pos], [layer, head], or
+    [layer, pos, head] ([layer, head, pos] for pattern)."""
+    axes = [a for a in ("layer", "pos", "head") if (frame[a] >= 0).any()]
+    if (frame["site"] == "pattern").all() and axes == ["layer", "pos", "head"]:
+        axes = ["layer", "head", "pos"]
+    shape = [int(frame[a].max()) + 1 for a in axes]
+    out = torch.full(shape, float("nan"))
+    index = tuple(torch.tensor(frame[a].to_numpy()) for a in axes)
+    out[index] = torch.tensor(frame[column].to_numpy(), dtype=out.dtype)
+    return out
+

@@ -1,0 +1,253 @@
+"""Path patching: the effect of one component on one head through that head's query, key or value input only.
+
+Convention (Wang et al. 2022, "noising" by default). The base run is on the clean tokens. The sender
+(a head, an MLP or the embedding) takes its value on the corrupted tokens; every other head's `hook_z`
+and every MLP's `hook_mlp_out` stay frozen at their clean values, so the change reaches the receiver
+only along the direct residual path. The receiver's q (or k or v) input in that run is recorded, and a
+final clean run gets that recorded q (k, v) for the receiver head alone; everything downstream of the
+receiver is recomputed. `effect` = metric(patched) - metric(clean): how much the metric moves when
+this one edge carries corrupted information.
+
+`direction="denoising"` swaps the roles: the base run is corrupted and the sender takes its clean
+value. That is TransformerLens' `patching.get_act_patch_direct_path` (the sender's clean-minus-corrupted
+write added to the receiver's own copy of the residual), and the values agree (tested).
+
+Everything is read and written through hooks (`hook_z`, `hook_mlp_out`, `hook_embed`, `hook_q/k/v`),
+so no weight matrix is needed. Recording runs one forward per chunk of senders, the patched runs one
+forward per chunk of (sender, receiver) pairs, as in `patching`.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+import pandas as pd
+import torch
+
+from ._model import heads_of, n_heads, n_layers, require_hooks
+from .patching import Metric, batched_forward, by_layer, chunk_size, clean_and_corrupted, metric_value, split_metric
+
+VIA = ("q", "k", "v")
+DIRECTIONS = ("noising", "denoising")
+_HEAD = re.compile(r"^L(\d+)H(\d+)$")
+_MLP = re.compile(r"^MLP(\d+)$")
+
+
+@dataclass(frozen=True)
+class Node:
+    """A sender or receiver: kind "head" (layer, head), "mlp" (layer), or "embed" (layer -1)."""
+
+    kind: str
+    layer: int
+    head: int = -1
+
+    @property
+    def label(self) -> str:
+        return {"head": f"L{self.layer}H{self.head}", "mlp": f"MLP{self.layer}", "embed": "embed"}[self.kind]
+
+
+def as_node(model, spec) -> Node:
+    """"L1H2" or (1, 2) -> a head, "MLP1" -> an MLP, "embed" -> the embedding; checked against the model."""
+    if isinstance(spec, Node):
+        return spec
+    if isinstance(spec, (tuple, list)) and len(spec) == 2:
+        spec = f"L{int(spec[0])}H{int(spec[1])}"
+    text = str(spec)
+    if text == "embed":
+        return Node("embed", -1)
+    if m := _HEAD.match(text):
+        heads_of(model, int(m.group(1)), int(m.group(2)))
+        return Node("head", int(m.group(1)), int(m.group(2)))
+    if m := _MLP.match(text):
+        heads_of(model, int(m.group(1)))
+        return Node("mlp", int(m.group(1)))
+    raise ValueError(f"cannot read the component {spec!r}: use 'L{{layer}}H{{head}}' (or (layer, head)), "
+                     "'MLP{layer}' or 'embed'")
+
+
+def _z(l):
+    return f"blocks.{l}.attn.hook_z"
+
+
+def _mlp(l):
+    return f"blocks.{l}.hook_mlp_out"
+
+
+def _input(l, via):
+    return f"blocks.{l}.attn.hook_{via}"
+
+
+def _source_name(node: Node) -> str:
+    return {"head": _z(node.layer), "mlp": _mlp(node.layer), "embed": "hook_embed"}[node.kind]
+
+
+def _freeze_hook(base: torch.Tensor, senders: list[Node], source: torch.Tensor):
+    """Frozen at the base value ([batch, ...]), except copy i's sender, which takes `source`."""
+    def hook(act, hook):
+        B = base.shape[0]
+        out = base.repeat(len(senders), *([1] * (base.dim() - 1)))
+        for i, s in enumerate(senders):
+            if _source_name(s) == hook.name:
+                rows = slice(i * B, (i + 1) * B)
+                if s.kind == "head":
+                    out[rows, :, s.head] = source[:, :, s.head]
+                else:
+                    out[rows] = source
+        return out
+    return hook
+
+
+class _Recorded(Exception):
+    """Raised by the last recording hook: nothing after the receivers' layer is needed."""
+
+
+def _record(model, base_tokens, senders, base_cache, source_cache, receiver_layers, vias) -> dict:
+    """{(layer, via): receiver-layer input [n_senders * batch, pos, head, d_head]} with only the senders'
+    direct paths changed. The forward stops at the last receiver input."""
+    n, hooks, recorded = len(senders), [], {}
+    sender_names = {_source_name(s) for s in senders}
+    for l in range(max(receiver_layers)):
+        for name in (_z(l), _mlp(l)):
+            source = source_cache[name] if name in sender_names else None
+            hooks.append((name, _freeze_hook(base_cache[name], senders, source)))
+    if "hook_embed" in sender_names:
+        hooks.append(("hook_embed", _freeze_hook(base_cache["hook_embed"], senders, source_cache["hook_embed"])))
+    wanted = {(l, via) for l in receiver_layers for via in vias}
+
+    def keep(act, hook):
+        recorded[int(hook.name.split(".")[1]), hook.name[-1]] = act.clone()
+        if len(recorded) == len(wanted):
+            raise _Recorded
+    hooks += [(_input(l, via), keep) for l, via in sorted(wanted)]
+    try:
+        model.run_with_hooks(base_tokens.repeat(n, 1), fwd_hooks=hooks)
+    except _Recorded:
+        pass
+    return recorded
+
+
+def _replace_hook(pairs: list, recorded: torch.Tensor, sender_index: dict, B: int):
+    def hook(act, hook):
+        act = act.clone()
+        for i, (s, r) in enumerate(pairs):
+            j = sender_index[s]
+            act[i * B:(i + 1) * B, :, r.head] = recorded[j * B:(j + 1) * B, :, r.head]
+        return act
+    return hook
+
+
+def _pairs(senders: list[Node], receivers: list[Node]) -> list[tuple[Node, Node]]:
+    for s in senders:
+        if all(s.layer >= r.layer for r in receivers):
+            where = "the embedding" if s.kind == "embed" else f"layer {s.layer}"
+            raise ValueError(f"sender {s.label} is in {where}, at or above every receiver "
+                             f"({', '.join(r.label for r in receivers)}): a sender must sit in an earlier layer")
+    return [(s, r) for r in receivers for s in senders if s.layer < r.layer]
+
+
+def _nodes(model, senders, receivers) -> tuple[list[Node], list[Node]]:
+    senders = [as_node(model, s) for s in ([senders] if isinstance(senders, str) else senders)]
+    receivers = [as_node(model, r) for r in ([receivers] if isinstance(receivers, str) else receivers)]
+    if not senders or not receivers:
+        raise ValueError("path_patch needs at least one sender and one receiver")
+    bad = [r.label for r in receivers if r.kind != "head"]
+    if bad:
+        raise ValueError(f"receivers must be attention heads ('L{{layer}}H{{head}}'), got {bad[0]}")
+    return list(dict.fromkeys(senders)), list(dict.fromkeys(receivers))
+
+
+def _caches(model, base, source, receivers, vias):
+    last = max(r.layer for r in receivers)
+    names = [n for l in range(last) for n in (_z(l), _mlp(l))] + ["hook_embed"]
+    require_hooks(model, names + [_input(r.layer, via) for r in receivers for via in vias])
+    _, base_cache = model.run_with_cache(base, names_filter=names)
+    _, source_cache = model.run_with_cache(source, names_filter=names)
+    return base_cache, source_cache
+
+
+@torch.inference_mode()
+def path_patch(model, clean, corrupted, metric: Metric, senders, receivers, via="k",
+               direction: str = "noising", pairs_per_forward: Optional[int] = None) -> pd.DataFrame:
+    """The effect of each sender on each later receiver head through its `via` input alone.
+
+    Args:
+        model: a hooked model with hook_z, hook_mlp_out, hook_embed and hook_q/k/v.
+        clean, corrupted: token ids [batch, pos] (or text) of the same shape.
+        metric: logits [batch, pos, d_vocab] -> a scalar, or [batch] (averaged).
+        senders: components: "L{l}H{h}" or (l, h), "MLP{l}", "embed" (a list, or one).
+        receivers: heads "L{l}H{h}" or (l, h) (a list, or one); each sender is paired with every
+            receiver in a later layer, and a sender with none is an error.
+        via: "q", "k" or "v": the receiver input the path goes through (or a list of them: one
+            recording run serves them all).
+        direction: "noising" (clean base run, corrupted sender) or "denoising" (corrupted base run,
+            clean sender: TransformerLens' `get_act_patch_direct_path`).
+
+    Returns:
+        One row per (sender, receiver): `sender`, `receiver`, `sender_layer`, `receiver_layer`, `via`,
+        `direction`, `metric` (patched), `base` (metric of the base run), `source` (metric of the other
+        run), `effect` = metric - base, `recovered` = effect / (source - base).
+
+    Example:
+        >>> interp.path_patch(model, clean, corrupted, metric, senders=["L0H1"], receivers=["L1H0"], via="k")
+    """
+    vias = [via] if isinstance(via, str) else list(via)
+    if not vias or any(v not in VIA for v in vias):
+        raise ValueError(f"via must be one of {list(VIA)} (or a list of them), got {via!r}")
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {list(DIRECTIONS)}, got {direction!r}")
+    clean, corrupted = clean_and_corrupted(model, clean, corrupted)
+    base, source = (clean, corrupted) if direction == "noising" else (corrupted, clean)
+    senders, receivers = _nodes(model, senders, receivers)
+    pairs = _pairs(senders, receivers)
+    base_cache, source_cache = _caches(model, base, source, receivers, vias)
+    layers = sorted({r.layer for r in receivers})
+    recorded = _record(model, base, senders, base_cache, source_cache, layers, vias)
+    base_value = metric_value(metric, model.run_with_hooks(base))
+    source_value = metric_value(metric, model.run_with_hooks(source))
+    frames = [_frame(pairs, _patched_values(model, base, metric, pairs, recorded, senders, v, pairs_per_forward),
+                     v, direction, base_value, source_value) for v in vias]
+    return pd.concat(frames, ignore_index=True)
+
+
+def _patched_values(model, base, metric, pairs, recorded, senders, via, limit) -> list[float]:
+    sender_index = {s: i for i, s in enumerate(senders)}
+    n_max, B, values = chunk_size(model, base, limit), base.shape[0], {}
+    grouped = by_layer([_Pair(s, r) for s, r in pairs])
+    for layer, group in grouped.items():
+        for start in range(0, len(group), n_max):
+            chunk = [(p.sender, p.receiver) for p in group[start:start + n_max]]
+            hook = _replace_hook(chunk, recorded[layer, via], sender_index, B)
+            logits = batched_forward(model, base, [(_input(layer, via), hook)], len(chunk))
+            values.update(zip(chunk, split_metric(metric, logits, len(chunk))))
+    return [values[p] for p in pairs]
+
+
+@dataclass(frozen=True)
+class _Pair:
+    sender: Node
+    receiver: Node
+
+    @property
+    def layer(self) -> int:
+        return self.receiver.layer
+
+
+def _frame(pairs, values, via, direction, base_value, source_value) -> pd.DataFrame:
+    frame = pd.DataFrame({
+        "sender": [s.label for s, _ in pairs], "receiver": [r.label for _, r in pairs],
+        "sender_layer": [s.layer for s, _ in pairs], "receiver_layer": [r.layer for _, r in pairs],
+        "via": via, "direction": direction, "metric": values,
+    })
+    frame["base"], frame["source"] = base_value, source_value
+    frame["effect"] = frame["metric"] - base_value
+    span = source_value - base_value
+    frame["recovered"] = frame["effect"] / span if span != 0 else float("nan")
+    return frame
+
+
+def all_heads(model, below: Optional[int] = None) -> list[str]:
+    """Labels "L{l}H{h}" of every head (in layers below `below`, when given)."""
+    top = n_layers(model) if below is None else below
+    return [f"L{l}H{h}" for l in range(top) for h in range(n_heads(model))]
+

@@ -1,0 +1,91 @@
+"""Activation patching sweeps equal TransformerLens' patching on the same model and inputs."""
+import pytest
+import torch
+from transformer_lens import patching
+
+import interp
+from interp.patching import patch_tensor
+
+TL = {
+    ("resid_pre", "position"): patching.get_act_patch_resid_pre,
+    ("attn_out", "position"): patching.get_act_patch_attn_out,
+    ("mlp_out", "position"): patching.get_act_patch_mlp_out,
+    ("z", "head_position"): patching.get_act_patch_attn_head_out_by_pos,
+    ("q", "head_position"): patching.get_act_patch_attn_head_q_by_pos,
+    ("k", "head_position"): patching.get_act_patch_attn_head_k_by_pos,
+    ("v", "head_position"): patching.get_act_patch_attn_head_v_by_pos,
+    ("pattern", "head_position"): patching.get_act_patch_attn_head_pattern_by_pos,
+    ("z", "head"): patching.get_act_patch_attn_head_out_all_pos,
+    ("q", "head"): patching.get_act_patch_attn_head_q_all_pos,
+    ("k", "head"): patching.get_act_patch_attn_head_k_all_pos,
+    ("v", "head"): patching.get_act_patch_attn_head_v_all_pos,
+    ("pattern", "head"): patching.get_act_patch_attn_head_pattern_all_pos,
+}
+
+
+def pair(seed=0, batch=2, pos=7, vocab=256):
+    g = torch.Generator().manual_seed(seed)
+    clean = torch.randint(1, vocab, (batch, pos), generator=g)
+    corrupted = clean.clone()
+    corrupted[:, 2] = torch.randint(1, vocab, (batch,), generator=g)
+    corrupted[:, 4] = torch.randint(1, vocab, (batch,), generator=g)
+    return clean, corrupted
+
+
+def logit_diff(logits):
+    return logits[:, -1, 5] - logits[:, -1, 9]  # one value per batch row
+
+
+def scalar_metric(logits):
+    return logit_diff(logits).mean()
+
+
+@pytest.mark.parametrize("site,by", list(TL))
+def test_patch_equals_transformer_lens(tiny_model, site, by):
+    clean, corrupted = pair()
+    _, cache = tiny_model.run_with_cache(clean)
+    theirs = TL[site, by](tiny_model, corrupted, cache, scalar_metric)
+    frame = interp.patch(tiny_model, clean, corrupted, scalar_metric, site=site, by=by, patches_per_forward=5)
+    torch.testing.assert_close(patch_tensor(frame), theirs.float(), atol=1e-5, rtol=0)
+
+
+def test_layer_patch_of_the_residual_restores_the_clean_metric(tiny_model):
+    clean, corrupted = pair(1)
+    frame = interp.patch(tiny_model, clean, corrupted, logit_diff, site="resid_pre", by="layer")
+    # the whole clean residual stream at any layer carries everything: the clean value comes back
+    assert frame["metric"].to_numpy() == pytest.approx(frame["clean"].to_numpy(), abs=1e-5)
+    assert frame["recovered"].to_numpy() == pytest.approx(1.0, abs=1e-4)
+
+
+def test_one_forward_per_layer_when_the_chunk_allows(tiny_model):
+    clean, corrupted = pair(2)
+    calls = []
+    tiny_model.blocks[0].hook_resid_pre.add_hook(lambda x, hook: calls.append(x.shape[0]), is_permanent=True)
+    try:
+        interp.patch(tiny_model, clean, corrupted, scalar_metric, site="z", by="head_position")
+    finally:
+        tiny_model.reset_hooks(including_permanent=True)
+    # one cache forward, one batched forward per layer (2), two baselines: far fewer than 2 * 7 * 4 patches
+    assert len(calls) == 1 + 2 + 2
+    assert sorted(calls) == [2, 2, 2, 7 * 4 * 2, 7 * 4 * 2]  # each batched forward carries a layer's 28 patches
+
+
+def test_bad_inputs_are_named(tiny_model):
+    clean, corrupted = pair()
+    with pytest.raises(ValueError, match="same \\[batch, pos\\] shape"):
+        interp.patch(tiny_model, clean, corrupted[:, :-1], scalar_metric)
+    with pytest.raises(ValueError, match="scalar or one value per batch row"):
+        interp.patch(tiny_model, clean, corrupted, lambda logits: logits[:, -1, :3], site="resid_pre", by="layer")
+    with pytest.raises(ValueError, match="unknown site"):
+        interp.patch(tiny_model, clean, corrupted, scalar_metric, site="resid_post_typo")
+    with pytest.raises(ValueError, match="has no heads"):
+        interp.patch(tiny_model, clean, corrupted, scalar_metric, site="mlp_out", by="head")
+
+
+def test_a_site_the_model_lacks_is_named():
+    from sprout import build_step
+
+    model = build_step("4.2").eval()  # a walkthrough step without residual connections
+    ids = torch.randint(0, int(model.cfg.d_vocab), (1, 5))
+    with pytest.raises(ValueError, match="has no hook point 'blocks.0.hook_resid_pre'"):
+        interp.patch(model, ids, ids, scalar_metric, site="resid_pre")
