@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import html
 import importlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -61,13 +62,38 @@ def write_docs(done: dict, models: dict, docs: Path) -> list[Path]:
     return written
 
 
+MARKER = ".run_all"  # written into OUT: a folder run_all made, which it may write into again
+
+
+def claim_out(out: Path, create: bool = True) -> Path:
+    """Make `out` ours to write into: absent, empty, or marked by an earlier run_all; never a user's folder.
+
+    With `create=False` only check (nothing is made before the models have loaded).
+
+    Raises:
+        FileExistsError: `out` is a file, or a non-empty folder without our marker (the message says
+            what is in it).
+    """
+    if os.path.lexists(out) and not out.is_dir():
+        raise FileExistsError(f"--out {out} is a file, not a folder: choose a folder for the results")
+    if out.is_dir() and not (out / MARKER).is_file() and any(out.iterdir()):
+        found = sorted(os.listdir(out))
+        raise FileExistsError(f"--out {out} is not empty and was not written by run_all (no {MARKER} in it; it holds "
+                              f"{', '.join(found[:8])}{' ...' if len(found) > 8 else ''}): choose a new or empty folder, "
+                              "so that nothing of yours is overwritten")
+    if not create:
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text("written by python -m experiments.run_all, which may write into this folder again\n")
+    return out
+
+
 def run_all(models: dict, out: Path, only=None, progress: bool = True, options: dict | None = None) -> dict:
     """Run the experiments on loaded models into `out`; returns {experiment: (module, Output, rows)}.
 
     `options` maps an experiment to extra command-line arguments, e.g. {"residual_growth": ["--chars", "4000"]}.
     """
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = claim_out(Path(out))
     done = {}
     names = [n for n in EXPERIMENTS if only is None or n in only]
     bar = tqdm(names, desc="experiments", unit="exp", disable=not progress, file=sys.stderr)
@@ -138,7 +164,12 @@ def write_index(done: dict, models: dict, out: Path) -> Path:
 def main(argv=None) -> int:
     args = parse_args(argv)
     start = time.time()
-    models = load_models(args.models, args.threads)
+    try:  # a bad --out or model name is one line, not a traceback
+        claim_out(Path(args.out), create=False)
+        models = load_models(args.models, args.threads)
+    except (OSError, ValueError, MemoryError) as e:
+        print(f"run_all: {e}", file=sys.stderr)
+        return 2
     done = run_all(models, Path(args.out), args.only)
     n_fig = sum(len(o.figures) for _, o, _ in done.values())
     print(f"{len(done)} experiments, {n_fig} figures in {time.time() - start:.0f} s -> {Path(args.out) / 'index.html'}")

@@ -5,6 +5,7 @@ from typing import Iterator, Optional, Union
 
 import torch
 
+from sprout.text import check_integer_ids
 from sprout.tokenizer import encode
 
 TextOrTokens = Union[str, list, torch.Tensor]
@@ -21,6 +22,7 @@ def token_rows(model, text_or_tokens: TextOrTokens, seq_len: Optional[int] = Non
     if not 1 <= seq_len <= n_ctx:
         raise ValueError(f"seq_len must be in 1..{n_ctx} (the model's context), got {seq_len}")
     if isinstance(text_or_tokens, torch.Tensor):
+        check_integer_ids(text_or_tokens)
         if text_or_tokens.dim() not in (1, 2) or text_or_tokens.numel() == 0:
             raise ValueError(f"token ids must be a non-empty [pos] or [batch, pos] tensor, got shape {tuple(text_or_tokens.shape)}")
         full = list(text_or_tokens.reshape(-1, text_or_tokens.shape[-1]).long())
@@ -37,6 +39,7 @@ def token_rows(model, text_or_tokens: TextOrTokens, seq_len: Optional[int] = Non
 
 def _encode(model, text) -> torch.Tensor:
     if isinstance(text, torch.Tensor):
+        check_integer_ids(text)
         return text.reshape(-1).long()
     if not isinstance(text, str):
         raise TypeError(f"expected text (str) or token ids, got {type(text).__name__}")

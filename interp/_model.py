@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from sprout.tokenizer import decode
+
 # (final norm, output layer) attribute pairs, in the order they are tried. Sprout keeps model.py's
 # `norm` and `head` (its `ln_final` / `unembed` only hold hook points); the walkthrough GPT's are
 # `ln_final` (nn.Identity at steps without a final norm) and `unembed`; nanoGPT-style models use `ln_f`.
@@ -65,18 +67,28 @@ def _has_weight(module) -> bool:
 
 
 def str_tokens(model, ids: torch.Tensor) -> list[str]:
-    """Each id of a 1-D tensor as text (the model's tokenizer), or as "#id" when it has none."""
+    """Each id of a 1-D tensor as text (the model's tokenizer; `<unk:ID>` for an id it lacks), or "#id"
+    when it has none."""
     ids = ids.reshape(-1).tolist()
     tok = getattr(model, "tokenizer", None)
     if tok is None:
         return [f"#{i}" for i in ids]
-    return [tok.decode([i], skip_special_tokens=False) for i in ids]
+    return [decode(tok, [i]) for i in ids]
+
+
+def as_index(value, what: str) -> int:
+    """`value` as a layer or head number: an integer (Python or numpy), never a bool or a float like 0.7."""
+    is_bool = isinstance(value, bool) or str(getattr(value, "dtype", "")) in ("bool", "torch.bool")
+    if is_bool or not hasattr(type(value), "__index__"):
+        raise TypeError(f"{what} must be an integer, got {value!r} ({type(value).__name__})")
+    return int(value.__index__())
 
 
 def heads_of(model, layer=None, head=None) -> tuple[list[int], list[int]]:
     """The layers and heads selected by `layer` / `head` (an int, a list, or None for all), checked."""
     def pick(value, n, what):
-        chosen = list(range(n)) if value is None else ([value] if isinstance(value, int) else list(value))
+        single = value is not None and (isinstance(value, (bool, int, float)) or hasattr(value, "__index__"))
+        chosen = list(range(n)) if value is None else [as_index(v, what) for v in ([value] if single else value)]
         bad = [v for v in chosen if not 0 <= v < n]
         if bad:
             raise ValueError(f"{what} {bad[0]} is out of range: {model_name(model)} has {n} {what}s (0..{n - 1})")

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ._batching import TextOrTokens, batches, token_rows
-from ._model import heads_of, require_hooks
+from ._model import as_index, heads_of, require_hooks
 from .heads import repeated_tokens
 
 METHODS = ("zero", "mean")
@@ -30,13 +30,19 @@ def _as_heads(model, heads, top_k: Optional[int]) -> tuple[list[tuple[int, int]]
         if "score" in heads.columns:
             heads = heads.sort_values("score", ascending=False, kind="stable")
             scores = {(int(r.layer), int(r.head)): float(r.score) for r in heads.itertuples()}
-        heads = list(zip(heads["layer"].astype(int), heads["head"].astype(int)))
-    heads = [(int(l), int(h)) for l, h in heads][:top_k]
+        heads = list(zip(heads["layer"], heads["head"]))
+    heads = [_pair(pair) for pair in heads][:top_k]
     if not heads:
         raise ValueError("no heads to ablate")
     for l, h in heads:
         heads_of(model, l, h)  # range check with a clear message
     return heads, scores
+
+
+def _pair(pair) -> tuple[int, int]:
+    if isinstance(pair, (str, bytes)) or not hasattr(pair, "__len__") or len(pair) != 2:
+        raise TypeError(f"each head is a (layer, head) pair of integers, got {pair!r}")
+    return as_index(pair[0], "layer"), as_index(pair[1], "head")
 
 
 def _ablate_hook(heads_in_layer: list[int], value: Optional[torch.Tensor]):

@@ -14,6 +14,7 @@ import pandas as pd
 import torch
 
 from sprout.synthetic import generate_story
+from sprout.tokenizer import raw
 
 from ._model import logits_of, model_name
 
@@ -41,7 +42,7 @@ def _token_probs(model, text: str, spans: list[tuple[int, int]]) -> list[list[tu
     tok = getattr(model, "tokenizer", None)
     if tok is None:
         raise ValueError(f"{model_name(model)} has no tokenizer; the induction table reads text")
-    enc = tok.encode(text, add_special_tokens=False)
+    enc = raw(tok).encode(text, add_special_tokens=False)  # the raw tokenizer's Encoding, with offsets
     offsets, all_ids = enc.offsets, enc.ids  # each access converts the whole list: read them once
     n = min(len(all_ids), int(model.cfg.n_ctx))
     ids = torch.tensor(all_ids[:n], device=model.cfg.device)[None]

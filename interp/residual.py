@@ -9,6 +9,7 @@ a fixed log-spaced histogram (`LogHistogram`), so memory does not grow with the 
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Optional
 
 import pandas as pd
@@ -30,18 +31,23 @@ class LogHistogram:
         self.log_lo, self.log_hi, self.n_bins = math.log(lo), math.log(hi), n_bins
         self.counts = torch.zeros(n_bins, dtype=torch.float64)
         self.min, self.max, self.n = math.inf, -math.inf, 0
+        self.n_nan = 0  # NaN values (from NaN weights) make every quantile NaN, like the mean
 
     def add(self, values: torch.Tensor) -> None:
         v = values.detach().double().reshape(-1).cpu()
+        nan = v.isnan()
+        self.n_nan += int(nan.sum())
+        v = v[~nan]
         if v.numel() == 0:
             return
         pos = (v.clamp(min=1e-300).log() - self.log_lo) / (self.log_hi - self.log_lo) * self.n_bins
-        self.counts += torch.bincount(pos.floor().long().clamp(0, self.n_bins - 1), minlength=self.n_bins).double()
+        self.counts += torch.bincount(pos.clamp(0, self.n_bins - 1).floor().long(), minlength=self.n_bins).double()
         self.min, self.max = min(self.min, v.min().item()), max(self.max, v.max().item())
         self.n += v.numel()
 
     def quantile(self, q: float) -> float:
-        if self.n == 0:
+        """The q-quantile; NaN when no values came or any was NaN (as the mean of those values is)."""
+        if self.n == 0 or self.n_nan:
             return float("nan")
         cum = self.counts.cumsum(0)
         target = q * self.n
@@ -72,6 +78,14 @@ def rms_sites(model, include_mid: bool = True, include_writes: bool = True) -> l
             sites.append(dict(site=f"blocks.{l}.hook_mlp_out", kind="mlp_out", layer=l + 1.0, adds_to=mid))
         sites.append(dict(site=f"blocks.{l}.hook_resid_post", kind="stream", layer=l + 1.0, block_in=pre))
     return sites
+
+
+def _check_quantiles(quantiles) -> None:
+    if isinstance(quantiles, (str, bytes)) or not hasattr(quantiles, "__len__") or len(quantiles) != 3:
+        raise ValueError(f"quantiles must be three levels (reported as q05, q50, q95), got {quantiles!r}")
+    for q in quantiles:
+        if isinstance(q, bool) or not isinstance(q, numbers.Real) or not 0 <= q <= 1:  # NaN fails 0 <= q
+            raise ValueError(f"quantiles must be numbers in [0, 1], got {q!r} in {tuple(quantiles)}")
 
 
 @torch.inference_mode()
@@ -106,8 +120,7 @@ def residual_rms(model, text_or_tokens: TextOrTokens, batch_size: int = 8, seq_l
         >>> df[df.kind == "stream"].layer.tolist()
         [0.0, 0.5, 1.0, 1.5, 2.0]
     """
-    if len(quantiles) != 3:
-        raise ValueError(f"quantiles must be three levels (reported as q05, q50, q95), got {quantiles}")
+    _check_quantiles(quantiles)
     sites = rms_sites(model, include_mid, include_writes)
     names = list(dict.fromkeys(n for s in sites for n in (s.get("block_in"), s.get("adds_to"), s["site"]) if n))
     require_hooks(model, names)

@@ -1,6 +1,7 @@
 """Sprout's configuration: the course's Config, its presets, and TransformerLens' view of it."""
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -37,8 +38,9 @@ class SproutConfig:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
         if self.d_head % 2:
             raise ValueError(f"d_head = d_model / n_head = {self.d_head} must be even: RoPE rotates pairs")
-        if not self.rope_base > 1:
-            raise ValueError(f"rope_base must be > 1, got {self.rope_base!r}")
+        base = self.rope_base
+        if isinstance(base, bool) or not isinstance(base, (int, float)) or not 1 < base < math.inf:
+            raise ValueError(f"SproutConfig.rope_base must be a finite number > 1, got {base!r}")
 
     @property
     def d_head(self) -> int:
@@ -86,6 +88,8 @@ class SproutTransformerLensConfig(TransformerLensConfig):
     """
 
     source: Any = None
+    use_attn_in: bool = False  # TransformerLens' HookedTransformer flags its config class lacks (`set_use_attn_in`)
+    use_hook_mlp_in: bool = False
 
     def __getattr__(self, name):  # only reached when normal lookup fails
         source = self.__dict__.get("source")

@@ -15,21 +15,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import uuid
 from pathlib import Path
 from typing import Any, Union
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save as safetensors_bytes
 from tokenizers import Tokenizer
 
 from .config import SproutConfig
+from .fit import layers_present
+from .folders import write_bytes, write_folder
 from .model import Sprout
+from .weightfiles import read_json
 
 PathLike = Union[str, os.PathLike]
 
+EXPORT_FILES = frozenset({"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+EXPORT_MARK = {"written_by": "sprout export-hf"}  # in the safetensors header: a folder `export` may replace
 EPS = 1e-6  # Sprout's RMSNorm epsilon, fixed in model.py
 EOT = "<|endoftext|>"
 
@@ -125,41 +128,42 @@ def export(model: Sprout, directory: PathLike, overwrite: bool = False) -> Path:
     Args:
         model: the Sprout to export (any device and dtype; weights are written in their dtype).
         directory: the folder to create.
-        overwrite: replace `directory` if it already exists and is not empty.
+        overwrite: replace `directory` if it is a folder `export` wrote before (only those four files,
+            and our mark in the safetensors header). Any other folder is never replaced: the error
+            names the files that would have been lost.
 
     Returns:
         The folder written.
     """
     directory = Path(directory)
-    if directory.exists():
+    if os.path.lexists(directory) and not overwrite:
         if not directory.is_dir():
             raise FileExistsError(f"{directory} exists and is not a folder")
-        if any(directory.iterdir()) and not overwrite:
-            raise FileExistsError(f"{directory} exists and is not empty; choose a new folder or pass overwrite=True")
+        if any(directory.iterdir()):
+            raise FileExistsError(f"{directory} exists and is not empty; choose a new folder, or pass "
+                                  "overwrite=True (--overwrite) to replace a folder exported before")
     tok = getattr(model, "tokenizer", None)
     dtype = model.embed.weight.dtype
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = directory.with_name(f".{directory.name}.tmp-{uuid.uuid4().hex[:8]}")
-    tmp.mkdir()
-    old = None
-    try:
+
+    def fill(tmp: Path) -> None:
         _write_json(tmp / "config.json", qwen3_config(model.config, tok, dtype))
-        save_file(to_qwen3(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        # bytes written by us, not safetensors' save_file, which makes the file 0600 whatever the umask
+        write_bytes(tmp / "model.safetensors", safetensors_bytes(to_qwen3(model), metadata={"format": "pt", **EXPORT_MARK}))
         if tok is not None:
             tok.save(str(tmp / "tokenizer.json"))
             _write_json(tmp / "tokenizer_config.json", tokenizer_config(tok, model.config.context))
-        if directory.exists():
-            old = directory.with_name(f".{directory.name}.old-{uuid.uuid4().hex[:8]}")
-            os.rename(directory, old)
-        os.rename(tmp, directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and not directory.exists():
-            os.rename(old, directory)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    return directory
+
+    return write_folder(directory, fill, EXPORT_FILES, _exported_here, "a Hugging Face folder exported by Sprout")
+
+
+def _exported_here(directory: Path) -> bool:
+    """Whether model.safetensors carries the mark `export` writes into its header."""
+    try:
+        with safe_open(str(directory / "model.safetensors"), framework="pt") as f:
+            metadata = f.metadata() or {}
+    except Exception:  # absent or unreadable: not provably ours
+        return False
+    return all(metadata.get(k) == v for k, v in EXPORT_MARK.items())
 
 
 def _write_json(path: Path, obj: dict) -> None:
@@ -173,6 +177,20 @@ def sprout_config(hf: dict[str, Any], source: str = "config.json") -> SproutConf
     def refuse(why: str):
         raise ValueError(f"{source}: Sprout cannot represent this model: {why}")
 
+    _check_architecture(hf, refuse)
+    _check_attention(hf, refuse)
+    _check_layers(hf, refuse)
+    try:
+        return SproutConfig(
+            vocab_size=hf["vocab_size"], context=hf.get("max_position_embeddings", 32768),
+            n_layer=hf["num_hidden_layers"], n_head=hf["num_attention_heads"], d_model=hf["hidden_size"],
+            d_ff=hf["intermediate_size"], rope_base=_rope_theta(hf, refuse),
+        )
+    except ValueError as e:
+        raise ValueError(f"{source}: {e}") from e
+
+
+def _check_architecture(hf: dict[str, Any], refuse) -> None:
     if hf.get("model_type") != "qwen3":
         refuse(f"model_type is {hf.get('model_type')!r}; only 'qwen3' (Qwen3ForCausalLM) is supported")
     archs = hf.get("architectures") or ["Qwen3ForCausalLM"]
@@ -182,35 +200,38 @@ def sprout_config(hf: dict[str, Any], source: str = "config.json") -> SproutConf
     missing = [k for k in need if k not in hf]
     if missing:
         refuse(f"missing keys {missing}")
+    if not hf.get("tie_word_embeddings", False):  # Qwen3Config's default is untied
+        refuse("tie_word_embeddings is not true; Sprout's output layer is the embedding matrix")
+    if hf.get("quantization_config"):
+        refuse("the weights are quantized; Sprout needs floating-point weights")
+
+
+def _check_attention(hf: dict[str, Any], refuse) -> None:
     d_model, n_head = hf["hidden_size"], hf["num_attention_heads"]
     kv = hf.get("num_key_value_heads") or n_head
     if kv != n_head:
         refuse(f"grouped KV heads (num_key_value_heads={kv} != num_attention_heads={n_head}); "
                "Sprout has one key/value head per query head")
     head_dim = hf.get("head_dim", 128)  # Qwen3Config's default when the key is absent
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (head_dim, n_head, d_model)):
+        refuse(f"head_dim={head_dim!r}, num_attention_heads={n_head!r}, hidden_size={d_model!r}: expected integers")
     if head_dim * n_head != d_model:
         refuse(f"head_dim={head_dim} but hidden_size / num_attention_heads = {d_model} / {n_head}; "
                "Sprout's heads split the residual stream exactly")
     if hf.get("attention_bias", False):
         refuse("attention_bias=true; Sprout has no biases")
-    if not hf.get("tie_word_embeddings", False):  # Qwen3Config's default is untied
-        refuse("tie_word_embeddings is not true; Sprout's output layer is the embedding matrix")
     types = set(hf.get("layer_types") or ["full_attention"])
     if hf.get("use_sliding_window", False) or types != {"full_attention"}:
         refuse(f"sliding-window attention (use_sliding_window={hf.get('use_sliding_window')}, "
                f"layer_types {sorted(types)}); Sprout attends to the whole context")
+
+
+def _check_layers(hf: dict[str, Any], refuse) -> None:
     eps = hf.get("rms_norm_eps", EPS)
     if eps != EPS:
         refuse(f"rms_norm_eps={eps}; Sprout's RMSNorm uses {EPS}")
     if hf.get("hidden_act", "silu") != "silu":
         refuse(f"hidden_act={hf['hidden_act']!r}; Sprout's MLP is SwiGLU (silu)")
-    if hf.get("quantization_config"):
-        refuse("the weights are quantized; Sprout needs floating-point weights")
-    return SproutConfig(
-        vocab_size=hf["vocab_size"], context=hf.get("max_position_embeddings", 32768),
-        n_layer=hf["num_hidden_layers"], n_head=n_head, d_model=d_model, d_ff=hf["intermediate_size"],
-        rope_base=_rope_theta(hf, refuse),
-    )
 
 
 def _rope_theta(hf: dict[str, Any], refuse) -> float:
@@ -225,11 +246,18 @@ def _rope_theta(hf: dict[str, Any], refuse) -> float:
             refuse(f"RoPE parameters {extra}; Sprout uses plain RoPE")
         if p.get("partial_rotary_factor", 1.0) != 1.0:
             refuse(f"partial_rotary_factor={p['partial_rotary_factor']}; Sprout rotates every dimension")
-    return float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)):
+        refuse(f"rope_theta={theta!r}; expected a number")
+    return float(theta)
 
 
 def from_qwen3(tensors: dict[str, torch.Tensor], cfg: SproutConfig, source: str = "weights") -> dict[str, torch.Tensor]:
     """Qwen3 tensors -> Sprout's state dict, after checking every key and shape (one error lists all)."""
+    present = layers_present(cfg, tensors, rename=lambda k: "model.layers." + k.removeprefix("blocks."))
+    if present < cfg.n_layer:  # before listing n_layer layers of expected keys (the config may ask for 10^6)
+        raise ValueError(f"{source}: config field num_hidden_layers={cfg.n_layer}, but the weights hold {present} "
+                         "layer(s) (model.layers.*)")
     C, F, V = cfg.d_model, cfg.d_ff, cfg.vocab_size
     expected = {"model.embed_tokens.weight": (V, C), "model.norm.weight": (C,)}
     for l in range(cfg.n_layer):
@@ -271,8 +299,10 @@ def read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
     if (directory / "model.safetensors").is_file():
         files = [directory / "model.safetensors"]
     elif index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        files = [directory / f for f in sorted(set(weight_map.values()))]
+        weight_map = read_json(index.read_bytes(), index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{index}: no weight_map object (tensor name -> shard file)")
+        files = [directory / str(f) for f in sorted(set(map(str, weight_map.values())))]
     else:
         raise ValueError(f"{directory}: no model.safetensors or model.safetensors.index.json "
                          "(only safetensors weights are read)")
@@ -285,6 +315,17 @@ def read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
         except Exception as e:  # safetensors raises its own error types for unreadable files
             raise ValueError(f"cannot read {f}: not a valid safetensors file ({e})") from e
     return tensors
+
+
+def _tokenizer(path: Path):
+    if not os.path.lexists(path):
+        return None
+    if not path.is_file():
+        raise ValueError(f"{path} is not a file (a folder or a broken link?): expected the model's tokenizer.json")
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises a bare Exception for bad JSON
+        raise ValueError(f"cannot read the tokenizer {path}: {e}") from e
 
 
 def load(directory: PathLike) -> Sprout:
@@ -307,14 +348,9 @@ def load(directory: PathLike) -> Sprout:
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise ValueError(f"{directory}: no config.json; is this a Hugging Face model folder?")
-    try:
-        hf = json.loads(config_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"cannot read {config_path}: not valid JSON ({e})") from e
-    cfg = sprout_config(hf, source=str(config_path))
+    cfg = sprout_config(read_json(config_path.read_bytes(), config_path), source=str(config_path))
     sd = from_qwen3(read_safetensors(directory), cfg, source=str(directory))
-    tok_path = directory / "tokenizer.json"
-    tokenizer = Tokenizer.from_file(str(tok_path)) if tok_path.is_file() else None
+    tokenizer = _tokenizer(directory / "tokenizer.json")
     return from_state_dict(sd, cfg, tokenizer, source=str(directory)).eval()
 
 
@@ -332,11 +368,17 @@ def export_main(argv=None) -> int:
     ap.add_argument("out_dir", help="the Hugging Face folder to write")
     ap.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
     args = ap.parse_args(argv)
-    model = load_checkpoint(args.checkpoint)
+    try:
+        model = load_checkpoint(args.checkpoint)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"sprout export-hf: {e}") from None
     if not isinstance(model, Sprout):
         raise SystemExit(f"sprout export-hf: {args.checkpoint} is a {type(model).__name__}, not a Sprout; "
                          "only Sprout models map onto Qwen3")
-    print(f"wrote {export(model, args.out_dir, overwrite=args.overwrite)}")
+    try:
+        print(f"wrote {export(model, args.out_dir, overwrite=args.overwrite)}")
+    except OSError as e:  # a folder of the user's in the way: one line, no traceback
+        raise SystemExit(f"sprout export-hf: {e}") from None
     return 0
 
 
@@ -348,5 +390,8 @@ def import_main(argv=None) -> int:
     ap.add_argument("hf_dir", help="a Hugging Face Qwen3ForCausalLM folder")
     ap.add_argument("out_checkpoint", help="the Sprout checkpoint folder to write")
     args = ap.parse_args(argv)
-    print(f"wrote {save(load(args.hf_dir), args.out_checkpoint)}")
+    try:
+        print(f"wrote {save(load(args.hf_dir), args.out_checkpoint)}")
+    except (OSError, ValueError) as e:  # one line naming the folder, no traceback
+        raise SystemExit(f"sprout import-hf: {e}") from None
     return 0

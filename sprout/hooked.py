@@ -1,17 +1,25 @@
-"""What every hooked language model here shares: TransformerLens' run_with_* entry points, text in and
-out, the course's loss. Sprout and the walkthrough GPT differ only in their layers."""
+"""What every hooked language model here shares: the forward's calling conventions, TransformerLens'
+run_with_* entry points (thread-safe, with checked hooks), text in and out.
+
+A model subclasses `HookedLM` and defines `run_layers(x, attn_mask, positions, start_at_layer,
+stop_at_layer)`: the layers alone. `forward` reads the arguments of both conventions (`sprout.forward`).
+"""
 from __future__ import annotations
 
+import threading
 import warnings
+from contextlib import contextmanager
 from typing import Optional, Union
 
 import torch
-import torch.nn.functional as F
 from transformer_lens.ActivationCache import ActivationCache
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
 from . import text
+from .forward import COURSE, Output, course_loss, finish, split_positional, tl_loss
+from .hook_checks import cache_hooks, check_buffers, checked_hook, copy_into_buffer
+from .tokenizer import as_hf
 
 TextOrTokens = Union[str, list, torch.Tensor]
 
@@ -23,11 +31,7 @@ def hooked(*points: HookPoint) -> bool:
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor, loss_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """model.py's loss: mean next-token cross-entropy, over the positions where loss_mask is nonzero."""
-    loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), reduction="none")
-    if loss_mask is None:
-        return loss.mean()
-    mask = loss_mask.reshape(-1).float()
-    return (loss * mask).sum() / mask.sum().clamp(min=1)
+    return course_loss(logits, targets, loss_mask)
 
 
 def _not_attn_result(name: str) -> bool:
@@ -44,21 +48,52 @@ def _selects(names_filter, name: str) -> bool:
 
 
 def check_stop_at_layer(model, stop_at_layer: int):
-    if not 0 <= stop_at_layer <= len(model.blocks):
-        raise ValueError(f"stop_at_layer must be in 0..{len(model.blocks)}, got {stop_at_layer}")
+    if isinstance(stop_at_layer, bool) or not isinstance(stop_at_layer, int) or not 0 <= stop_at_layer <= len(model.blocks):
+        raise ValueError(f"stop_at_layer must be in 0..{len(model.blocks)}, got {stop_at_layer!r}")
 
 
-def _logits_unless_loss(out):
-    logits, loss = out
-    return logits if loss is None else out
+def padding_masks(attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """attention_mask [batch, pos] (1 = token, 0 = padding) -> (positions [batch, pos], attn_mask [batch, 1, pos, pos]).
+
+    Each real token's position counts real tokens only, so left padding does not shift positions.
+    A query may attend to earlier real keys and to itself: padded keys get no attention from any other
+    position, and a padded query (which no one reads) attends to itself, so no row is empty (an empty
+    softmax row is NaN, and NaN times a zero weight would still reach real positions).
+    """
+    keep = attention_mask.bool()
+    T = keep.size(1)
+    positions = (keep.long().cumsum(1) - 1).clamp(min=0)
+    causal = torch.ones(T, T, dtype=torch.bool, device=keep.device).tril()
+    diagonal = torch.eye(T, dtype=torch.bool, device=keep.device)
+    return positions, (causal & (keep[:, None, :] | diagonal))[:, None]
 
 
 class HookedLM(HookedRootModule):
-    """A HookedRootModule whose forward is `(idx, targets=None, loss_mask=None) -> (logits, loss)`.
+    """A HookedRootModule with the course's and TransformerLens' forward (see `sprout.forward`).
 
     Subclasses set `self.config` (with `transformer_lens_config()`), `self.embed`, `self.tokenizer`, build their
-    layers, then call `self.setup()`.
+    layers, define `run_layers`, then call `self.setup()`.
+
+    Threads: one lock per model. `hooks()`, `run_with_hooks`, `run_with_cache` and a plain call
+    `model(...)` hold it, so two threads never see each other's hooks or activations; the second waits.
     """
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.__dict__["_lock"] = threading.RLock()
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state.pop("_lock", None)
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self.__dict__["_lock"] = threading.RLock()
+
+    def __call__(self, *args, **kwargs):
+        with self._lock:
+            return super().__call__(*args, **kwargs)
 
     @property
     def cfg(self):
@@ -70,33 +105,167 @@ class HookedLM(HookedRootModule):
         lens.dtype = self.embed.weight.dtype
         return lens
 
+    @property
+    def tokenizer(self):
+        """A Hugging Face `PreTrainedTokenizerFast` (see `sprout.hf_tokenizer`), or None. Setting a
+        `tokenizers.Tokenizer` wraps it; `sprout.tokenizer.raw(model.tokenizer)` gives it back."""
+        return self.__dict__.get("_tokenizer")
+
+    @tokenizer.setter
+    def tokenizer(self, tok):
+        self.__dict__["_tokenizer"] = as_hf(tok)
+
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def to_tokens(self, text_: TextOrTokens, prepend_bos: bool = False, **_ignored) -> torch.Tensor:
-        """Text (or a list of texts of equal token length) -> token ids [batch, pos]."""
-        return text.to_tokens(self, text_, prepend_bos=prepend_bos)
+    # --- forward ----------------------------------------------------------------------------------
 
-    def to_str_tokens(self, text_: TextOrTokens, **_ignored) -> list:
-        """Each token as the piece of text it decodes to (a list per sequence for a batch)."""
-        return text.to_str_tokens(self, text_)
+    def forward(self, input: TextOrTokens, targets=None, loss_mask: Optional[torch.Tensor] = None,
+                stop_at_layer: Optional[int] = None, *, return_type=COURSE, loss_per_token: bool = False,
+                prepend_bos: Optional[bool] = None, padding_side: Optional[str] = None,
+                attention_mask: Optional[torch.Tensor] = None, start_at_layer: Optional[int] = None,
+                tokens: Optional[torch.Tensor] = None):
+        """Token ids [batch, pos] (or text, or a list of texts) through the model.
+
+        The course's contract: `logits, loss = model(idx, targets, loss_mask)`; `logits, _ = model(idx)`.
+        TransformerLens': `model(tokens)` is the logits [batch, pos, vocab]; `return_type` "logits",
+        "loss" (position t predicts token t + 1, or `targets` when given), "both" or None;
+        `loss_per_token`; `attention_mask` [batch, pos] (1 token, 0 padding; texts of unequal length
+        are padded and masked on their own); `prepend_bos` (refused: trained without BOS);
+        `padding_side`; `start_at_layer` (input is then the residual stream [batch, pos, d_model]);
+        `stop_at_layer=L` returns the residual stream at `blocks.L.hook_resid_pre` [batch, pos, d_model].
+        See `sprout.forward` for how the two conventions share one call.
+        """
+        targets, loss_mask, return_type, loss_per_token = split_positional(targets, loss_mask, return_type, loss_per_token)
+        if start_at_layer is not None:
+            idx = tokens
+            x = self._check_resid(input, start_at_layer)
+        elif isinstance(input, torch.Tensor) and prepend_bos is None:
+            idx = x = text.check_tokens(self, input)  # the fast path: ids in
+        else:
+            if isinstance(input, (str, list, tuple)):
+                idx, padded = text.tokens_and_mask(self, input, prepend_bos, padding_side)
+            else:
+                text.check_prepend_bos(self, prepend_bos)
+                idx, padded = text.check_tokens(self, input), None
+            attention_mask = padded if attention_mask is None else attention_mask
+            x = idx
+        positions = attn_mask = None
+        if attention_mask is not None:
+            attention_mask = text.check_attention_mask(attention_mask, x[..., 0] if start_at_layer is not None else idx)
+            positions, attn_mask = padding_masks(attention_mask)
+        if stop_at_layer is not None:
+            check_stop_at_layer(self, stop_at_layer)
+        out = self.run_layers(x, attn_mask, positions, start_at_layer, stop_at_layer)
+        if stop_at_layer is not None:
+            return out.as_subclass(Output) if return_type is COURSE else out
+        return finish(out, idx, targets, loss_mask, attention_mask, return_type, loss_per_token)
+
+    def _check_resid(self, resid, start_at_layer: int) -> torch.Tensor:
+        if isinstance(start_at_layer, bool) or not isinstance(start_at_layer, int) or not 0 <= start_at_layer <= len(self.blocks):
+            raise ValueError(f"start_at_layer must be an integer in 0..{len(self.blocks)}, got {start_at_layer!r}")
+        d_model = self.cfg.d_model
+        if not isinstance(resid, torch.Tensor) or resid.dim() != 3 or resid.size(-1) != d_model:
+            got = tuple(resid.shape) if isinstance(resid, torch.Tensor) else type(resid).__name__
+            raise ValueError(f"with start_at_layer the input is the residual stream [batch, pos, {d_model}], got {got}")
+        return resid
+
+    def loss_fn(self, logits: torch.Tensor, tokens: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                per_token: bool = False) -> torch.Tensor:
+        """TransformerLens' loss: mean cross-entropy of each next token (per_token: [batch, pos - 1])."""
+        tokens = text.as_ids(tokens)
+        return tl_loss(logits, tokens.long(), attention_mask, per_token)
+
+    # --- text -------------------------------------------------------------------------------------
+
+    def to_tokens(self, input: TextOrTokens, prepend_bos: Optional[bool] = None, padding_side: Optional[str] = None,
+                  move_to_device: bool = True, truncate: bool = True) -> torch.Tensor:
+        """Text (or a list of texts, padded to the longest on `padding_side`) -> token ids [batch, pos].
+
+        Nothing is truncated: a text longer than the context is an error naming `sprout.text.windows`.
+        """
+        return text.to_tokens(self, input, prepend_bos, padding_side)
+
+    def to_str_tokens(self, input, prepend_bos: Optional[bool] = None, padding_side: Optional[str] = None) -> list:
+        """Each token as the piece of text it decodes to (a list per sequence for a batch or list of texts)."""
+        return text.to_str_tokens(self, input, prepend_bos, padding_side)
 
     def to_string(self, tokens) -> Union[str, list]:
-        """Token ids -> text (a list of texts for a batch)."""
+        """Token ids (int, 0-d/1-D tensor, list, NumPy array) -> text; [batch, pos] -> a list of texts."""
         return text.to_string(self, tokens)
 
-    @torch.no_grad()
-    def generate(self, idx: TextOrTokens, max_new: int, temperature: float = 0.8, top_k: Optional[int] = None,
-                 top_p: Optional[float] = 0.95, stop=None):
-        """Sample max_new tokens after idx (as model.py does); text in gives text out."""
-        return text.sample(self, idx, max_new, temperature, top_k, top_p, stop)
+    def to_single_token(self, string: str) -> int:
+        """The id of a text that is exactly one token."""
+        ids = self.to_tokens(string, prepend_bos=False)[0]
+        if ids.numel() != 1:
+            raise ValueError(f"{string!r} is {ids.numel()} tokens, not one")
+        return int(ids[0])
+
+    def get_token_position(self, single_token, input, mode: str = "first", prepend_bos: Optional[bool] = None,
+                           padding_side: Optional[str] = None) -> int:
+        """The position of `single_token` (a one-token string or an id) in `input` (text or ids [pos] / [1, pos])."""
+        tokens = self.to_tokens(input, prepend_bos, padding_side) if isinstance(input, str) else text.as_ids(input)
+        if tokens.dim() == 2:
+            if tokens.size(0) != 1:
+                raise ValueError(f"get_token_position searches one sequence; got a batch of shape {tuple(tokens.shape)}")
+            tokens = tokens[0]
+        token = self.to_single_token(single_token) if isinstance(single_token, str) else int(text.as_ids(single_token))
+        where = (tokens == token).nonzero().flatten()
+        if where.numel() == 0:
+            raise ValueError(f"token {token} ({self.to_string(token)!r}) does not occur in the input")
+        if mode not in ("first", "last"):
+            raise ValueError(f"mode must be 'first' or 'last', got {mode!r}")
+        return int(where[0] if mode == "first" else where[-1])
+
+    def generate(self, input: TextOrTokens = "", max_new_tokens: int = 10, stop_at_eos: bool = True,
+                 eos_token_id=None, do_sample: bool = True, top_k: Optional[int] = None,
+                 top_p: Optional[float] = None, temperature: float = 1.0, freq_penalty: float = 0.0,
+                 use_past_kv_cache: bool = True, prepend_bos: Optional[bool] = None,
+                 padding_side: Optional[str] = None, return_type: str = "input", verbose: bool = True,
+                 max_new: Optional[int] = None, stop=None):
+        """TransformerLens' generate, with its defaults (temperature 1.0, no top-p, sampling on).
+
+        The course's `generate(idx, max_new)` works too (`max_new` is `max_new_tokens`, `stop` a set of
+        ids to stop at); model.py sampled at temperature 0.8 with top-p 0.95: pass them for its samples.
+        `use_past_kv_cache` is accepted and changes nothing (no KV cache; the same tokens either way).
+        """
+        max_new_tokens = max_new if max_new is not None else max_new_tokens
+        return text.generate(self, input, max_new_tokens, stop_at_eos, eos_token_id, do_sample, top_k, top_p,
+                             temperature, freq_penalty, stop, prepend_bos, padding_side, return_type,
+                             verbose and max_new_tokens > 50)
+
+    # --- hooks ------------------------------------------------------------------------------------
+
+    @contextmanager
+    def hooks(self, fwd_hooks=[], bwd_hooks=[], reset_hooks_end: bool = True, clear_contexts: bool = False):
+        """TransformerLens' hooks() context, holding this model's lock until it exits.
+
+        Hooks are active for every forward of this model in this thread until the `with` block ends,
+        including in a generator suspended inside it; other threads wait for the block to end.
+        """
+        with self._lock, super().hooks(fwd_hooks, bwd_hooks, reset_hooks_end, clear_contexts) as model:
+            yield model
+
+    def _enable_hook(self, name, hook, dir):
+        super()._enable_hook(name, checked_hook(hook, dir), dir)
+
+    def check_and_add_hook(self, hook_point, hook_point_name, hook, dir="fwd", is_permanent=False, level=None,
+                           prepend=False):
+        super().check_and_add_hook(hook_point, hook_point_name, checked_hook(hook, dir), dir, is_permanent, level, prepend)
+
+    def get_caching_hooks(self, names_filter=None, incl_bwd: bool = False, device=None, remove_batch_dim: bool = False,
+                          cache: Optional[dict] = None, pos_slice=None):
+        """TransformerLens' caching hooks, except that `pos_slice` slices every hook on its position axis."""
+        self.is_caching = True
+        return cache_hooks(self.hook_dict, names_filter, incl_bwd, device, remove_batch_dim, cache, pos_slice)
 
     def run_with_cache(self, *model_args, **kwargs):
         """Run and cache activations: `logits, cache = model.run_with_cache(tokens_or_text)`.
 
-        Returns an `ActivationCache`. Without `targets` the output is the logits alone (as in
-        TransformerLens); with `targets` it is forward's `(logits, loss)`. `names_filter` selects hooks;
-        `incl_bwd=True` (with targets) also caches the loss's gradient at each hook as `<name>_grad`.
+        Returns forward's output (as `forward` documents: the logits, or `(logits, loss)` with targets)
+        and an `ActivationCache`. `names_filter` selects hooks; `pos_slice` keeps those positions of every
+        activation; `incl_bwd=True` also caches the loss's gradient at each hook as `<name>_grad` (pass
+        targets or `return_type="loss"`), leaving the parameters' `.grad` as they were.
 
         As in TransformerLens, caching everything (no `names_filter`) leaves out each head's separate
         write to the stream, `attn.hook_result` [batch, pos, head, d_model], unless
@@ -114,32 +283,32 @@ class HookedLM(HookedRootModule):
                           "so the cache will be empty (names look like 'blocks.0.hook_resid_post'; "
                           "model.hook_dict lists them all)", stacklevel=2)
         batched = not kwargs.get("remove_batch_dim", False)
-        if kwargs.get("incl_bwd"):
-            out, cache = self._run_with_cache_and_grads(model_args, dict(kwargs))
-        else:
-            out, cache = super().run_with_cache(*model_args, **kwargs)
-        return _logits_unless_loss(out), ActivationCache(cache, self, has_batch_dim=batched)
+        with self._lock:
+            if kwargs.get("incl_bwd"):
+                out, cache = self._run_with_cache_and_grads(model_args, dict(kwargs))
+            else:
+                out, cache = super().run_with_cache(*model_args, **kwargs)
+        return out, ActivationCache(cache, self, has_batch_dim=batched)
 
     def _run_with_cache_and_grads(self, model_args, kwargs):
-        # TransformerLens calls `.backward()` on the forward's output, which here is (logits, loss):
-        # run its caching hooks ourselves and differentiate the loss.
+        # TransformerLens calls `.backward()` on the output, which fills every parameter's .grad;
+        # torch.autograd.grad runs the same backward (firing the same backward hooks) and leaves .grad alone.
         options = {k: kwargs.pop(k) for k in ("names_filter", "device", "remove_batch_dim", "pos_slice") if k in kwargs}
         reset, clear = kwargs.pop("reset_hooks_end", True), kwargs.pop("clear_contexts", False)
         kwargs.pop("incl_bwd")
         cache, fwd, bwd = self.get_caching_hooks(incl_bwd=True, **options)
         with self.hooks(fwd_hooks=fwd, bwd_hooks=bwd, reset_hooks_end=reset, clear_contexts=clear):
-            logits, loss = self(*model_args, **kwargs)
-            if loss is None:
-                raise ValueError("run_with_cache(incl_bwd=True) caches gradients of the loss: pass targets too")
-            loss.backward()
-        return (logits, loss), cache
-
-    def to_single_token(self, string: str) -> int:
-        """The id of a text that is exactly one token."""
-        ids = self.to_tokens(string)[0]
-        if ids.numel() != 1:
-            raise ValueError(f"{string!r} is {ids.numel()} tokens, not one")
-        return int(ids[0])
+            out = self(*model_args, **kwargs)
+            loss = out[1] if isinstance(out, tuple) else out
+            if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+                raise ValueError("run_with_cache(incl_bwd=True) caches gradients of the loss: pass targets too, "
+                                 "or return_type='loss'")
+            params = [p for p in self.parameters() if p.requires_grad]
+            if not loss.requires_grad or not params:
+                raise ValueError("run_with_cache(incl_bwd=True) needs gradients: the parameters do not require grad "
+                                 "or autograd is off (torch.no_grad / inference_mode)")
+            torch.autograd.grad(loss, params, allow_unused=True)
+        return out, cache
 
     def tokens_to_residual_directions(self, tokens) -> torch.Tensor:
         """The residual direction [..., d_model] whose dot product with ln_final(x) is each token's logit.
@@ -154,20 +323,17 @@ class HookedLM(HookedRootModule):
         return self.W_U[:, tokens].movedim(0, -1)
 
     def run_with_hooks(self, *model_args, **kwargs):
-        """Run with temporary hooks (removed afterwards, even if the forward raises); output as above."""
-        return _logits_unless_loss(super().run_with_hooks(*model_args, **kwargs))
+        """Run with temporary hooks (removed afterwards, even if the forward raises); output as forward's."""
+        return super().run_with_hooks(*model_args, **kwargs)
 
     def run_with_cache_into(self, tokens: torch.Tensor, buffers: dict, **forward_kwargs):
         """Run, copying each named activation into a preallocated buffer instead of a new tensor.
 
-        For streaming analyses over many batches: `buffers` maps hook names to tensors at least as
-        large as the activations ([batch, pos, ...]); each is filled in `[:batch, :pos]`. Returns
-        forward's output (logits alone without targets).
+        For streaming analyses over many batches: `buffers` maps hook names to floating-point tensors
+        with as many axes as the activations and each at least as long ([batch, pos, ...]); each is
+        filled in `[:batch, :pos]`. A buffer too small or of an integer dtype is an error naming the hook.
+        Returns forward's output.
         """
-        def copy_into(x, hook):
-            buffers[hook.name][tuple(slice(0, n) for n in x.shape)].copy_(x)
-
-        unknown = sorted(set(buffers) - set(self.hook_dict))
-        if unknown:
-            raise ValueError(f"no hook points named {unknown}")
-        return self.run_with_hooks(tokens, fwd_hooks=[(name, copy_into) for name in buffers], **forward_kwargs)
+        check_buffers(self.hook_dict, buffers)
+        hooks = [(name, copy_into_buffer(buffers[name], name)) for name in buffers]
+        return self.run_with_hooks(tokens, fwd_hooks=hooks, **forward_kwargs)

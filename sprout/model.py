@@ -23,8 +23,10 @@ import torch.nn.functional as F
 from transformer_lens.hook_points import HookPoint
 
 from .config import SproutConfig
-from .hooked import HookedLM, TextOrTokens, check_stop_at_layer, hooked, lm_loss
-from .text import check_tokens
+from .hook_flags import HookFlags, editable, per_head_inputs
+from .hooked import HookedLM, hooked
+from .stacked_weights import TLWeights
+from .weights import Embed, SproutAttentionWeights, SproutMLPWeights, SproutUnembedWeights, link, linked
 
 
 class NormHooks(nn.Module):
@@ -57,7 +59,7 @@ class RMSNorm(nn.Module):
         if hooks is None or not hooked(hooks.hook_scale, hooks.hook_normalized):
             return F.rms_norm(x.float(), (x.size(-1),), self.weight.float(), self.eps).type_as(x)
         xf = x.float()
-        scale = hooks.hook_scale((xf.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
+        scale = hooks.hook_scale(editable((xf.pow(2).mean(-1, keepdim=True) + self.eps).sqrt(), hooks.hook_scale))
         return (hooks.hook_normalized(xf / scale) * self.weight.float()).type_as(x)
 
 
@@ -75,7 +77,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 def rope_rows(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The [pos, d_head/2] tables as whole rows [pos, 1, d_head]: (cos, cos) and (-sin, sin)."""
-    return torch.cat((cos, cos), dim=-1)[:, None, :], torch.cat((-sin, sin), dim=-1)[:, None, :]
+    return torch.cat((cos, cos), dim=-1)[..., None, :], torch.cat((-sin, sin), dim=-1)[..., None, :]
 
 
 def rotate(x: torch.Tensor, cos_rows: torch.Tensor, sin_rows: torch.Tensor) -> torch.Tensor:
@@ -87,7 +89,7 @@ def rotate(x: torch.Tensor, cos_rows: torch.Tensor, sin_rows: torch.Tensor) -> t
     return x * cos_rows + x.roll(x.size(-1) // 2, dims=-1) * sin_rows
 
 
-class Attention(nn.Module):
+class Attention(SproutAttentionWeights, nn.Module):
     """Causal multi-head self-attention with per-head QK-RMSNorm and RoPE."""
 
     def __init__(self, cfg: SproutConfig):
@@ -110,43 +112,55 @@ class Attention(nn.Module):
         self.hook_z = HookPoint()  # [batch, pos, head, d_head]
         self.hook_result = HookPoint()  # [batch, pos, head, d_model]: each head's write to the stream
 
-    @property
-    def W_O(self) -> torch.Tensor:
-        """[head, d_head, d_model]: each head's output matrix (TransformerLens' layout)."""
-        return self.proj.weight.T.reshape(self.n_head, self.d_head, -1)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x [batch, pos, d_model]; cos/sin the whole-row tables of `rope_rows`, [pos, 1, d_head]."""
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=-1)
-        q = self.hook_q(q.view(B, T, self.n_head, self.d_head))
-        k = self.hook_k(k.view(B, T, self.n_head, self.d_head))
-        v = self.hook_v(v.view(B, T, self.n_head, self.d_head))
+    def forward(self, x, cos: torch.Tensor, sin: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x [batch, pos, d_model], or with split inputs a tuple of each head's own (normalised) copy
+        for Q, K and V, each [batch, pos, head, d_model]; cos/sin the whole-row tables of `rope_rows`,
+        [pos, 1, d_head] (or [batch, pos, 1, d_head] per row); attn_mask None (causal) or bool
+        [batch, 1, query, key], True = may attend."""
+        q, k, v = self.project_per_head(*x) if isinstance(x, tuple) else self.project(x)
+        # A hook may edit q, k, v in place: with autograd on, they must not be views of one fused output.
+        q = self.hook_q(editable(q, self.hook_q))
+        k = self.hook_k(editable(k, self.hook_k))
+        v = self.hook_v(editable(v, self.hook_v))
         q = self.hook_q_normed(self.q_norm(q))
         k = self.hook_k_normed(self.k_norm(k))
         q = self.hook_rot_q(rotate(q, cos, sin))
         k = self.hook_rot_k(rotate(k, cos, sin))
+        B, T = q.shape[:2]
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, head, T, d_head)
         if hooked(self.hook_attn_scores, self.hook_pattern):
-            # Materialise scores and pattern only when someone reads or edits them.
+            # Materialise scores and pattern only when someone reads or edits them. The result differs
+            # from scaled_dot_product_attention's by float32 rounding (README, *Speed*).
             # In place: scores is fresh, and a copy of [batch, head, pos, pos] costs as much as the softmax.
             scores = (q @ k.transpose(-2, -1)).div_(math.sqrt(self.d_head))
-            future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-            scores = self.hook_attn_scores(scores.masked_fill_(future, float("-inf")))
-            pattern = self.hook_pattern(F.softmax(scores, dim=-1))
+            hidden = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1) if attn_mask is None else ~attn_mask
+            scores = self.hook_attn_scores(scores.masked_fill_(hidden, float("-inf")))
+            pattern = self.hook_pattern(editable(F.softmax(scores, dim=-1), self.hook_pattern))  # softmax keeps its output
             z = pattern @ v
         else:
-            z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        z = self.hook_z(z.transpose(1, 2))  # (B, T, head, d_head)
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None)
+        z = self.hook_z(editable(z.transpose(1, 2), self.hook_z))  # (B, T, head, d_head); attention keeps its output
+        C = self.proj.weight.size(0)
         if hooked(self.hook_result):
             W_O = self.proj.weight.view(C, self.n_head, self.d_head)
             result = self.hook_result(torch.einsum("bphd,mhd->bphm", z, W_O))
             return result.sum(dim=2)
         return self.proj(z.reshape(B, T, C))
 
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [batch, pos, d_model] -> q, k, v [batch, pos, head, d_head], in one fused matmul."""
+        B, T, C = x.shape
+        return tuple(t.view(B, T, self.n_head, self.d_head) for t in self.qkv(x).split(C, dim=-1))
 
-class MLPHooks(nn.Module):
-    """The hook points of the SwiGLU layer (`mlp`); the weights live in FeedForward (`ffn`)."""
+    def project_per_head(self, xq: torch.Tensor, xk: torch.Tensor, xv: torch.Tensor):
+        """Each head's q, k, v [batch, pos, head, d_head] from its own input [batch, pos, head, d_model]."""
+        W = self.qkv.weight.view(3, self.n_head, self.d_head, -1)
+        return tuple(torch.einsum("bphm,hdm->bphd", x, W[i]) for i, x in enumerate((xq, xk, xv)))
+
+
+class MLPHooks(SproutMLPWeights, nn.Module):
+    """The hook points of the SwiGLU layer (`mlp`); the weights live in FeedForward (`ffn`) and are read,
+    in TransformerLens' layout, through `W_in`, `W_gate`, `W_out`."""
 
     def __init__(self):
         super().__init__()
@@ -184,20 +198,37 @@ class Block(nn.Module):
         self.norm2 = RMSNorm(cfg.d_model)
         self.ffn = FeedForward(cfg)
         self.ln1, self.ln2, self.mlp = NormHooks(), NormHooks(), MLPHooks()
+        link(self.attn, norm=self.norm1)  # for W_Q/W_K/W_V with ln1's gain folded in
+        link(self.mlp, norm=self.norm2, ffn=self.ffn)
         self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
         self.hook_attn_out = HookPoint()
         self.hook_resid_mid = HookPoint()
         self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
+        # Fire only with TransformerLens' flags on (sprout/hook_flags.py):
+        self.hook_q_input = HookPoint()  # [batch, pos, head, d_model]: each head's copy of resid_pre, before ln1
+        self.hook_k_input = HookPoint()
+        self.hook_v_input = HookPoint()
+        self.hook_attn_in = HookPoint()  # [batch, pos, head, d_model]: one copy per head for Q, K and V
+        self.hook_mlp_in = HookPoint()  # [batch, pos, d_model]: the MLP's input before ln2, a copy
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         x = self.hook_resid_pre(x)
-        x = self.hook_resid_mid(x + self.hook_attn_out(self.attn(self.norm1(x, self.ln1), cos, sin)))
-        x = self.hook_resid_post(x + self.hook_mlp_out(self.ffn(self.norm2(x, self.ln2), self.mlp)))
+        flags = linked(self, "lens")
+        if flags is not None and (flags.use_split_qkv_input or flags.use_attn_in):
+            attn_in = per_head_inputs(self, x, self.attn.n_head, flags.use_attn_in, lambda c: self.norm1(c))
+            if hooked(self.ln1.hook_scale, self.ln1.hook_normalized):
+                self.norm1(x, self.ln1)  # ln1's hooks still see the shared stream; the heads read their copies
+        else:
+            attn_in = self.norm1(x, self.ln1)
+        x = self.hook_resid_mid(x + self.hook_attn_out(self.attn(attn_in, cos, sin, attn_mask)))
+        mlp_in = self.hook_mlp_in(x.clone()) if flags is not None and flags.use_hook_mlp_in else x
+        x = self.hook_resid_post(x + self.hook_mlp_out(self.ffn(self.norm2(mlp_in, self.ln2), self.mlp)))
         return x
 
 
-class UnembedHooks(nn.Module):
+class UnembedHooks(SproutUnembedWeights, nn.Module):
     """The hook point of the output layer (`unembed`); its weight is `head`, tied to `embed`."""
 
     def __init__(self):
@@ -205,14 +236,15 @@ class UnembedHooks(nn.Module):
         self.hook_out = HookPoint()  # [batch, pos, vocab]: the logits
 
 
-class Sprout(HookedLM):
-    """The Sprout transformer, hooked. `forward(idx, targets, loss_mask)` returns `(logits, loss)`."""
+class Sprout(TLWeights, HookFlags, HookedLM):
+    """The Sprout transformer, hooked. `logits, loss = model(idx, targets, loss_mask)` as model.py, and
+    `model(tokens, return_type=...)` as TransformerLens (see `HookedLM.forward`)."""
 
     def __init__(self, cfg: SproutConfig, tokenizer=None):
         super().__init__()
         self.config = cfg
-        self.tokenizer = tokenizer  # optional tokenizers.Tokenizer, for text in and text out
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.tokenizer = tokenizer  # optional; held as a Hugging Face PreTrainedTokenizerFast
+        self.embed = Embed(cfg.vocab_size, cfg.d_model)
         self.hook_embed = HookPoint()  # [batch, pos, d_model]
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.norm = RMSNorm(cfg.d_model)
@@ -220,6 +252,7 @@ class Sprout(HookedLM):
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.head.weight = self.embed.weight  # weight tying
         self.unembed = UnembedHooks()
+        link(self.unembed, norm=self.norm, head=self.head)
         cos, sin = rope_tables(cfg.d_head, cfg.context, cfg.rope_base)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
@@ -230,53 +263,41 @@ class Sprout(HookedLM):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
         self.setup()
 
-    @property
-    def W_U(self) -> torch.Tensor:
-        """[d_model, vocab]: the unembedding with the final norm's gain folded in (TransformerLens'
-        fold_ln convention), so `ln_final(x) @ W_U` are the logits and `ln_final` needs no weight."""
-        return self.norm.weight[:, None] * self.head.weight.T
-
-    @property
-    def b_U(self) -> torch.Tensor:
-        """[vocab]: zero; Sprout has no biases."""
-        return self.embed.weight.new_zeros(self.config.vocab_size)
-
-    def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> torch.Tensor:
-        """[d_model]: zero, the sum of the biases written to the stream before `layer` (there are none)."""
-        return self.embed.weight.new_zeros(self.config.d_model)
-
     @staticmethod
     def _init(m: nn.Module):
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
 
-    # --- forward ----------------------------------------------------------------------------------
+    # --- forward (the calling conventions live in HookedLM.forward) -------------------------------
 
-    def forward(self, idx: TextOrTokens, targets: Optional[torch.Tensor] = None,
-                loss_mask: Optional[torch.Tensor] = None, stop_at_layer: Optional[int] = None):
-        """Token ids [batch, pos] (or text) -> (logits [batch, pos, vocab], loss or None).
+    def run_layers(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
+                   positions: Optional[torch.Tensor] = None, start_at_layer: Optional[int] = None,
+                   stop_at_layer: Optional[int] = None) -> torch.Tensor:
+        """Token ids [batch, pos] -> logits [batch, pos, vocab].
 
-        With `stop_at_layer=L` only blocks 0..L-1 run, `blocks.L.hook_resid_pre` still fires, and the
-        residual stream [batch, pos, d_model] is returned in place of the logits (loss None): a probe
-        of an early layer does not pay for the rest of the model.
+        With padding, `attn_mask` [batch, 1, pos, pos] and each token's RoPE position [batch, pos] (see
+        `hooked.padding_masks`). With `start_at_layer=S`, x is the residual stream entering block S.
+        With `stop_at_layer=L` only blocks up to L-1 run, `blocks.L.hook_resid_pre` still fires (as
+        TransformerLens does not: a probe of layer L reads it), and the stream [batch, pos, d_model]
+        is returned: a probe of an early layer does not pay for the rest of the model.
         """
-        idx = check_tokens(self, idx)
-        T = idx.size(1)
-        x = self.hook_embed(self.embed(idx))
-        cos, sin = rope_rows(self.cos[:T], self.sin[:T])  # [pos, 1, d_head], built once for every block
+        T = x.size(1)
+        if positions is None:
+            cos, sin = rope_rows(self.cos[:T], self.sin[:T])  # [pos, 1, d_head], built once for every block
+        else:
+            cos, sin = rope_rows(self.cos[positions], self.sin[positions])  # [batch, pos, 1, d_head]
+        if start_at_layer is None:
+            x = self.hook_embed(self.embed(x))
+        blocks = self.blocks
+        if start_at_layer is not None or stop_at_layer is not None:
+            blocks = self.blocks[start_at_layer:stop_at_layer]
+        for block in blocks:
+            x = block(x, cos, sin, attn_mask)
         if stop_at_layer is not None:
-            check_stop_at_layer(self, stop_at_layer)
-            for block in self.blocks[:stop_at_layer]:
-                x = block(x, cos, sin)
             if stop_at_layer < len(self.blocks):
                 x = self.blocks[stop_at_layer].hook_resid_pre(x)
-            return x, None
-        for block in self.blocks:
-            x = block(x, cos, sin)
-        logits = self.unembed.hook_out(self.head(self.norm(x, self.ln_final)))
-        if targets is None:
-            return logits, None
-        return logits, lm_loss(logits, targets, loss_mask)
+            return x
+        return self.unembed.hook_out(self.head(self.norm(x, self.ln_final)))
 
 
 # The course's names, so code written against model.py runs unchanged.

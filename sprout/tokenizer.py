@@ -98,9 +98,15 @@ def char_tokenizer(text_or_chars: Union[str, Iterable[str]]) -> Tokenizer:
     return tok
 
 
+def raw(tok) -> Tokenizer:
+    """The `tokenizers.Tokenizer` behind a tokenizer: itself, or a Hugging Face fast tokenizer's backend
+    (`model.tokenizer` is a `transformers.PreTrainedTokenizerFast` over one)."""
+    return getattr(tok, "backend_tokenizer", tok)
+
+
 def is_char_level(tok: Tokenizer) -> bool:
     """True for a tokenizer made by `char_tokenizer` (a WordLevel model), False for BPE."""
-    return isinstance(tok.model, models.WordLevel)
+    return isinstance(raw(tok).model, models.WordLevel)
 
 
 def encode(tok: Tokenizer, text: str) -> list[int]:
@@ -112,6 +118,7 @@ def encode(tok: Tokenizer, text: str) -> list[int]:
     """
     if not isinstance(text, str):
         raise ValueError(f"expected text (str), got {type(text).__name__}")
+    tok = raw(tok)
     if is_char_level(tok):
         vocab = tok.get_vocab()
         unseen = sorted(set(text) - vocab.keys())
@@ -123,21 +130,42 @@ def encode(tok: Tokenizer, text: str) -> list[int]:
     return tok.encode(text, add_special_tokens=False).ids
 
 
-def decode(tok: Tokenizer, ids: Iterable[int]) -> str:
-    """Token ids (any iterable of ints, e.g. a 1-D tensor or list) -> text, special tokens kept."""
-    ids = [int(i) for i in ids]
+def decode(tok: Tokenizer, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+    """Token ids (any iterable of ints, e.g. a 1-D tensor or list) -> text, special tokens kept.
+
+    An id the tokenizer lacks (a model may have more ids than its tokenizer) reads `<unk:ID>` in the
+    text, so it is never dropped silently; every decode path here (`model.to_string`, `to_str_tokens`,
+    `generate`, `model.tokenizer.decode`, interp's token labels, the CLI) goes through this function.
+    """
+    ids = [_as_int(i) for i in ids]
+    tok = raw(tok)
     n = tok.get_vocab_size()
-    bad = [i for i in ids if not 0 <= i < n]
-    if bad:
-        raise ValueError(f"token id(s) {bad[:5]} outside the vocabulary [0, {n})")
-    return tok.decode(ids, skip_special_tokens=False)
+    if all(0 <= i < n for i in ids):
+        return tok.decode(ids, skip_special_tokens=skip_special_tokens)
+    pieces, run = [], []
+    for i in ids + [None]:
+        if i is not None and 0 <= i < n:
+            run.append(i)
+            continue
+        if run:
+            pieces.append(tok.decode(run, skip_special_tokens=skip_special_tokens))
+            run = []
+        if i is not None:
+            pieces.append(f"<unk:{i}>")
+    return "".join(pieces)
+
+
+def _as_int(i) -> int:
+    if isinstance(i, bool) or isinstance(i, float) or getattr(i, "is_floating_point", lambda: False)():
+        raise TypeError(f"token ids must be integers, got {i!r}")
+    return int(i)
 
 
 def save_tokenizer(tok: Tokenizer, path: Union[str, Path]) -> None:
     """Writes the tokenizer as one JSON file (parent folders are created)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tok.save(str(path))
+    raw(tok).save(str(path))
 
 
 def load_tokenizer(path: Union[str, Path]) -> Tokenizer:
@@ -146,3 +174,15 @@ def load_tokenizer(path: Union[str, Path]) -> Tokenizer:
     if not path.is_file():
         raise ValueError(f"no tokenizer file at {path}")
     return Tokenizer.from_file(str(path))
+
+
+def as_hf(tok):
+    """A tokenizer as `model.tokenizer` holds it: a Hugging Face `PreTrainedTokenizerFast` (see
+    `sprout.hf_tokenizer`). None stays None; a Hugging Face tokenizer is kept as it is."""
+    if tok is None or hasattr(tok, "backend_tokenizer"):
+        return tok
+    if not isinstance(tok, Tokenizer):
+        raise TypeError(f"expected a tokenizers.Tokenizer or a transformers fast tokenizer, got {type(tok).__name__}")
+    from .hf_tokenizer import SproutTokenizer  # transformers takes a second to import: only when needed
+
+    return SproutTokenizer.wrap(tok)

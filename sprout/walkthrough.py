@@ -32,8 +32,11 @@ import torch.nn.functional as F
 from transformer_lens.hook_points import HookPoint
 
 from .config import SproutTransformerLensConfig, strict_from_dict
-from .hooked import HookedLM, check_stop_at_layer, hooked, lm_loss
-from .text import check_tokens
+from .fit import describe, fit
+from .hook_flags import HookFlags, editable, per_head_inputs
+from .hooked import HookedLM, hooked
+from .stacked_weights import TLWeights
+from .weights import Embed, PosEmbed, WalkthroughAttentionWeights, WalkthroughMLPWeights, WalkthroughUnembedWeights, link, linked
 
 
 @dataclass(frozen=True)
@@ -161,8 +164,12 @@ class LayerNorm(nn.Module):
         if not hooked(self.hook_scale, self.hook_normalized):
             return F.layer_norm(x, (x.size(-1),), self.weight, self.bias, self.eps)
         x = x - x.mean(-1, keepdim=True)
-        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
+        scale = self.hook_scale(editable((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt(), self.hook_scale))
         return self.hook_normalized(x / scale) * self.weight + self.bias
+
+    def without_hooks(self, x: torch.Tensor) -> torch.Tensor:
+        """The same LayerNorm, firing no hooks (for each head's own copy of the stream)."""
+        return F.layer_norm(x, (x.size(-1),), self.weight, self.bias, self.eps)
 
 
 class Head(nn.Module):
@@ -175,7 +182,7 @@ class Head(nn.Module):
         self.value = nn.Linear(d_model, d_head, bias=False)
 
 
-class Attention(nn.Module):
+class Attention(WalkthroughAttentionWeights, nn.Module):
     """Causal multi-head self-attention: separate heads, concatenated, then a biased projection."""
 
     def __init__(self, cfg: WalkthroughConfig):
@@ -196,25 +203,31 @@ class Attention(nn.Module):
     def _project(self, x: torch.Tensor, name: str) -> torch.Tensor:
         # All heads' weights stacked head after head: one matmul, the same numbers as head by head.
         W = torch.cat([getattr(h, name).weight for h in self.heads])  # (head * d_head, C)
+        if x.dim() == 4:  # each head's own input [batch, pos, head, C] (split qkv input)
+            return torch.einsum("bphm,hdm->bphd", x, W.view(self.n_head, self.d_head, -1))
         return F.linear(x, W).view(*x.shape[:2], self.n_head, self.d_head)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        q = self.hook_q(self._project(x, "query"))
-        k = self.hook_k(self._project(x, "key"))
-        v = self.hook_v(self._project(x, "value"))
+    def forward(self, x, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x [batch, pos, C], or a tuple of each head's own input for Q, K and V, each [batch, pos, head, C];
+        attn_mask None (causal) or bool [batch, 1, query, key], True = may attend."""
+        xq, xk, xv = x if isinstance(x, tuple) else (x, x, x)
+        q = self.hook_q(self._project(xq, "query"))
+        k = self.hook_k(self._project(xk, "key"))
+        v = self.hook_v(self._project(xv, "value"))
+        B, T = q.shape[:2]
+        C = self.projection.weight.size(0)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, head, T, d_head)
         if hooked(self.hook_attn_scores, self.hook_pattern):
             # Materialise scores and pattern only when someone reads or edits them.
             scores = (q @ k.transpose(-2, -1)) * self.d_head ** -0.5
-            causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-            scores = self.hook_attn_scores(scores.masked_fill(~causal, float("-inf")))
-            pattern = self.hook_pattern(F.softmax(scores, dim=-1))
+            allowed = torch.ones(T, T, dtype=torch.bool, device=q.device).tril() if attn_mask is None else attn_mask
+            scores = self.hook_attn_scores(scores.masked_fill(~allowed, float("-inf")))
+            pattern = self.hook_pattern(editable(F.softmax(scores, dim=-1), self.hook_pattern))
             z = self.attn_dropout(pattern) @ v
         else:
             p = self.attn_dropout.p if self.training else 0.0
-            z = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-        z = self.hook_z(z.transpose(1, 2))  # (B, T, head, d_head); heads concatenate in this order
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p, is_causal=attn_mask is None)
+        z = self.hook_z(editable(z.transpose(1, 2), self.hook_z))  # (B, T, head, d_head); heads concatenate in this order
         if hooked(self.hook_result):
             W_O = self.projection.weight.view(C, self.n_head, self.d_head)
             result = self.hook_result(torch.einsum("bphd,mhd->bphm", z, W_O))
@@ -222,7 +235,7 @@ class Attention(nn.Module):
         return self.proj_dropout(self.projection(z.reshape(B, T, C)))
 
 
-class MLP(nn.Module):
+class MLP(WalkthroughMLPWeights, nn.Module):
     """The position-wise feed-forward layer: fc2(dropout(relu(fc1(x)))), width 4C, with biases."""
 
     def __init__(self, cfg: WalkthroughConfig):
@@ -234,7 +247,8 @@ class MLP(nn.Module):
         self.hook_post = HookPoint()  # [batch, pos, d_mlp]: relu(fc1(x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.dropout(self.hook_post(F.relu(self.hook_pre(self.fc1(x))))))
+        post = editable(F.relu(self.hook_pre(self.fc1(x))), self.hook_post)  # relu keeps its output for backward
+        return self.fc2(self.dropout(self.hook_post(post)))
 
 
 class Block(nn.Module):
@@ -254,6 +268,10 @@ class Block(nn.Module):
         self.ln1 = LayerNorm(cfg.d_model) if cfg.layer_norm else nn.Identity()
         self.ln2 = LayerNorm(cfg.d_model) if cfg.layer_norm and cfg.feed_forward else nn.Identity()
         self.dropout = nn.Dropout(cfg.dropout)  # on each branch, before it joins the stream
+        # W_Q ... with ln1 folded in (TransformerLens' fold_ln); W_O, W_out with 4.8's extra projections
+        link(self.attn, norm=self.ln1, after=self.attention_projection if extra else None)
+        if self.mlp is not None:
+            link(self.mlp, norm=self.ln2, after=self.feedforward_projection if extra else None)
         self.hook_attn_out = HookPoint()  # [batch, pos, d_model]: what the attention branch writes
         if self.mlp is not None:
             self.hook_mlp_out = HookPoint()
@@ -262,19 +280,37 @@ class Block(nn.Module):
             if self.mlp is not None:
                 self.hook_resid_mid = HookPoint()
             self.hook_resid_post = HookPoint()
+        # Fire only with TransformerLens' flags on (sprout/hook_flags.py):
+        self.hook_q_input = HookPoint()  # [batch, pos, head, C]: each head's copy of the block's input, before ln1
+        self.hook_k_input = HookPoint()
+        self.hook_v_input = HookPoint()
+        self.hook_attn_in = HookPoint()  # [batch, pos, head, C]: one copy per head for Q, K and V
+        if self.mlp is not None:
+            self.hook_mlp_in = HookPoint()  # [batch, pos, C]: the feed-forward layer's input before ln2, a copy
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         if self.residual:
             x = self.hook_resid_pre(x)
-        a = self.hook_attn_out(self.dropout(self.attention_projection(self.attn(self.ln1(x)))))
+        flags = linked(self, "lens")
+        a = self.hook_attn_out(self.dropout(self.attention_projection(self.attn(self._attn_input(x, flags), attn_mask))))
         if self.mlp is None:
             return self.hook_resid_post(x + a) if self.residual else a
         x = self.hook_resid_mid(x + a) if self.residual else a
-        m = self.hook_mlp_out(self.dropout(self.feedforward_projection(self.mlp(self.ln2(x)))))
+        mlp_in = self.hook_mlp_in(x.clone()) if flags is not None and flags.use_hook_mlp_in else x
+        m = self.hook_mlp_out(self.dropout(self.feedforward_projection(self.mlp(self.ln2(mlp_in)))))
         return self.hook_resid_post(x + m) if self.residual else m
 
+    def _attn_input(self, x: torch.Tensor, flags):
+        if flags is None or not (flags.use_split_qkv_input or flags.use_attn_in):
+            return self.ln1(x)
+        if not isinstance(self.ln1, LayerNorm):
+            return per_head_inputs(self, x, self.attn.n_head, flags.use_attn_in, lambda c: c)
+        if hooked(self.ln1.hook_scale, self.ln1.hook_normalized):
+            self.ln1(x)  # ln1's hooks still see the shared stream; the heads read their copies
+        return per_head_inputs(self, x, self.attn.n_head, flags.use_attn_in, self.ln1.without_hooks)
 
-class Unembed(nn.Linear):
+
+class Unembed(WalkthroughUnembedWeights, nn.Linear):
     """The LM head: Linear(C, vocab) with a bias, not tied to the embedding."""
 
     def __init__(self, d_model: int, vocab_size: int):
@@ -285,8 +321,9 @@ class Unembed(nn.Linear):
         return self.hook_out(super().forward(x))
 
 
-class WalkthroughGPT(HookedLM):
-    """The walkthrough's character GPT, hooked. `forward(idx, targets, loss_mask)` returns `(logits, loss)`."""
+class WalkthroughGPT(TLWeights, HookFlags, HookedLM):
+    """The walkthrough's character GPT, hooked; called as model.py (`logits, loss = model(idx, targets)`) or as
+    TransformerLens (`model(tokens, return_type=...)`), see `HookedLM.forward`."""
 
     family = "walkthrough"
 
@@ -297,40 +334,44 @@ class WalkthroughGPT(HookedLM):
                              f"vocab_size is {cfg.vocab_size}")
         self.config = cfg
         self.tokenizer = tokenizer  # optional tokenizers.Tokenizer (one id per character)
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos_embed = nn.Embedding(cfg.context, cfg.d_model)
+        self.embed = Embed(cfg.vocab_size, cfg.d_model)
+        self.pos_embed = PosEmbed(cfg.context, cfg.d_model)
         self.hook_embed = HookPoint()  # [batch, pos, d_model]
         self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_final = LayerNorm(cfg.d_model) if cfg.final_layer_norm else nn.Identity()
         self.unembed = Unembed(cfg.d_model, cfg.vocab_size)
+        link(self.unembed, norm=self.ln_final)  # W_U, b_U with the final LayerNorm folded in
         self.setup()
 
-    def forward(self, idx, targets: Optional[torch.Tensor] = None, loss_mask: Optional[torch.Tensor] = None,
-                stop_at_layer: Optional[int] = None):
-        """Token ids [batch, pos] (or text) -> (logits [batch, pos, vocab], loss or None).
+    def run_layers(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
+                   positions: Optional[torch.Tensor] = None, start_at_layer: Optional[int] = None,
+                   stop_at_layer: Optional[int] = None) -> torch.Tensor:
+        """Token ids [batch, pos] -> logits [batch, pos, vocab] (the calling conventions: HookedLM.forward).
 
-        The loss is the mean cross-entropy over positions, or over those where `loss_mask` is nonzero.
-        With `stop_at_layer=L` only blocks 0..L-1 run and their output [batch, pos, d_model] is returned
-        in place of the logits (loss None); `blocks.L.hook_resid_pre` fires when the step has it.
+        With padding, `attn_mask` [batch, 1, pos, pos] and each token's position [batch, pos], so left
+        padding does not shift the learned positions. With `start_at_layer=S`, x is the stream entering
+        block S. With `stop_at_layer=L` only blocks 0..L-1 run and their output [batch, pos, d_model] is
+        returned; `blocks.L.hook_resid_pre` fires when the step has it.
         """
-        idx = check_tokens(self, idx)
-        B, T = idx.shape
-        pos = torch.arange(T, device=idx.device) % self.config.context  # the walkthrough wraps positions
-        x = self.hook_embed(self.embed(idx)) + self.hook_pos_embed(self.pos_embed(pos).expand(B, T, -1))
+        if start_at_layer is None:
+            B, T = x.shape
+            pos = torch.arange(T, device=x.device) if positions is None else positions
+            pos = pos % self.config.context  # the walkthrough wraps positions
+            pos_embed = self.pos_embed(pos).expand(B, T, -1)
+            if hooked(self.hook_pos_embed):
+                pos_embed = pos_embed.contiguous()  # one row per sequence, so a hook may edit it in place
+            x = self.hook_embed(self.embed(x)) + self.hook_pos_embed(pos_embed)
+        blocks = self.blocks
+        if start_at_layer is not None or stop_at_layer is not None:
+            blocks = self.blocks[start_at_layer:stop_at_layer]
+        for block in blocks:
+            x = block(x, attn_mask)
         if stop_at_layer is not None:
-            check_stop_at_layer(self, stop_at_layer)
-            for block in self.blocks[:stop_at_layer]:
-                x = block(x)
             if stop_at_layer < len(self.blocks) and self.config.residual:
                 x = self.blocks[stop_at_layer].hook_resid_pre(x)
-            return x, None
-        for block in self.blocks:
-            x = block(x)
-        logits = self.unembed(self.ln_final(x))
-        if targets is None:
-            return logits, None
-        return logits, lm_loss(logits, targets, loss_mask)
+            return x
+        return self.unembed(self.ln_final(x))
 
 
 # ----------------------------------------------------------------------------- the walkthrough's keys
@@ -411,6 +452,21 @@ def infer_config(state_dict: dict[str, torch.Tensor]) -> WalkthroughConfig:
     )
 
 
+def _mask_problems(state_dict: dict, masks: frozenset, cfg: WalkthroughConfig) -> list[str]:
+    """Each `mask` buffer must be one this step has and the causal lower triangle."""
+    known = set(_mask_names(cfg))
+    problems = [f"{k}: unexpected (found {tuple(state_dict[k].shape)})" for k in sorted(masks - known)]
+    causal = torch.ones(cfg.context, cfg.context).tril()
+    for name in sorted(masks & known):
+        mask = state_dict[name].detach().cpu()
+        if tuple(mask.shape) != (cfg.context, cfg.context):
+            problems.append(f"{name}: expected (block_size, block_size) = ({cfg.context}, {cfg.context}), "
+                            f"found {tuple(mask.shape)}")
+        elif not torch.equal((mask != 0).float(), causal):
+            problems.append(f"{name}: not the causal lower-triangular mask this model assumes")
+    return problems
+
+
 def from_walkthrough_state_dict(state_dict: Union[dict, str, Path], config: Optional[WalkthroughConfig] = None,
                                 tokenizer=None, text: Optional[str] = None) -> WalkthroughGPT:
     """Load weights saved from the walkthrough's own classes (`model.state_dict()` of its script).
@@ -440,30 +496,12 @@ def from_walkthrough_state_dict(state_dict: Union[dict, str, Path], config: Opti
     if tokenizer is not None and tokenizer.get_vocab_size() != cfg.vocab_size:
         raise ValueError(f"the tokenizer has {tokenizer.get_vocab_size()} characters but the weights are for "
                          f"{cfg.vocab_size} (token_embedding_table.weight {_shape(state_dict, 'token_embedding_table.weight')})")
-    model = WalkthroughGPT(cfg, tokenizer=tokenizer)
-    ours = model.state_dict()
-    problems, converted = [], {}
-    for key, target in ours.items():
-        name = walkthrough_name(key, cfg)
-        if name not in state_dict:
-            problems.append(f"missing {name!r} (expected shape {tuple(target.shape)})")
-        elif tuple(state_dict[name].shape) != tuple(target.shape):
-            problems.append(f"{name!r} has shape {tuple(state_dict[name].shape)}, expected {tuple(target.shape)}")
-        else:
-            converted[key] = state_dict[name]
-    causal = torch.ones(cfg.context, cfg.context).tril()
-    masks = [n for n in _mask_names(cfg) if n in state_dict]
-    for name in masks:
-        mask = state_dict[name].detach().cpu()
-        if tuple(mask.shape) != (cfg.context, cfg.context):
-            problems.append(f"{name!r} has shape {tuple(mask.shape)}, expected (block_size, block_size) = "
-                            f"({cfg.context}, {cfg.context})")
-        elif not torch.equal((mask != 0).float(), causal):
-            problems.append(f"{name!r} is not the causal lower-triangular mask this model assumes")
-    used = {walkthrough_name(k, cfg) for k in ours} | set(masks)
-    problems += [f"unexpected {k!r}" for k in sorted(set(state_dict) - used)]
+    masks = frozenset(k for k in state_dict if k.endswith(".mask"))  # buffers: checked once the sizes fit
+    converted, problems = fit(WalkthroughGPT, cfg, state_dict, rename=lambda k: walkthrough_name(k, cfg), ignore=masks)
+    if not problems:
+        problems = _mask_problems(state_dict, masks, cfg)
     if problems:
-        shown = "\n  ".join(problems[:20]) + (f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else "")
-        raise ValueError(f"this walkthrough state dict does not fit {cfg}:\n  {shown}")
+        raise ValueError(describe(problems, f"this walkthrough state dict does not fit {cfg}"))
+    model = WalkthroughGPT(cfg, tokenizer=tokenizer)
     model.load_state_dict(converted, strict=True)
     return model.eval()

@@ -13,7 +13,6 @@ import itertools
 import json
 import os
 import re
-import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Optional, Union
 import numpy as np
 import torch
 
+from ..folders import remove_ours
 from ..synthetic import generate_corpus
 from ..tokenizer import char_tokenizer, encode, is_char_level, load_tokenizer, save_tokenizer, train_bpe
 from .recipes import Recipe
@@ -198,16 +198,19 @@ def prepare_data(recipe: Recipe, cache_root: Union[str, Path], stamp: Optional[d
                      np.memmap(folder / "val.bin", dtype=np.uint16, mode="r"), stamp, folder)
 
 
+CACHE_FILES = frozenset({"train.bin", "val.bin", "tokenizer.json", "done.json"})
+
+
 def _build_cache(recipe: Recipe, stamp: dict, cache_root: Path, folder: Path) -> None:
     text = read_text(recipe.data) if recipe.data else generate_corpus(recipe.corpus_chars, recipe.corpus_seed)
     tok = train_bpe(text, recipe.vocab_size) if recipe.tokenizer == "bpe" else char_tokenizer(text)
     tmp = cache_root / f".{folder.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    remove_ours(tmp, CACHE_FILES)
     build_token_files(text, tok, tmp, val_fraction=recipe.val_fraction)
     save_tokenizer(tok, tmp / "tokenizer.json")
     (tmp / "done.json").write_text(json.dumps(stamp, indent=2) + "\n")
-    if folder.exists():  # a half-built folder from a crash: replace it
-        shutil.rmtree(folder)
+    if folder.exists():  # a half-built folder from a crash: replace it (only the files a cache holds)
+        remove_ours(folder, CACHE_FILES)
     os.rename(tmp, folder)
 
 

@@ -46,7 +46,7 @@ def numbers(out, name):
 
 def test_every_file_is_written(run):
     out = run["out"]
-    assert sorted(p.name for p in out.iterdir()) == sorted(EXPERIMENTS + ["index.html", "numbers.csv", "plotly.min.js"])
+    assert sorted(p.name for p in out.iterdir()) == sorted(EXPERIMENTS + [".run_all", "index.html", "numbers.csv", "plotly.min.js"])
     expected = {
         "param_counts": {"param_table.csv", "param_breakdown.html"},
         "rope_check": {"chapter_pairs.csv", "sweep.csv", "rope_distance.html"},
@@ -113,7 +113,7 @@ def test_lens_output_row_is_the_models_prediction(run):
     lens = pd.read_csv(run["out"] / "logit_lens" / "lens_tiny.csv")
     text = "".join(lens[lens.layer == 0].sort_values("pos").token.astype(str))
     with torch.no_grad():
-        probs = torch.softmax(model(model.to_tokens(text))[0][0].double(), -1)
+        probs = torch.softmax(model(model.to_tokens(text), return_type="logits")[0].double(), -1)
     top = lens[lens.layer == 2].sort_values("pos").top_probs.map(lambda s: float(re.findall(r"[\d.e-]+", s)[0]))
     np.testing.assert_allclose(top.to_numpy(), probs.max(-1).values.numpy(), rtol=1e-4)
 
@@ -133,7 +133,7 @@ def test_induction_numbers_are_the_models_probabilities(run):
     table = pd.read_csv(run["out"] / "induction_demo" / "induction_table.csv")
     ids = model.tokenizer.encode(ZORBIN, add_special_tokens=False).ids
     with torch.no_grad():
-        probs = torch.softmax(model(torch.tensor([ids]))[0][0].double(), -1)
+        probs = torch.softmax(model(torch.tensor([ids]), return_type="logits")[0].double(), -1)
     second = table[table.occurrence == 2].set_index("token_index")
     for i in (1, 2):
         pos, tok = int(second.loc[i, "pos"]), second.loc[i, "token"]

@@ -32,7 +32,7 @@ def test_table_rows_are_the_names_tokens_with_the_models_probabilities(models):
         model = models[label]
         ids = torch.tensor(model.tokenizer.encode(TEXT, add_special_tokens=False).ids)[None]
         with torch.no_grad():
-            probs = F.softmax(model(ids)[0][0].float(), -1)
+            probs = F.softmax(model(ids, return_type="logits")[0].float(), -1)
         for r in rows.itertuples():
             assert r.prob == pytest.approx(probs[r.pos - 1, ids[0, r.pos]].item(), abs=1e-6)
     assert sorted(df.occurrence.unique()) == [1, 2, 3]

@@ -13,7 +13,7 @@ def test_last_layer_is_the_models_output(tiny_model):
     ids = torch.randint(0, 256, (3, 20), generator=torch.Generator().manual_seed(0))
     df = interp.logit_lens(tiny_model, ids, k=4, batch_size=2, stats=True)
     with torch.no_grad():
-        probs = F.softmax(tiny_model(ids)[0].float(), dim=-1)
+        probs = F.softmax(tiny_model(ids, return_type="logits").float(), dim=-1)
     last = df[df.layer == tiny_model.cfg.n_layers]
     top_p, top_i = probs.topk(4, dim=-1)
     got_p = torch.tensor(last.top_probs.tolist()).view(3, 20, 4)
@@ -29,7 +29,7 @@ def test_every_layer_matches_a_plain_computation(tiny_model):
     ids = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(1))
     df = interp.logit_lens(tiny_model, ids, k=3, include_mid=True, stats=True)
     _, cache = tiny_model.run_with_cache(ids)
-    final = F.log_softmax(tiny_model(ids)[0][0].float(), -1)
+    final = F.log_softmax(tiny_model(ids, return_type="logits")[0].float(), -1)
     sites = {0: "blocks.0.hook_resid_pre", 0.5: "blocks.0.hook_resid_mid", 1: "blocks.0.hook_resid_post",
              1.5: "blocks.1.hook_resid_mid", 2: "blocks.1.hook_resid_post"}
     assert sorted(df.layer.unique()) == sorted(sites)
@@ -96,7 +96,7 @@ def test_walkthrough_gpt_runs_unchanged_and_missing_hooks_are_named():
     model = build_step("4.10").eval()
     ids = torch.randint(0, 65, (2, 8))
     df = interp.logit_lens(model, ids)
-    probs = F.softmax(model(ids)[0].float(), -1)
+    probs = F.softmax(model(ids, return_type="logits").float(), -1)
     last = df[df.layer == 3]
     assert (torch.tensor(last.top_probs.str[0].tolist()) - probs.max(-1).values.reshape(-1)).abs().max() <= 1e-5
     with pytest.raises(ValueError, match=r"WalkthroughGPT has no hook point 'blocks.0.hook_resid_pre'"):

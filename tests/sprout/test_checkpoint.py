@@ -24,7 +24,7 @@ def fresh(cfg: SproutConfig = TINY, seed: int = 0) -> Sprout:
 
 def logits(model) -> torch.Tensor:
     with torch.no_grad():
-        return model(IDS % model.cfg.d_vocab)[0]
+        return model(IDS % model.cfg.d_vocab, return_type="logits")
 
 
 def assert_same_model(a, b):
@@ -398,7 +398,8 @@ def test_walkthrough_weights_that_do_not_fit(tmp_path):
     checkpoint.save(model, tmp_path / "ckpt")
     config = json.loads((tmp_path / "ckpt" / "config.json").read_text())
     (tmp_path / "ckpt" / "config.json").write_text(json.dumps({**config, "d_model": 64}))
-    with pytest.raises(ValueError, match=r"do not fit a WalkthroughGPT.*\n.*embed\.weight: expected \(\d+, 64\), found \(\d+, 32\)"):
+    expected = r"(?s)do not fit a WalkthroughGPT.*\n  config field d_model=64.*\n  embed\.weight: expected \(\d+, 64\), found \(\d+, 32\)"
+    with pytest.raises(ValueError, match=expected):
         checkpoint.load(tmp_path / "ckpt")
 
 

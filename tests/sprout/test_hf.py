@@ -76,7 +76,7 @@ def test_greedy_generation_matches(model, qwen3, tokens):
         theirs = qwen3.generate(prompt, max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0)
         argmax = prompt
         for _ in range(16):
-            argmax = torch.cat([argmax, model(argmax)[0][:, -1].argmax(-1, keepdim=True)], dim=1)
+            argmax = torch.cat([argmax, model(argmax, return_type="logits")[:, -1].argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(theirs, argmax)
     assert torch.equal(model.generate(prompt, 16, top_k=1), argmax)
 
@@ -99,20 +99,26 @@ def test_export_is_atomic_and_will_not_clobber(model, tmp_path, monkeypatch):
     (target / "notes.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="not empty"):
         export(model, target)
-    assert (target / "notes.txt").read_text() == "mine"
+    with pytest.raises(FileExistsError, match=r"refusing to replace .*out.*would delete notes\.txt"):
+        export(model, target, overwrite=True)  # overwrite replaces only a folder export wrote
+    assert [p.name for p in target.iterdir()] == ["notes.txt"]
+
+    ours = tmp_path / "hf"
+    export(model, ours)
+    before = {p.name: p.read_bytes() for p in ours.iterdir()}
 
     def disk_full(*args, **kwargs):
         raise OSError("No space left on device")
 
-    monkeypatch.setattr(hf_module, "save_file", disk_full)
+    monkeypatch.setattr(hf_module, "safetensors_bytes", disk_full)
     with pytest.raises(OSError, match="No space"):
-        export(model, target, overwrite=True)
-    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temporary folder left behind
-    assert [p.name for p in target.iterdir()] == ["notes.txt"]  # the old folder is untouched
+        export(model, ours, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "out"]  # no temporary folder left behind
+    assert {p.name: p.read_bytes() for p in ours.iterdir()} == before  # the old folder is untouched
     monkeypatch.undo()
-    export(model, target, overwrite=True)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
-    assert not (target / "notes.txt").exists() and (target / "model.safetensors").is_file()
+    export(model, ours, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "out"]
+    assert sorted(p.name for p in ours.iterdir()) == sorted(before)
 
 
 # --- import -----------------------------------------------------------------------------------------
@@ -225,6 +231,6 @@ def test_cli_round_trip(model, tmp_path, capsys):
 
 def test_cli_import_refusal_writes_nothing(folder, tmp_path):
     bad = edited_copy(folder, tmp_path, {"num_key_value_heads": 1})
-    with pytest.raises(ValueError, match="grouped KV heads"):
+    with pytest.raises(SystemExit, match="sprout import-hf: .*grouped KV heads"):  # one line, no traceback
         cli(["import-hf", str(bad), str(tmp_path / "never")])
     assert not (tmp_path / "never").exists()

@@ -71,8 +71,8 @@ def test_state_dict_moves_to_and_from_a_plain_implementation(tiny_model):
     again.load_state_dict(plain.state_dict(), strict=True)
     tokens = torch.randint(0, TINY.vocab_size, (2, 30))
     with torch.no_grad():
-        assert torch.equal(plain(tokens)[0], tiny_model(tokens)[0])
-        assert torch.equal(again(tokens)[0], tiny_model(tokens)[0])
+        assert torch.equal(plain(tokens)[0], tiny_model(tokens, return_type="logits"))
+        assert torch.equal(again(tokens, return_type="logits"), tiny_model(tokens, return_type="logits"))
 
 
 def test_state_dict_keys_are_model_py_keys(tiny_cfg):
@@ -171,19 +171,36 @@ HOOK_SHAPES = {
     "ln_final.hook_normalized": ("B", "T", "d"),
     "unembed.hook_out": ("B", "T", "V"),
 }
+# Input hooks, firing only with TransformerLens' flags (split qkv and attn_in exclude each other).
+FLAGGED_HOOK_SHAPES = {
+    "blocks.{l}.hook_q_input": ("B", "T", "H", "d"),
+    "blocks.{l}.hook_k_input": ("B", "T", "H", "d"),
+    "blocks.{l}.hook_v_input": ("B", "T", "H", "d"),
+    "blocks.{l}.hook_attn_in": ("B", "T", "H", "d"),
+    "blocks.{l}.hook_mlp_in": ("B", "T", "d"),
+}
 
 
 def test_every_hook_present_with_its_shape(tiny_model):
     B, T = 2, 11
     sizes = {"B": B, "T": T, "d": TINY.d_model, "H": TINY.n_head, "dh": TINY.d_head, "ff": TINY.d_ff,
              "V": TINY.vocab_size}
-    expected = {}
-    for name, shape in HOOK_SHAPES.items():
-        for l in (range(TINY.n_layer) if "{l}" in name else [None]):
-            expected[name.format(l=l)] = tuple(sizes.get(s, s) for s in shape)
-    assert set(tiny_model.hook_dict) == set(expected)
-    _, cache = tiny_model.run_with_cache(torch.randint(0, TINY.vocab_size, (B, T)), names_filter=lambda name: True)
-    assert {k: tuple(v.shape) for k, v in cache.cache_dict.items()} == expected
+    def expand(shapes):
+        return {name.format(l=l): tuple(sizes.get(s, s) for s in shape) for name, shape in shapes.items()
+                for l in (range(TINY.n_layer) if "{l}" in name else [None])}
+
+    expected, flagged = expand(HOOK_SHAPES), expand(FLAGGED_HOOK_SHAPES)
+    assert set(tiny_model.hook_dict) == set(expected) | set(flagged)
+    tokens = torch.randint(0, TINY.vocab_size, (B, T))
+    _, cache = tiny_model.run_with_cache(tokens, names_filter=lambda name: True)
+    assert {k: tuple(v.shape) for k, v in cache.cache_dict.items()} == expected  # flags off: no input hooks
+    tiny_model.set_use_hook_mlp_in(True)
+    for setter, names in (("set_use_split_qkv_input", ("q_input", "k_input", "v_input")), ("set_use_attn_in", ("attn_in",))):
+        getattr(tiny_model, setter)(True)
+        _, cache = tiny_model.run_with_cache(tokens, names_filter=lambda name: True)
+        want = {**expected, **{k: v for k, v in flagged.items() if k.endswith(names + ("mlp_in",))}}
+        assert {k: tuple(v.shape) for k, v in cache.cache_dict.items()} == want
+        getattr(tiny_model, setter)(False)
 
 
 def test_cached_activations_are_consistent(tiny_model):

@@ -119,8 +119,8 @@ def test_resid_pre_patching_matches_manual_hooks(model, tokens):
             torch.testing.assert_close(result[l, pos], want, atol=1e-5, rtol=0)
     # Known answers: at layer 0 only the differing position carries any change, and patching it
     # restores the clean run exactly (the stream at layer 0 is the embedding and nothing else).
-    corrupted_metric = metric(model(corrupted)[0])
-    clean_metric = metric(model(clean)[0])
+    corrupted_metric = metric(model(corrupted, return_type="logits"))
+    clean_metric = metric(model(clean, return_type="logits"))
     same = [p for p in range(clean.shape[1]) if p != 3]
     torch.testing.assert_close(result[0, same], corrupted_metric.expand(len(same)), atol=1e-5, rtol=0)
     torch.testing.assert_close(result[0, 3], clean_metric, atol=1e-5, rtol=0)
@@ -144,7 +144,7 @@ def test_head_patching_matches_manual_hooks(model, tokens):
                 want = manual_patch(model, corrupted, clean_cache, name, (slice(None), pos, h), metric)
                 torch.testing.assert_close(by_pos[l, pos, h], want, atol=1e-5, rtol=0)
     # Before the differing position, layer 0 heads see identical inputs: patching them changes nothing.
-    corrupted_metric = metric(model(corrupted)[0])
+    corrupted_metric = metric(model(corrupted, return_type="logits"))
     torch.testing.assert_close(by_pos[0, :3], corrupted_metric.expand(3, TINY.n_head), atol=1e-5, rtol=0)
 
 
@@ -243,12 +243,7 @@ def test_full_resid_decomposition_without_neurons(run):
     torch.testing.assert_close(parts.sum(0), final, atol=1e-5, rtol=0)
 
 
-def test_neuron_helpers_need_mlp_weights_sprout_does_not_expose(run):
-    # blocks[l].mlp is the weightless hook holder; the SwiGLU weights live in blocks[l].ffn.
-    _, cache = run
-    with pytest.raises(AttributeError, match="W_out"):
-        cache.stack_neuron_results(layer=TINY.n_layer)
-
+# The neuron-level helpers (stack_neuron_results, expand_neurons=True) are in test_tl_weights.py.
 
 
 # --- the same helpers on TransformerLens' own bridge ------------------------------------------------

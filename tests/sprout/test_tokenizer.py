@@ -118,11 +118,13 @@ def test_encode_rejects_non_text(bpe):
         encode(char_tokenizer("ab"), b"ab")
 
 
-def test_decode_rejects_ids_outside_vocab():
+def test_decode_shows_ids_outside_vocab():
     tok = char_tokenizer("abc")
     assert decode(tok, [2, 0]) == "ca"
-    with pytest.raises(ValueError, match="outside"):
-        decode(tok, [3])
+    assert decode(tok, [3]) == "<unk:3>"
+    assert decode(tok, [2, 7, 0, 1, -1]) == "c<unk:7>ab<unk:-1>"
+    with pytest.raises(TypeError, match="integers"):
+        decode(tok, [1.5])
 
 
 def test_save_and_load(bpe, tmp_path):

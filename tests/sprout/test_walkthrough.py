@@ -154,7 +154,7 @@ def test_loads_a_walkthrough_state_dict(step):
         assert loaded.config == WalkthroughConfig(**{**model.config.to_dict(), "dropout": 0.0})
     idx = tokens(model)
     with torch.no_grad():
-        assert torch.equal(loaded(idx)[0], model(idx)[0])
+        assert torch.equal(loaded(idx, return_type="logits"), model(idx, return_type="logits"))
 
 
 def test_loads_the_final_scripts_checkpoint_file(tmp_path):
@@ -164,7 +164,7 @@ def test_loads_the_final_scripts_checkpoint_file(tmp_path):
     loaded = from_walkthrough_state_dict(path)
     idx = tokens(model)
     with torch.no_grad():
-        assert torch.equal(loaded(idx)[0], model(idx)[0])
+        assert torch.equal(loaded(idx, return_type="logits"), model(idx, return_type="logits"))
 
 
 def test_bad_walkthrough_state_dicts_are_named():
@@ -176,7 +176,7 @@ def test_bad_walkthrough_state_dicts_are_named():
         from_walkthrough_state_dict(missing)
 
     wrong = dict(good, **{"transformer_blocks.0.ln2.weight": torch.ones(31)})
-    with pytest.raises(ValueError, match=r"transformer_blocks\.0\.ln2\.weight.*\(31,\).*\(32,\)"):
+    with pytest.raises(ValueError, match=r"transformer_blocks\.0\.ln2\.weight: expected \(32,\), found \(31,\)"):
         from_walkthrough_state_dict(wrong)
 
     not_causal = dict(good, **{"transformer_blocks.2.multi_head_attention.heads.3.mask": torch.ones(8, 8)})
@@ -187,8 +187,8 @@ def test_bad_walkthrough_state_dicts_are_named():
     del extra["LM_head.bias"]
     with pytest.raises(ValueError) as error:  # one error lists every problem
         from_walkthrough_state_dict(extra)
-    assert "unexpected 'transformer_blocks.0.attention_projectionx.weight'" in str(error.value)
-    assert "missing 'LM_head.bias' (expected shape (65,))" in str(error.value)
+    assert "transformer_blocks.0.attention_projectionx.weight: unexpected (found (32, 32))" in str(error.value)
+    assert "LM_head.bias: missing (expected (65,))" in str(error.value)
 
     with pytest.raises(ValueError, match="no attention heads"):
         from_walkthrough_state_dict({k: v for k, v in good.items() if "multi_head_attention" not in k})
@@ -302,9 +302,9 @@ def test_dropout_is_off_in_eval_and_on_in_train():
     model = make("final", dropout=0.5)
     idx = tokens(model)
     with torch.no_grad():
-        a, b = model(idx)[0], model(idx)[0]
+        a, b = model(idx, return_type="logits"), model(idx, return_type="logits")
         model.train()
-        c, d = model(idx)[0], model(idx)[0]
+        c, d = model(idx, return_type="logits"), model(idx, return_type="logits")
         _, cache = model.run_with_cache(idx)  # the materialised path drops attention weights too
     assert torch.equal(a, b)
     assert not torch.allclose(c, d) and not torch.allclose(c, a)
@@ -363,7 +363,7 @@ def test_own_checkpoint_round_trips(tmp_path, step):
     loaded.load_state_dict(load_file(tmp_path / "model.safetensors"), strict=True)
     idx = tokens(model)
     with torch.no_grad():
-        assert torch.equal(loaded.eval()(idx)[0], model(idx)[0])
+        assert torch.equal(loaded.eval()(idx, return_type="logits"), model(idx, return_type="logits"))
 
 
 def test_infer_config_reads_the_step_from_shapes():
@@ -392,7 +392,7 @@ def test_sprout_save_and_load_round_trip(tmp_path):
     assert json.loads((tmp_path / "ck" / "config.json").read_text())["family"] == "walkthrough"
     idx = tokens(model)
     with torch.no_grad():
-        assert torch.equal(loaded(idx)[0], model(idx)[0])
+        assert torch.equal(loaded(idx, return_type="logits"), model(idx, return_type="logits"))
     assert loaded.to_string(loaded.to_tokens("not to")[0]) == "not to"
 
 

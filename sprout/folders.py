@@ -1,0 +1,125 @@
+"""Folders written whole: built beside their target, then renamed into place; nothing of the user's deleted.
+
+A checkpoint or an exported Hugging Face folder is written into a temporary sibling and swapped in,
+so a crash leaves the old folder or the new one, never half of one. The swap replaces an existing
+folder only when it is provably ours: every entry is a plain file with a name we write, and the folder
+carries our proof (a config.json or safetensors header only we write). Anything else (a project
+folder with a config.json beside a thesis, a downloaded model with its README) is refused with the
+list of what would have been lost. Old folders are emptied file by file, never with `rmtree`, so a
+file that appears in one meanwhile survives. New folders get the user's umask.
+"""
+from __future__ import annotations
+
+import os
+import uuid
+import warnings
+from pathlib import Path
+from typing import Callable
+
+SHOWN = 12  # entries named in a refusal
+
+
+class NotOursError(FileExistsError, ValueError):
+    """The target exists and is not a folder we wrote: replacing it would lose the user's files."""
+
+
+def foreign(directory: Path, own: frozenset, proof: Callable[[Path], bool]) -> list[str]:
+    """The entries of `directory` a replace would delete that are not provably ours (folders end in /)."""
+    entries = sorted(os.listdir(directory))
+    strange = [e + ("/" if (directory / e).is_dir() else "") for e in entries
+               if e not in own or (directory / e).is_symlink() or not (directory / e).is_file()]
+    if strange or not entries:
+        return strange
+    return [] if proof(directory) else entries
+
+
+def check_replaceable(directory: Path, own: frozenset, proof: Callable[[Path], bool], what: str) -> None:
+    """Raise NotOursError unless `directory` is absent, empty, or a `what` we wrote."""
+    if not os.path.lexists(directory):
+        return
+    if not directory.is_dir():
+        raise NotOursError(f"refusing to write {what} at {directory}: a file is there, not a folder")
+    lost = foreign(directory, own, proof)
+    if lost:
+        names = ", ".join(lost[:SHOWN]) + (f" and {len(lost) - SHOWN} more" if len(lost) > SHOWN else "")
+        raise NotOursError(f"refusing to replace {directory}: it is not {what} written here, and replacing it "
+                           f"would delete {names}. Choose another folder, or move those files away first.")
+
+
+def write_folder(directory, fill: Callable[[Path], None], own: frozenset, proof: Callable[[Path], bool],
+                 what: str) -> Path:
+    """Write a folder with `fill(tmp)` and swap it in at `directory`, replacing only a folder of ours.
+
+    A symlink is followed: the folder it points to is replaced and the link kept.
+
+    Returns:
+        `directory` as given.
+    """
+    given = Path(directory)
+    target = Path(os.path.realpath(given)) if given.is_symlink() else given
+    check_replaceable(target, own, proof, what)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir()  # mode 0o777 less the umask, unlike tempfile.mkdtemp's 0o700
+    old = None
+    try:
+        fill(tmp)
+        fsync_dir(tmp)
+        if target.exists():
+            check_replaceable(target, own, proof, what)  # again: it may have changed while we wrote
+            old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
+            os.rename(target, old)
+        os.rename(tmp, target)
+        fsync_dir(target.parent)
+    except BaseException:
+        remove_ours(tmp, own)
+        if old is not None and not target.exists():
+            os.rename(old, target)  # put the previous folder back
+        raise
+    if old is not None:
+        remove_ours(old, own)
+    _remove_stale(target, own)
+    return given
+
+
+def remove_ours(folder: Path, own: frozenset) -> None:
+    """Delete the files named in `own`, then the folder if that left it empty; keep anything else."""
+    if not folder.is_dir() or folder.is_symlink():
+        return
+    for name in own:
+        path = folder / name
+        if path.is_file() and not path.is_symlink():
+            path.unlink()
+    try:
+        folder.rmdir()
+    except OSError:
+        warnings.warn(f"kept {folder}: it holds files we did not write ({', '.join(sorted(os.listdir(folder)))})",
+                      stacklevel=3)
+
+
+def _remove_stale(target: Path, own: frozenset) -> None:
+    """Temporary and old folders a killed write left beside `target`, when they hold only our files."""
+    for kind in ("tmp", "old"):
+        for stale in target.parent.glob(f".{_glob_escape(target.name)}.{kind}-*"):
+            if stale.is_dir() and not stale.is_symlink() and not foreign(stale, own, lambda _: True):
+                remove_ours(stale, own)
+
+
+def _glob_escape(name: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    """Write and fsync a file (its mode is 0o666 less the umask)."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,84 @@
+"""`model.tokenizer` as Hugging Face's `PreTrainedTokenizerFast`, so TransformerLens code runs on it.
+
+TransformerLens reads `bos_token_id`, `pad_token`, `padding_side`, calls the tokenizer on lists of
+texts (`tokenize_and_concatenate`) and decodes with `tokenizer.decode`. Sprout's tokenizers are plain
+`tokenizers.Tokenizer` objects; this wraps one without changing an id.
+
+Special tokens follow GPT-2's use in TransformerLens: `<|endoftext|>`, when the tokenizer has it, is
+the BOS, EOS and pad token. Sprout was trained without BOS (`model.cfg.default_prepend_bos` is False,
+and `prepend_bos=True` is refused by the model's text paths), so `bos_token_id` is what
+TransformerLens helpers write when asked to add one. A character tokenizer has no special tokens:
+its pad token is id 0's character (padded positions are masked, never read), BOS and EOS are None.
+"""
+from __future__ import annotations
+
+from tokenizers import Tokenizer
+from transformers import PreTrainedTokenizerFast
+
+from .tokenizer import EOT, decode
+
+
+class Ids(list):
+    """Hugging Face's `encode` result (a list of ids) that also reads as the raw tokenizer's `Encoding`
+    (`.ids`, `.offsets`, `.tokens`), so code written against `tokenizers.Tokenizer.encode` keeps working."""
+
+    def __init__(self, ids, encoding):
+        super().__init__(ids)
+        self._encoding = encoding
+
+    @property
+    def ids(self) -> list:
+        return list(self)
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._encoding, name)
+
+
+class SproutTokenizer(PreTrainedTokenizerFast):
+    """A PreTrainedTokenizerFast over a `tokenizers.Tokenizer`, answering the raw tokenizer's calls too.
+
+    `get_vocab_size`, `token_to_id`, `id_to_token`, `to_str` and `save` reach the raw tokenizer, so code
+    written for it keeps working; `encode` is Hugging Face's (a list of ids) and its result also has the
+    raw `Encoding`'s `.ids` and `.offsets`. Decoding shows ids the
+    tokenizer lacks as `<unk:ID>` (as `sprout.tokenizer.decode`), never dropping them.
+    """
+
+    @classmethod
+    def wrap(cls, tok: Tokenizer) -> "SproutTokenizer":
+        special = {}
+        if tok.token_to_id(EOT) is not None:
+            special = dict(bos_token=EOT, eos_token=EOT, pad_token=EOT)
+        elif tok.get_vocab_size() > 0:
+            special = dict(pad_token=tok.id_to_token(0))
+        return cls(tokenizer_object=tok, clean_up_tokenization_spaces=False, padding_side="right", **special)
+
+    def encode(self, text, *args, **kwargs) -> Ids:
+        ids = super().encode(text, *args, **kwargs)
+        if not isinstance(text, str):
+            return ids
+        return Ids(ids, self.backend_tokenizer.encode(text, add_special_tokens=kwargs.get("add_special_tokens", True)))
+
+    def get_vocab_size(self, with_added_tokens: bool = True) -> int:
+        return self.backend_tokenizer.get_vocab_size(with_added_tokens)
+
+    def token_to_id(self, token: str):
+        return self.backend_tokenizer.token_to_id(token)
+
+    def id_to_token(self, i: int):
+        return self.backend_tokenizer.id_to_token(i)
+
+    def to_str(self, pretty: bool = False) -> str:
+        return self.backend_tokenizer.to_str(pretty)
+
+    def save(self, path: str, pretty: bool = True) -> None:
+        self.backend_tokenizer.save(str(path), pretty)
+
+    @property
+    def model(self):
+        return self.backend_tokenizer.model
+
+    def _decode(self, token_ids, skip_special_tokens: bool = False, clean_up_tokenization_spaces=None, **kwargs) -> str:
+        ids = [token_ids] if isinstance(token_ids, int) else token_ids
+        return decode(self.backend_tokenizer, ids, skip_special_tokens=skip_special_tokens)

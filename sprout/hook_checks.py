@@ -1,0 +1,112 @@
+"""Hook safety: a hook's replacement must match what it replaces; caches slice the position axis.
+
+TransformerLens adds whatever a hook returns into the forward, so a [batch, pos, d_model] tensor
+returned from `ln1.hook_scale` [batch, pos, 1] broadcasts silently into wrong numbers. Every hook
+added through `hooks()`, `run_with_hooks`, `run_with_cache` or `add_hook` is wrapped so that a
+replacement of another shape or dtype is an error naming the hook.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+from transformer_lens.utilities.slice import Slice
+
+# Hooks whose position axis is not the one after the batch: [batch, head, query_pos, key_pos] slice the query.
+_QUERY_AXIS = ("hook_attn_scores", "hook_pattern")
+
+
+def checked_hook(hook, dir: str):
+    """`hook`, wrapped so that a returned tensor of another shape or dtype raises, naming the hook."""
+    @functools.wraps(hook)
+    def checked(tensor, *args, hook=None, **kwargs):
+        out = fn(tensor, *args, hook=hook, **kwargs)
+        if out is not None and isinstance(tensor, torch.Tensor):
+            check_replacement(getattr(hook, "name", "?"), tensor, out, dir)
+        return out
+
+    fn = hook
+    return checked
+
+
+def check_replacement(name: str, given: torch.Tensor, out, dir: str = "fwd") -> None:
+    what = "activation" if dir == "fwd" else "gradient"
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"the hook on {name!r} returned a {type(out).__name__}; a hook returns None or a tensor "
+                        f"replacing the {what} (shape {list(given.shape)}, dtype {given.dtype})")
+    if out.shape != given.shape:
+        raise ValueError(f"the hook on {name!r} returned shape {list(out.shape)} but the {what} it replaces has "
+                         f"shape {list(given.shape)}; return a tensor of the same shape (nothing is broadcast)")
+    if out.dtype != given.dtype:
+        raise TypeError(f"the hook on {name!r} returned dtype {out.dtype} but the {what} it replaces is "
+                        f"{given.dtype}; cast it back (e.g. .to({given.dtype}))")
+
+
+def position_axis(name: str, batched: bool = True) -> int:
+    """The position axis of a hook's activation: the query axis of attention scores and patterns, else
+    the axis after the batch ([batch, pos, ...])."""
+    axis = 2 if name.endswith(_QUERY_AXIS) else 1
+    return axis if batched else axis - 1
+
+
+def _filter(names_filter):
+    if names_filter is None:
+        return lambda name: True
+    if isinstance(names_filter, str):
+        return lambda name: name == names_filter
+    if isinstance(names_filter, (list, tuple, set)):
+        names = set(names_filter)
+        return lambda name: name in names
+    if callable(names_filter):
+        return names_filter
+    raise ValueError(f"names_filter must be a hook name, a list of names or a function, got {type(names_filter).__name__}")
+
+
+def cache_hooks(hook_dict: dict, names_filter=None, incl_bwd: bool = False, device=None, remove_batch_dim: bool = False,
+                cache=None, pos_slice=None):
+    """TransformerLens' get_caching_hooks, slicing every activation on its own position axis.
+
+    TransformerLens decides the axis from a list of name suffixes, which does not know Sprout's
+    `hook_rot_q`, `hook_q_normed` ... ([batch, pos, head, d_head]) and slices their head axis.
+    """
+    cache = {} if cache is None else cache
+    pos_slice = Slice.unwrap(pos_slice)
+    select = _filter(names_filter)
+
+    def save(tensor, hook, is_backward=False):
+        x = tensor.detach().to(device)
+        batched = True
+        if remove_batch_dim and x.dim() > 0 and x.size(0) == 1:
+            x, batched = x[0], False
+        if pos_slice.slice is not None and x.dim() > position_axis(hook.name, batched):
+            x = pos_slice.apply(x, dim=position_axis(hook.name, batched))
+        cache[hook.name + ("_grad" if is_backward else "")] = x
+
+    names = [name for name in hook_dict if select(name)]
+    fwd = [(name, functools.partial(save, is_backward=False)) for name in names]
+    bwd = [(name, functools.partial(save, is_backward=True)) for name in names] if incl_bwd else []
+    return cache, fwd, bwd
+
+
+def check_buffers(hook_dict: dict, buffers: dict) -> None:
+    """Buffers for run_with_cache_into: known hook names, floating-point tensors."""
+    unknown = sorted(set(buffers) - set(hook_dict))
+    if unknown:
+        raise ValueError(f"no hook points named {unknown}")
+    for name, buf in buffers.items():
+        if not isinstance(buf, torch.Tensor):
+            raise TypeError(f"the buffer for {name!r} must be a torch.Tensor, got {type(buf).__name__}")
+        if not buf.is_floating_point():
+            raise TypeError(f"the buffer for {name!r} has dtype {buf.dtype}; activations are floating point and "
+                            "would be truncated: allocate it with a floating dtype (e.g. torch.float32)")
+
+
+def copy_into_buffer(buffer: torch.Tensor, name: str):
+    """A forward hook copying the activation into buffer[:batch, :pos, ...], refusing a buffer too small."""
+    def copy_into(x, hook):
+        if buffer.dim() != x.dim() or any(b < n for b, n in zip(buffer.shape, x.shape)):
+            raise ValueError(f"the buffer for {name!r} has shape {list(buffer.shape)} but the activation has shape "
+                             f"{list(x.shape)}: it needs as many axes, each at least as long")
+        buffer[tuple(slice(0, n) for n in x.shape)].copy_(x)
+
+    return copy_into

@@ -1,0 +1,95 @@
+"""TransformerLens' hook flags: `set_use_attn_result`, `set_use_split_qkv_input`, `set_use_attn_in`,
+`set_use_hook_mlp_in`, and the input hooks they switch on.
+
+With `use_split_qkv_input` each block copies its residual stream once per head and per input
+(`blocks.{l}.hook_q_input`, `hook_k_input`, `hook_v_input`, [batch, pos, head, d_model]), and each
+copy goes through ln1 on its own before its head's projection, so a patch to one head's query input
+reaches that head's query alone: what path patching and `patching.get_act_patch_direct_path` need.
+`use_attn_in` makes one such copy per head shared by Q, K and V (`blocks.{l}.hook_attn_in`);
+`use_hook_mlp_in` exposes the MLP's input before ln2 (`blocks.{l}.hook_mlp_in`, [batch, pos, d_model]),
+a copy, so an edit there reaches the MLP and not the residual stream. All off by default, and a block
+with them off runs exactly as before.
+
+The flags live on `model.cfg` (TransformerLens reads and restores them there), and every block reads
+that same config object, so `model.cfg.use_split_qkv_input = True` works too. TransformerLens 4's
+patching names the input hooks under `attn` (`blocks.{l}.attn.hook_q_input`); those names resolve to
+the same hook points when hooks are added by name (they are not separate entries in `hook_dict`).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from transformer_lens.hook_points import HookPoint
+
+from .weights import link
+
+INPUT_HOOKS = ("hook_q_input", "hook_k_input", "hook_v_input", "hook_attn_in")
+_FLAG_OF = {"hook_q_input": "use_split_qkv_input", "hook_k_input": "use_split_qkv_input",
+            "hook_v_input": "use_split_qkv_input", "hook_attn_in": "use_attn_in", "hook_mlp_in": "use_hook_mlp_in"}
+
+
+def editable(x: torch.Tensor, point: HookPoint) -> torch.Tensor:
+    """x, or a copy of it when a forward hook on `point` could edit it in place while autograd still
+    needs x (a softmax or sqrt keeps its output for the backward pass; q, k, v are views of one matmul).
+    Free without hooks and without autograd (inference, `torch.no_grad`)."""
+    return x.clone() if point._forward_hooks and x.requires_grad else x
+
+
+def per_head_inputs(block, x: torch.Tensor, n_head: int, shared: bool, norm: Callable) -> tuple:
+    """Each head's own copy of resid_pre x [batch, pos, d_model], through the block's input hooks and
+    then the norm copy by copy: the (q, k, v) inputs of its attention, each [batch, pos, head, d_model]."""
+    def copies():
+        return x.unsqueeze(2).repeat(1, 1, n_head, 1)
+
+    if shared:
+        attn_in = norm(block.hook_attn_in(copies()))
+        return attn_in, attn_in, attn_in
+    return tuple(norm(hook(copies())) for hook in (block.hook_q_input, block.hook_k_input, block.hook_v_input))
+
+
+class HookFlags:
+    """Mixin for a HookedLM whose blocks honour `cfg.use_split_qkv_input`, `use_attn_in`, `use_hook_mlp_in`."""
+
+    def setup(self):
+        super().setup()
+        self._link_flags()
+        for l, block in enumerate(self.blocks):
+            for name in INPUT_HOOKS:
+                if hasattr(block, name):
+                    self.mod_dict[f"blocks.{l}.attn.{name}"] = getattr(block, name)
+
+    def _link_flags(self):
+        cfg = self.cfg
+        for block in self.blocks:
+            link(block, lens=cfg)
+
+    def set_use_attn_result(self, use_attn_result: bool):
+        """Cache each head's write (`attn.hook_result`) when caching everything (it is computed whenever hooked)."""
+        self.cfg.use_attn_result = bool(use_attn_result)
+
+    def set_use_split_qkv_input(self, use_split_qkv_input: bool):
+        """Give each head its own copy of the stream for Q, K and V (`hook_q_input` ...); off: one shared ln1."""
+        if use_split_qkv_input and self.cfg.use_attn_in:
+            raise ValueError("use_split_qkv_input and use_attn_in are mutually exclusive: call set_use_attn_in(False) first")
+        self.cfg.use_split_qkv_input = bool(use_split_qkv_input)
+        self._link_flags()
+
+    def set_use_attn_in(self, use_attn_in: bool):
+        """Give each head one copy of the stream for Q, K and V together (`hook_attn_in`)."""
+        if use_attn_in and self.cfg.use_split_qkv_input:
+            raise ValueError("use_attn_in and use_split_qkv_input are mutually exclusive: "
+                             "call set_use_split_qkv_input(False) first")
+        self.cfg.use_attn_in = bool(use_attn_in)
+        self._link_flags()
+
+    def set_use_hook_mlp_in(self, use_hook_mlp_in: bool):
+        """Expose the MLP's input before ln2 as `hook_mlp_in`."""
+        self.cfg.use_hook_mlp_in = bool(use_hook_mlp_in)
+        self._link_flags()
+
+    def check_hooks_to_add(self, hook_point, hook_point_name: str, hook, dir="fwd", is_permanent=False, prepend=False):
+        """`model.add_hook` on an input hook whose flag is off would never fire: say so (as HookedTransformer does)."""
+        flag = _FLAG_OF.get(hook_point_name.rsplit(".", 1)[-1])
+        if flag is not None and not getattr(self.cfg, flag):
+            raise ValueError(f"{hook_point_name} fires only with model.cfg.{flag} on: call model.set_{flag}(True) first")
