@@ -5,5 +5,5 @@
 `python -m experiments.demo_table --readme README.md` regenerates the README's table of the demo models.
 These are scripts run from a checkout: nothing imports them and the project does not install them.
 """
-EXPERIMENTS = ["param_counts", "rope_check", "residual_growth", "logit_lens", "head_detection",
+EXPERIMENTS = ["param_counts", "rope_check", "residual_growth", "logit_lens", "tuned_lens", "head_detection",
                "attention_maps", "induction_demo", "training_dynamics"]

@@ -36,6 +36,8 @@ def parse_args(argv=None):
 # The README's figures: (experiment, figure stem, PNG name); {m} is the deepest model shown.
 DOC_FIGURES = [
     ("logit_lens", "lens_{m}_short", "logit_lens.png"),
+    ("tuned_lens", "side_by_side_{m}_short", "tuned_lens.png"),
+    ("tuned_lens", "curves_{m}", "tuned_lens_curves.png"),
     ("residual_growth", "residual_rms", "residual_rms.png"),
     ("head_detection", "scores_{m}", "head_scores.png"),
     ("attention_maps", "induction_{m}", "induction_head.png"),

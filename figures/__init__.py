@@ -11,9 +11,10 @@ from .residual import residual_rms
 from .rope import rope_distance
 from .style import escape_token
 from .training import loss_curves
+from .tuned_lens import lens_comparison_curves, lens_side_by_side
 
 __all__ = [
     "ablation_bars", "attention_grid", "attention_heatmap", "escape_token", "head_scores",
     "induction_over_training", "induction_table", "logit_lens_grid", "loss_curves", "param_breakdown",
-    "residual_rms", "rope_distance",
+    "residual_rms", "rope_distance", "lens_comparison_curves", "lens_side_by_side",
 ]

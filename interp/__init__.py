@@ -14,10 +14,13 @@ from .params import param_table
 from .residual import LogHistogram, residual_rms
 from .rope import rope_distance_check
 from .texts import HELD_OUT_SEED, held_out_stories
+from .tuned_lens import TunedLens, lens_comparison, load_tuned_lens, tuned_lens
+from .tuned_lens_train import train_tuned_lens
 
 __all__ = [
     "HELD_OUT_SEED", "KINDS", "LogHistogram", "ablate_heads", "attention_patterns", "first_top1_layer",
     "head_score_tensor", "head_scores", "held_out_stories", "induction_stories", "induction_table",
     "lens_dataset_summary", "lens_summary", "logit_lens", "mean_loss", "param_table", "pattern_tensor",
     "repeat_loss", "repeated_tokens", "residual_rms", "rope_distance_check", "story_names", "target_mask",
+    "TunedLens", "lens_comparison", "load_tuned_lens", "train_tuned_lens", "tuned_lens",
 ]

@@ -5,6 +5,7 @@ Each command is a `main(argv) -> int`; the `sprout` console script (`sprout_cli`
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import torch
 
@@ -14,6 +15,7 @@ from .heads import KINDS, head_scores
 from .lens import logit_lens
 from .residual import residual_rms
 from .texts import held_out_stories
+from .tuned_lens import load_tuned_lens, tuned_lens
 
 
 def _model(args):
@@ -79,8 +81,18 @@ def lens_main(argv=None) -> int:
     """
     p = _common(argparse.ArgumentParser(prog="sprout lens", description=lens_main.__doc__))
     p.add_argument("text", help="the text to read")
+    p.add_argument("--tuned", action="store_true",
+                   help="read through the model's tuned lens (the one beside its checkpoint, or the demo's)")
     args = p.parse_args(argv)
-    print(lens_table(logit_lens(_model(args), args.text, k=1)))
+    model = _model(args)
+    if not args.tuned:
+        print(lens_table(logit_lens(model, args.text, k=1)))
+        return 0
+    try:
+        lens = load_tuned_lens(model, args.model if Path(args.model).exists() else None)  # else a demo's
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"sprout lens --tuned: {e}")
+    print(lens_table(tuned_lens(model, args.text, lens, k=1)).replace("after each block", "after each block (tuned lens)"))
     return 0
 
 

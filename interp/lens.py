@@ -10,7 +10,7 @@ top-k and a few statistics.
 """
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 import pandas as pd
@@ -36,14 +36,20 @@ def lens_sites(model, include_mid: bool = False) -> list[tuple[float, str]]:
 # unembedding and top-k per layer); in chunks of 128 rows the whole lens takes ~1.2x.
 CHUNK = 128
 
+# (index of the site in `lens_sites`, resid [rows, d_model]) -> resid [rows, d_model], applied before the
+# unembedding: the tuned lens' translators. None reads the stream as it is (the logit lens).
+Translator = Callable[[int, torch.Tensor], torch.Tensor]
+
 
 @torch.inference_mode()
 def _lens_batches(model, text_or_tokens, k: int, batch_size: int, include_mid: bool, seq_len: Optional[int],
-                  stats: bool) -> Iterator[dict]:
+                  stats: bool, translator: Optional[Translator] = None) -> Iterator[dict]:
     """Per batch: the lens' top-k and statistics at every layer and position, each [layer, batch, pos, ...].
 
-    p_next / is_top1 / rank_next have pos - 1 columns (the last position has no next token); rank_next,
-    entropy and kl_to_final are None unless `stats` (each is another pass over the vocabulary per layer).
+    p_next / log_p_next / is_top1 / rank_next have pos - 1 columns (the last position has no next token);
+    rank_next, entropy and kl_to_final are None unless `stats` (each is another pass over the vocabulary
+    per layer). `translator` maps each stream before the unembedding; the last site is the model's output
+    and is never translated.
     """
     sites = lens_sites(model, include_mid)
     names = [name for _, name in sites]
@@ -67,7 +73,11 @@ def _lens_batches(model, text_or_tokens, k: int, batch_size: int, include_mid: b
         for l, name in enumerate(names):
             # one unembedding per layer, as one matmul (the floor's); the statistics then go through it in
             # chunks. Only this layer's [batch * pos, vocab] logits exist at a time.
-            z_all = final if l == L - 1 else unembed(model, cache[name].reshape(n, -1)).float()
+            if l == L - 1:
+                z_all = final
+            else:
+                resid = cache[name].reshape(n, -1)
+                z_all = unembed(model, resid if translator is None else translator(l, resid)).float()
             for a in range(0, n, CHUNK):
                 s = slice(a, a + CHUNK)
                 z = z_all[s]  # [rows, vocab]
@@ -77,7 +87,7 @@ def _lens_batches(model, text_or_tokens, k: int, batch_size: int, include_mid: b
                 lse = top_z[:, :1] - p.gather(-1, top_ids[l, s, :1]).log()
                 top_probs[l, s] = (top_z - lse).exp()
                 z_next = z.gather(-1, nxt[s])
-                p_next[l, s] = (z_next - lse)[:, 0].exp()
+                p_next[l, s] = (z_next - lse)[:, 0]  # log p; exponentiated once per batch below
                 if stats:
                     rank_next[l, s] = (z > z_next).sum(-1, dtype=torch.int32)  # int32: no bool -> int64 copy
                     entropy[l, s] = lse[:, 0] - (p * z).sum(-1)  # -sum p log p, with log p = z - lse
@@ -90,9 +100,10 @@ def _lens_batches(model, text_or_tokens, k: int, batch_size: int, include_mid: b
         def shaped(t, *rest):
             return None if t is None else t.view(L, B, T, *rest)
 
+        log_p_next = shaped(p_next)[..., :-1]
         yield dict(rows=row_ids, ids=ids, layers=[layer for layer, _ in sites], sites=names,
                    top_ids=shaped(top_ids, k), top_probs=shaped(top_probs, k),
-                   p_next=shaped(p_next)[..., :-1], is_top1=shaped(top_ids, k)[..., :-1, 0] == ids[:, 1:],
+                   log_p_next=log_p_next, p_next=log_p_next.exp(), is_top1=shaped(top_ids, k)[..., :-1, 0] == ids[:, 1:],
                    rank_next=shaped(rank_next)[..., :-1] if stats else None,
                    entropy=shaped(entropy), kl_to_final=shaped(kl))
 
@@ -130,11 +141,17 @@ def logit_lens(model, text_or_tokens: TextOrTokens, k: int = 5, batch_size: int 
         >>> sorted(df.layer.unique().tolist()), len(df)
         ([0, 1, 2], 30)
     """
+    return lens_frame(model, text_or_tokens, k, batch_size, include_mid, seq_len, stats)
+
+
+def lens_frame(model, text_or_tokens: TextOrTokens, k: int, batch_size: int, include_mid: bool,
+               seq_len: Optional[int], stats: bool, translator: Optional[Translator] = None) -> pd.DataFrame:
+    """`logit_lens`' frame, each stream first mapped by `translator` (the tuned lens; None: the logit lens)."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     k = min(k, int(model.cfg.d_vocab))
     parts = []
-    for b in _lens_batches(model, text_or_tokens, k, batch_size, include_mid, seq_len, stats):
+    for b in _lens_batches(model, text_or_tokens, k, batch_size, include_mid, seq_len, stats, translator):
         L, B, T = b["top_probs"].shape[:3]
         ids = b["ids"].cpu()
 

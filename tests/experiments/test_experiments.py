@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
+import interp
 import sprout
 from experiments import EXPERIMENTS
 from experiments.common import SETTINGS, ZORBIN, Output, held_out_text
@@ -20,7 +21,7 @@ LOG = pd.DataFrame(dict(step=[0, 10, 20], tokens=[0, 5120, 10240], lr=[0.0, 1e-3
                         val_loss=[5.75, np.nan, 4.55], rep_first=[5.7, 5.2, 5.0], rep_second=[5.7, 4.0, 2.5],
                         elapsed_s=[0, 1, 2]))
 OPTIONS = {"residual_growth": ["--chars", "3000"], "logit_lens": ["--chars", "2000"],
-           "head_detection": ["--n-seqs", "4"], "induction_demo": ["--stories", "3"]}
+           "head_detection": ["--n-seqs", "4"], "induction_demo": ["--stories", "3"], "tuned_lens": ["--chars", "2000"]}
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +36,9 @@ def run(tmp_path_factory):
     LOG.to_csv(run_dir / "train_log.csv", index=False)
     model = sprout.load(run_dir)
     model.spec = str(run_dir)
+    # a tuned lens beside the latest checkpoint, as `python -m interp.tuned_lens_train` would leave it
+    interp.train_tuned_lens(model, generate_corpus(3_000, seed=4), steps=2, batch_size=2, progress=False).save(
+        run_dir / "checkpoints" / "step_00000020")
     out = root / "results"
     done = run_all({"tiny": model}, out, progress=False, options=OPTIONS)
     return dict(out=out, done=done, model=model, run_dir=run_dir)
@@ -52,6 +56,7 @@ def test_every_file_is_written(run):
         "rope_check": {"chapter_pairs.csv", "sweep.csv", "rope_distance.html"},
         "residual_growth": {"residual_rms.csv", "residual_rms.html"},
         "logit_lens": {"lens_tiny.csv", "lens_tiny.html", "lens_summary.csv"},
+        "tuned_lens": {"side_by_side_tiny.html", "curves_tiny.html", "comparison.csv", "comparison.md"},
         "head_detection": {"head_scores.csv", "ablation.csv", "scores_tiny.html", "ablation_tiny.html"},
         "attention_maps": {"patterns.csv", "grid_tiny_layer0.html", "grid_tiny_layer1.html",
                            "previous_token_tiny.html", "induction_tiny.html"},
@@ -216,3 +221,14 @@ def test_run_all_runs_unchanged_on_a_tiny_walkthrough_gpt(tmp_path):
     assert len(scores[scores["kind"] == "induction"]) == 2 * 2  # every (layer, head)
     assert (tmp_path / "results" / "index.html").read_text().count("Plotly.newPlot") == len(
         list((tmp_path / "results").glob("*/*.html")))
+
+
+def test_tuned_lens_numbers_are_the_comparison_of_the_lens_beside_the_checkpoint(run):
+    model = run["model"]
+    lens = interp.load_tuned_lens(model, run["run_dir"])
+    got = pd.read_csv(run["out"] / "tuned_lens" / "comparison.csv")
+    want = interp.lens_comparison(model, held_out_text(model, 2000), lens, by_seq=True)
+    assert np.allclose(got.kl_to_final, want.kl_to_final) and np.allclose(got.cross_entropy, want.cross_entropy)
+    rows = numbers(run["out"], "tuned_lens")
+    tuned0 = want[(want.lens == "tuned") & (want.layer == 0)].groupby("layer").kl_to_final.mean().iloc[0]
+    assert rows[("tiny", "held-out KL to the output, embedding, tuned lens (nats)")]["measured"] == pytest.approx(tuned0)

@@ -1,9 +1,11 @@
 """`sprout lens / heads / rms` (interp.cli) and the `sprout` command's table (sprout_cli)."""
 import re
+from pathlib import Path
 
 import pytest
 import torch
 
+import interp
 import sprout
 import sprout_cli
 from interp import cli
@@ -62,6 +64,25 @@ def test_the_sprout_command_dispatches_to_each_main(spec, capsys):
     assert sprout_cli.main(["lens", "Zorbin Plax", "--model", spec]) == 0
     assert sprout_cli.COMMANDS["lens"][0] is cli.lens_main
     assert set(sprout_cli.COMMANDS) == {"train", "export-hf", "import-hf", "lens", "heads", "rms"}
+
+
+def test_lens_tuned_reads_the_lens_beside_the_checkpoint(spec, capsys, tmp_path):
+    with pytest.raises(SystemExit, match="no tuned lens beside"):
+        cli.lens_main(["Zorbin Plax met Mira.", "--model", spec, "--tuned"])
+    model = sprout.load(spec)
+    lens = interp.TunedLens(model)
+    with torch.no_grad():
+        lens.translators[0].bias.copy_(model.embed.weight[7] * 50)  # the embedding row now reads as token 7
+    lens.save(spec)
+    assert cli.lens_main(["Zorbin Plax met Mira.", "--model", spec, "--tuned"]) == 0
+    out = capsys.readouterr().out
+    want = interp.tuned_lens(model, "Zorbin Plax met Mira.", lens, k=1)
+    emb = want[want.layer == 0].sort_values("pos").top_tokens.str[0].tolist()
+    assert "(tuned lens)" in out and emb.count(emb[0]) == len(emb)
+    rows = [l.split() for l in out.splitlines()[2:2 + len(emb)]]
+    assert all(r[2].startswith(cli._tok(emb[0], 8)[:3]) for r in rows)
+    for f in ("tuned_lens.safetensors", "tuned_lens.json"):
+        (Path(spec) / f).unlink()
 
 
 @pytest.mark.parametrize("command,flag", [("train", "--recipe"), ("export-hf", "out_dir"), ("import-hf", "hf_dir")])

@@ -241,14 +241,22 @@ def test_pos_slice_slices_every_hook_on_its_position_axis(tiny_model, walk, whic
     model = tiny_model if which == "sprout" else walk
     ids = torch.randint(0, 40, (2, 6))
     names = list(model.hook_dict)
-    _, full = model.run_with_cache(ids, names_filter=names)
-    _, part = model.run_with_cache(ids, names_filter=names, pos_slice=pos_slice)
     # as TransformerLens' run_with_cache (Slice.unwrap), an int keeps its axis: pos_slice=i is [i]
     index = [pos_slice] if isinstance(pos_slice, int) else (slice(*pos_slice) if isinstance(pos_slice, tuple) else pos_slice)
-    for name in names:
-        axis = 2 if name.endswith(("hook_pattern", "hook_attn_scores")) else 1
-        expected = full[name][(slice(None),) * axis + (torch.tensor(index) if isinstance(index, list) else index,)]
-        assert torch.equal(part[name], expected), name
+    seen = set()
+    for split in (False, True):  # the input hooks fire only with TransformerLens' flags on
+        model.set_use_split_qkv_input(split)
+        model.set_use_hook_mlp_in(split)
+        _, full = model.run_with_cache(ids, names_filter=names)
+        _, part = model.run_with_cache(ids, names_filter=names, pos_slice=pos_slice)
+        for name in full.keys():
+            axis = 2 if name.endswith(("hook_pattern", "hook_attn_scores")) else 1
+            expected = full[name][(slice(None),) * axis + (torch.tensor(index) if isinstance(index, list) else index,)]
+            assert torch.equal(part[name], expected), name
+        seen |= set(full.keys())
+    model.set_use_split_qkv_input(False)
+    model.set_use_hook_mlp_in(False)
+    assert not {n for n in names if not n.endswith(("hook_attn_in", "hook_result"))} - seen
 
 
 # --- small holes -------------------------------------------------------------------------------------------

@@ -111,7 +111,7 @@ def test_flags_off_add_no_work(build):
 def test_split_inputs_are_per_head_copies_and_change_nothing_unedited(build):
     model = build()
     tokens = tokens_for(model)
-    base = model(tokens)[0]
+    base = model(tokens)
     for setter, names in (("set_use_split_qkv_input", ("hook_q_input", "hook_k_input", "hook_v_input")),
                           ("set_use_attn_in", ("hook_attn_in",))):
         getattr(model, setter)(True)
@@ -232,4 +232,4 @@ def test_direct_path_patching_matches_hand_written_hooks(build, component):
             with torch.no_grad():
                 want[layer, head] = metric(patched_by_hand(model, corrupted, layer, component, head, delta))
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    assert (got[src_layer + 1:] != metric(model(corrupted)[0])).any()  # the patch moves the metric
+    assert (got[src_layer + 1:] != metric(model(corrupted))).any()  # the patch moves the metric

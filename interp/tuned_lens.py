@@ -1,0 +1,283 @@
+"""The tuned lens: the logit lens with one learned affine translator per layer (Belrose et al. 2023).
+
+Early layers write in a basis the unembedding does not read, so the logit lens says little before the
+last block. The tuned lens maps the stream at layer l to h + A_l h + b_l (A_l, b_l zero at the start,
+so an untrained lens is the logit lens), then reads it through the model's own final norm and output
+layer. A lens belongs to one model: it records the model's config and a fingerprint of its weights,
+and refuses to load for any other. Training is in `tuned_lens_train`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Optional, Union
+
+import pandas as pd
+import torch
+import torch.nn as nn
+from safetensors.torch import load_file, save_file
+
+from ._batching import TextOrTokens
+from ._model import model_name, require_hooks
+from .lens import _lens_batches, lens_frame, lens_sites
+
+FORMAT = "sprout-tuned-lens"
+WEIGHTS, META = "tuned_lens.safetensors", "tuned_lens.json"
+PathLike = Union[str, os.PathLike]
+
+
+def model_config(model) -> dict:
+    """The model's config as a plain dict (what a lens records of the model it belongs to)."""
+    config = getattr(model, "config", None)
+    if hasattr(config, "to_dict"):
+        return {k: v for k, v in config.to_dict().items() if isinstance(v, (int, float, str, bool, type(None)))}
+    cfg = model.cfg
+    return {"n_layers": int(cfg.n_layers), "d_model": int(cfg.d_model), "d_vocab": int(cfg.d_vocab)}
+
+
+def fingerprint(model) -> str:
+    """sha256 of the model's weights (names, dtypes, shapes and bytes), as 16 hex digits."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()[:16]
+
+
+class TunedLens(nn.Module):
+    """One affine translator per layer boundary the logit lens reads, for one model.
+
+    Translator i maps the stream at `lens_sites(model)[i]` (i = 0: after the embedding); the last site
+    is the model's output, read as it is, so the lens has len(sites) - 1 translators, each
+    resid [..., d_model] -> resid + resid @ A_i^T + b_i.
+
+    Attributes:
+        sites / layers: the hook names read and their layer numbers, as in `logit_lens`.
+        config / model_fingerprint: the model the lens belongs to.
+        info: what training recorded (data, steps, recipe, held_out_kl per layer).
+        step: optimizer steps taken; optimizer_state: SGD's state, to resume training.
+    """
+
+    def __init__(self, model):
+        super().__init__()
+        require_hooks(model, [])  # a model that is not hooked at all: say so before reading its config
+        sites = lens_sites(model)
+        self.sites, self.layers = [name for _, name in sites], [layer for layer, _ in sites]
+        require_hooks(model, self.sites)
+        d = int(model.cfg.d_model)
+        self.translators = nn.ModuleList(nn.Linear(d, d) for _ in self.sites[:-1])
+        for t in self.translators:
+            nn.init.zeros_(t.weight)
+            nn.init.zeros_(t.bias)
+        self.config, self.model_fingerprint = model_config(model), fingerprint(model)
+        self.info: dict = {}
+        self.step = 0
+        self.optimizer_state: Optional[dict] = None
+
+    def forward(self, index: int, resid: torch.Tensor) -> torch.Tensor:
+        """The stream at site `index` [..., d_model] as the tuned lens reads it (same shape)."""
+        if index == len(self.translators):
+            return resid
+        t = self.translators[index]
+        return resid + t(resid.to(t.weight.dtype)).to(resid.dtype)
+
+    def check_model(self, model, source: str = "this tuned lens") -> None:
+        """Raise a ValueError naming the mismatch if `model` is not the one the lens was trained for."""
+        theirs = model_config(model)
+        diff = [f"{k}: lens {self.config.get(k)!r}, model {theirs.get(k)!r}"
+                for k in sorted(set(self.config) | set(theirs)) if self.config.get(k) != theirs.get(k)]
+        if diff:
+            raise ValueError(f"{source} was trained for another model: config differs ({'; '.join(diff)})")
+        mine = fingerprint(model)
+        if mine != self.model_fingerprint:
+            raise ValueError(f"{source} was trained for another model: weights fingerprint {self.model_fingerprint}, "
+                             f"this {model_name(model)}'s is {mine} (same config, other weights)")
+
+    def meta(self) -> dict:
+        return {"format": FORMAT, "version": 1, "model_config": self.config, "fingerprint": self.model_fingerprint,
+                "sites": self.sites, "layers": self.layers, "step": self.step, **self.info}
+
+    def save(self, path: PathLike) -> Path:
+        """Write the translators (safetensors) and a small JSON beside them; returns the .safetensors path.
+
+        `path` is a directory (gets tuned_lens.safetensors + tuned_lens.json) or a .safetensors file
+        (the JSON gets the same name with .json). Files are written atomically; an existing file is
+        replaced only if it is a tuned lens.
+        """
+        weights, meta = _paths(Path(path))
+        for f in (weights, meta):
+            if f.exists() and not _is_ours(meta):
+                raise FileExistsError(f"{f} exists and is not a tuned lens written here: not overwriting it")
+        weights.parent.mkdir(parents=True, exist_ok=True)
+        tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+        _atomic(weights, lambda tmp: save_file(tensors, str(tmp), metadata={"format": FORMAT}))
+        _atomic(meta, lambda tmp: tmp.write_text(json.dumps(self.meta(), indent=1) + "\n"))
+        return weights
+
+    @classmethod
+    def load(cls, path: PathLike, model) -> "TunedLens":
+        """The lens saved at `path` (a directory or its .safetensors file), checked against `model`.
+
+        Raises:
+            FileNotFoundError: no lens there. ValueError: an unreadable lens, or one for another model
+            (the message names the config field or the fingerprint that differs).
+        """
+        weights, meta_path = _paths(Path(path))
+        for f in (weights, meta_path):
+            if not f.is_file():
+                raise FileNotFoundError(f"no tuned lens at {path}: {f} is missing")
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"cannot read {meta_path}: {e}") from e
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            raise ValueError(f"{meta_path} is not a tuned lens (no \"format\": \"{FORMAT}\")")
+        lens = cls(model)
+        lens.config, lens.model_fingerprint = meta.get("model_config", {}), meta.get("fingerprint")
+        lens.check_model(model, f"the tuned lens at {weights}")
+        try:
+            tensors = load_file(str(weights))
+        except Exception as e:  # safetensors raises its own error types for truncated or foreign files
+            raise ValueError(f"cannot read {weights}: {e}") from e
+        own = lens.state_dict()
+        if set(tensors) != set(own) or any(tensors[k].shape != own[k].shape for k in own):
+            raise ValueError(f"{weights} holds {sorted(tensors)[:4]}..., not this model's "
+                             f"{len(lens.translators)} translators of d_model {model.cfg.d_model}")
+        lens.load_state_dict(tensors)
+        lens.step = int(meta.get("step", 0))
+        lens.info = {k: v for k, v in meta.items() if k not in _OWN_KEYS}
+        return lens
+
+
+_OWN_KEYS = ("format", "version", "model_config", "fingerprint", "sites", "layers", "step")
+
+
+def _paths(path: Path) -> tuple[Path, Path]:
+    if path.suffix == ".safetensors":
+        return path, path.with_suffix(".json")
+    return path / WEIGHTS, path / META
+
+
+def _is_ours(meta: Path) -> bool:
+    try:
+        return json.loads(meta.read_text()).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _atomic(path: Path, write) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # safetensors creates its file readable by the owner only
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def load_tuned_lens(model, path: Optional[PathLike] = None) -> TunedLens:
+    """The tuned lens for `model`: beside the checkpoint at `path` (a checkpoint folder or weights file, a
+    training run's folder, or the lens itself), else the shipped lens of the demo whose weights these are.
+
+    Raises:
+        FileNotFoundError: no lens there / no demo lens for these weights (the message says where it looked).
+        ValueError: a lens that is there belongs to another model.
+    """
+    from sprout.checkpoint import demo_dir, latest_checkpoint
+
+    if path is not None:
+        path = Path(path)
+        places = [path] if path.suffix == ".safetensors" and path.name != "model.safetensors" else []
+        places.append(path.parent if path.is_file() else path)
+        if path.is_dir() and (path / "checkpoints").is_dir():
+            last = latest_checkpoint(path)
+            places += [] if last is None else [last]
+        for place in places:
+            if all(f.is_file() for f in _paths(place)):
+                return TunedLens.load(place, model)
+        raise FileNotFoundError(f"no tuned lens beside {path} (looked for {WEIGHTS} + {META} in "
+                                f"{', '.join(str(p) for p in places)})")
+    mine = fingerprint(model)
+    for meta in sorted(demo_dir().glob(f"*/{META}")):
+        if _is_ours(meta) and json.loads(meta.read_text()).get("fingerprint") == mine:
+            return TunedLens.load(meta.parent, model)
+    raise FileNotFoundError(f"no tuned lens for this {model_name(model)} (fingerprint {mine}): none of the demo "
+                            f"lenses in {demo_dir()}/*/{META} matches; pass the checkpoint's path, or train one "
+                            "with interp.train_tuned_lens")
+
+
+def _checked(model, lens) -> TunedLens:
+    if not isinstance(lens, TunedLens):
+        raise TypeError(f"lens must be an interp.TunedLens, got {type(lens).__name__}")
+    lens.check_model(model)
+    if lens.sites != [name for _, name in lens_sites(model)]:
+        raise ValueError("the lens reads other sites than this model's lens sites")
+    return lens
+
+
+def tuned_lens(model, text_or_tokens: TextOrTokens, lens: TunedLens, k: int = 5, batch_size: int = 8,
+               seq_len: Optional[int] = None, stats: bool = False) -> pd.DataFrame:
+    """The tuned lens at every layer boundary and position: exactly `logit_lens`' frame (same columns).
+
+    Args:
+        model: the hooked model the lens was trained for.
+        text_or_tokens: a text, a list of texts, or ids [pos] / [batch, pos].
+        lens: a `TunedLens` for this model (`load_tuned_lens`, `train_tuned_lens`).
+        k, batch_size, seq_len, stats: as in `logit_lens`.
+
+    Example:
+        >>> import torch, interp
+        >>> from sprout import Sprout, SproutConfig
+        >>> model = Sprout(SproutConfig(vocab_size=64, context=16, n_layer=2, n_head=2, d_model=32, d_ff=64))
+        >>> lens = interp.TunedLens(model)  # zero translators: the logit lens
+        >>> a, b = interp.tuned_lens(model, torch.arange(10), lens), interp.logit_lens(model, torch.arange(10))
+        >>> a.columns.equals(b.columns), a.top_ids.equals(b.top_ids)
+        (True, True)
+    """
+    lens = _checked(model, lens)
+    with torch.inference_mode():
+        return lens_frame(model, text_or_tokens, k, batch_size, False, seq_len, stats, lens)
+
+
+def lens_comparison(model, data: TextOrTokens, lens: TunedLens, batch_size: int = 8, seq_len: Optional[int] = None,
+                    by_seq: bool = False) -> pd.DataFrame:
+    """The logit and the tuned lens side by side, per layer, on (held-out) data.
+
+    Returns:
+        One row per (lens, layer) (per (seq, lens, layer) with `by_seq`): `lens` ("logit" / "tuned"),
+        `layer`, `site`, `kl_to_final` (mean KL(output || lens), nats), `cross_entropy` (mean -log p of
+        the actual next token, nats), `top1_agreement` (fraction of positions where the lens' top token is
+        the output's), `n_positions`.
+
+    Example:
+        >>> import torch, interp
+        >>> from sprout import Sprout, SproutConfig
+        >>> model = Sprout(SproutConfig(vocab_size=64, context=16, n_layer=2, n_head=2, d_model=32, d_ff=64))
+        >>> df = interp.lens_comparison(model, torch.randint(0, 64, (2, 16)), interp.TunedLens(model))
+        >>> df.lens.tolist()
+        ['logit', 'logit', 'logit', 'tuned', 'tuned', 'tuned']
+    """
+    lens = _checked(model, lens)
+    rows = []
+    with torch.inference_mode():
+        for name, translator in (("logit", None), ("tuned", lens)):
+            for b in _lens_batches(model, data, 1, batch_size, False, seq_len, True, translator):
+                agree = b["top_ids"][..., 0] == b["top_ids"][-1:, ..., 0]  # [layer, batch, pos]
+                for l, (layer, site) in enumerate(zip(b["layers"], b["sites"])):
+                    for j, seq in enumerate(b["rows"]):
+                        rows.append(dict(lens=name, seq=seq, layer=layer, site=site,
+                                         kl=b["kl_to_final"][l, j].double().sum().item(),
+                                         ce=-b["log_p_next"][l, j].double().sum().item(),
+                                         agree=agree[l, j].sum().item(), n=agree.shape[-1],
+                                         n_next=b["log_p_next"].shape[-1]))
+    f = pd.DataFrame(rows)
+    keys = ["lens", "seq", "layer", "site"] if by_seq else ["lens", "layer", "site"]
+    g = f.groupby(keys, sort=True)[["kl", "ce", "agree", "n", "n_next"]].sum().reset_index()
+    out = g[keys].assign(kl_to_final=g.kl / g.n, cross_entropy=g.ce / g.n_next.where(g.n_next > 0),
+                         top1_agreement=g.agree / g.n, n_positions=g.n)
+    return out.reset_index(drop=True)

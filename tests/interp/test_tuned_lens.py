@@ -1,0 +1,176 @@
+"""Tuned lens: zero translators are the logit lens, a hand computation agrees, training helps on held-out
+text, save/load round-trips bit-exactly, and a lens for another model or bad input is refused clearly."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import interp
+from interp._model import logits_of
+from interp.tuned_lens_train import model_text, windows
+from sprout import Sprout
+from sprout.checkpoint import load
+from tests.conftest import TINY, randomize_gains
+
+
+def ids_of(seed, shape=(4, 32)):
+    return torch.randint(0, 256, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def random_lens(model, seed=0, scale=0.05):
+    lens = interp.TunedLens(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in lens.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * scale)
+    return lens
+
+
+def test_zero_translators_reproduce_the_logit_lens_exactly(tiny_model):
+    ids = ids_of(0, (3, 40))
+    lens = interp.TunedLens(tiny_model)
+    for stats in (False, True):
+        a = interp.tuned_lens(tiny_model, ids, lens, k=4, batch_size=2, stats=stats)
+        b = interp.logit_lens(tiny_model, ids, k=4, batch_size=2, stats=stats)
+        pd_equal = a.columns.tolist() == b.columns.tolist() and a.equals(b)
+        assert pd_equal
+    cmp = interp.lens_comparison(tiny_model, ids, lens)
+    logit, tuned = cmp[cmp.lens == "logit"].reset_index(drop=True), cmp[cmp.lens == "tuned"].reset_index(drop=True)
+    assert logit.drop(columns="lens").equals(tuned.drop(columns="lens"))
+
+
+def test_tuned_lens_matches_a_hand_computation_and_the_last_layer_is_the_output(tiny_model):
+    ids = ids_of(1, (2, 24))
+    lens = random_lens(tiny_model)
+    df = interp.tuned_lens(tiny_model, ids, lens, k=3, stats=True)
+    _, cache = tiny_model.run_with_cache(ids)
+    with torch.no_grad():
+        final = F.log_softmax(logits_of(tiny_model, ids).float(), -1)
+        for i, name in enumerate(lens.sites):
+            x = cache[name]
+            if i < len(lens.translators):  # h + A h + b, written out by hand
+                x = x + x @ lens.translators[i].weight.T + lens.translators[i].bias
+            normed = x / (x.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt() * tiny_model.norm.weight
+            lp = F.log_softmax(normed @ tiny_model.embed.weight.T, -1)
+            rows = df[df.layer == lens.layers[i]].sort_values(["seq", "pos"])
+            kl = (final.exp() * (final - lp)).sum(-1).reshape(-1)
+            assert torch.allclose(torch.tensor(rows.kl_to_final.tolist()), kl, atol=1e-4)
+            assert torch.equal(torch.tensor(rows.top_ids.tolist()), lp.topk(3, -1).indices.reshape(-1, 3))
+    last = df[df.layer == df.layer.max()]
+    assert (last.kl_to_final == 0).all()
+    cmp = interp.lens_comparison(tiny_model, ids, lens)
+    top = cmp[cmp.layer == cmp.layer.max()]
+    assert (top.kl_to_final == 0).all() and (top.top1_agreement == 1).all()
+    ce = -final[:, :-1].gather(-1, ids[:, 1:, None]).mean()
+    assert top.cross_entropy.tolist() == pytest.approx([ce.item()] * 2, rel=1e-5)
+    # every summary works on the tuned lens' frame
+    assert len(interp.lens_summary(df)) == len(lens.sites)
+    assert len(interp.first_top1_layer(df)) == 2 * 23
+
+
+def test_training_leaves_the_model_untouched_and_records_held_out_kl(tiny_model):
+    before = {k: v.clone() for k, v in tiny_model.state_dict().items()}
+    corpus = ids_of(2, (12, 64))
+    lens = interp.train_tuned_lens(tiny_model, corpus[:8], steps=3, batch_size=4, progress=False, held_out=corpus[8:])
+    assert all(torch.equal(before[k], v) for k, v in tiny_model.state_dict().items())
+    assert all(p.requires_grad and p.grad is None for p in tiny_model.parameters())
+    assert any(p.abs().sum() > 0 for p in lens.parameters())
+    cmp = interp.lens_comparison(tiny_model, corpus[8:], lens)
+    tuned = cmp[cmp.lens == "tuned"]
+    assert lens.info["held_out_kl"] == {str(k): v for k, v in zip(tuned.layer, tuned.kl_to_final)}
+    assert lens.step == 3 and lens.info["steps"] == 3
+
+
+def test_a_lens_trained_on_half_a_corpus_lowers_held_out_kl_on_a_demo():
+    model = load("gpt-1")
+    corpus = model_text(40_000, seed=5)
+    half = len(corpus) // 2
+    lens = interp.train_tuned_lens(model, corpus[:half], steps=25, batch_size=4, progress=False)
+    cmp = interp.lens_comparison(model, corpus[half:], lens)
+    logit, tuned = (cmp[cmp.lens == n].set_index("layer").kl_to_final for n in ("logit", "tuned"))
+    assert (tuned.iloc[:-1] < logit.iloc[:-1]).all(), cmp
+
+
+def test_resuming_equals_one_uninterrupted_run(tiny_model):
+    data = ids_of(3, (10, 64))
+    whole = interp.train_tuned_lens(tiny_model, data, steps=6, batch_size=4, progress=False)
+    part = interp.train_tuned_lens(tiny_model, data, steps=6, batch_size=4, progress=False, stop_at=3)
+    assert part.step == 3
+    part = interp.train_tuned_lens(tiny_model, data, steps=6, batch_size=4, progress=False, lens=part)
+    for a, b in zip(whole.parameters(), part.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_save_load_is_bit_exact_and_a_foreign_lens_is_refused(tiny_model, tmp_path):
+    lens = random_lens(tiny_model, seed=4)
+    lens.info = {"data": "random ids", "steps": 7, "held_out_kl": {"0": 1.5}}
+    path = lens.save(tmp_path / "lens")
+    again = interp.TunedLens.load(tmp_path / "lens", tiny_model)
+    assert again.state_dict().keys() == lens.state_dict().keys()
+    assert all(torch.equal(a, b) for a, b in zip(lens.state_dict().values(), again.state_dict().values()))
+    assert again.info == lens.info and again.sites == lens.sites
+    assert interp.load_tuned_lens(tiny_model, path).model_fingerprint == lens.model_fingerprint
+
+    torch.manual_seed(1)
+    other = randomize_gains(Sprout(TINY).eval(), seed=1)  # same config, other weights
+    with pytest.raises(ValueError, match="fingerprint"):
+        interp.TunedLens.load(tmp_path / "lens", other)
+    with pytest.raises(ValueError, match="another model"):
+        interp.tuned_lens(other, ids_of(0), lens)
+    with pytest.raises(ValueError, match="another model"):
+        interp.train_tuned_lens(other, ids_of(0), steps=1, lens=lens, progress=False)
+    wider = Sprout(TINY.__class__(**{**TINY.to_dict(), "n_layer": 3})).eval()
+    with pytest.raises(ValueError, match="n_layer: lens 2, model 3"):
+        interp.TunedLens.load(path, wider)
+
+
+def test_save_never_overwrites_a_file_that_is_not_a_lens(tiny_model, tmp_path):
+    (tmp_path / "tuned_lens.json").write_text("my notes")
+    with pytest.raises(FileExistsError, match="not a tuned lens"):
+        interp.TunedLens(tiny_model).save(tmp_path)
+    assert (tmp_path / "tuned_lens.json").read_text() == "my notes"
+
+
+def test_bad_input_gets_a_clear_error(tiny_model):
+    with pytest.raises(ValueError, match="steps must be a positive int"):
+        interp.train_tuned_lens(tiny_model, ids_of(0), steps=0)
+    with pytest.raises(ValueError, match="non-empty"):
+        interp.train_tuned_lens(tiny_model, torch.zeros(0, dtype=torch.long), steps=1)
+    with pytest.raises(ValueError, match="no texts"):
+        interp.train_tuned_lens(tiny_model, [], steps=1)
+    with pytest.raises(ValueError, match="fewer than one window"):
+        interp.train_tuned_lens(tiny_model, ids_of(0, (1, 10)), steps=1, seq_len=32)
+    with pytest.raises(TypeError, match="interp.TunedLens"):
+        interp.tuned_lens(tiny_model, ids_of(0), lens="gpt-4")
+    with pytest.raises(ValueError, match="not a hooked model"):
+        interp.TunedLens(torch.nn.Linear(4, 4))
+    with pytest.raises(FileNotFoundError, match="no tuned lens for this Sprout"):
+        interp.load_tuned_lens(tiny_model)
+
+
+def test_windows_cut_one_stream_without_padding(tiny_model):
+    w = windows(tiny_model, [torch.arange(50), torch.arange(50, 100)], seq_len=30)
+    assert torch.equal(w, torch.arange(90).view(3, 30))
+
+
+@pytest.mark.parametrize("name", ["gpt-1", "gpt-4", "sprout-mini", "walkthrough"])
+def test_shipped_lens_beats_the_logit_lens_on_independent_held_out_text(name):
+    model = load(name)
+    lens = interp.load_tuned_lens(model)
+    assert lens.info["steps"] >= 1 and lens.info["held_out_kl"]
+    text = model_text(6_000, seed=987_654)  # other stories than the lens was trained or evaluated on
+    cmp = interp.lens_comparison(model, text, lens)
+    logit, tuned = (cmp[cmp.lens == n].set_index("layer").kl_to_final for n in ("logit", "tuned"))
+    assert (tuned.iloc[:-1] < logit.iloc[:-1]).all(), cmp
+    assert tuned.iloc[-1] == 0
+
+
+def test_walkthrough_gpt_trains_and_a_model_without_the_hooks_is_named():
+    from sprout.walkthrough import build_step
+
+    torch.manual_seed(0)
+    model = build_step("4.10").eval()
+    ids = torch.randint(0, 65, (4, 16))
+    lens = interp.train_tuned_lens(model, ids, steps=2, batch_size=2, progress=False)
+    assert interp.tuned_lens(model, ids, lens).columns.tolist() == interp.logit_lens(model, ids).columns.tolist()
+    with pytest.raises(ValueError, match=r"WalkthroughGPT has no hook point 'blocks.0.hook_resid_pre'"):
+        interp.train_tuned_lens(build_step("4.2"), ids, steps=1)
