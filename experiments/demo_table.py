@@ -205,7 +205,7 @@ def markdown(results: dict) -> str:
 
 def readme_table(readme: str) -> str:
     """The table between the README's markers."""
-    m = re.search(re.escape(BEGIN) + r"\n(.*?)\n" + re.escape(END), readme, re.S)
+    m = re.search(re.escape(BEGIN) + r"\n(.*?)\n?" + re.escape(END), readme, re.S)
     if m is None:
         raise ValueError(f"the README has no {BEGIN} ... {END} block")
     return m.group(1)
@@ -213,7 +213,7 @@ def readme_table(readme: str) -> str:
 
 def replace_readme_table(readme: str, table: str) -> str:
     readme_table(readme)  # the markers must be there
-    return re.sub(re.escape(BEGIN) + r"\n.*?\n" + re.escape(END), lambda _: f"{BEGIN}\n{table}\n{END}", readme, flags=re.S)
+    return re.sub(re.escape(BEGIN) + r"\n.*?\n?" + re.escape(END), lambda _: f"{BEGIN}\n{table}\n{END}", readme, flags=re.S)
 
 
 def main(argv=None) -> int:

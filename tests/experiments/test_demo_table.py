@@ -41,6 +41,8 @@ def test_replacing_the_table_keeps_the_rest_of_the_readme():
     doc = f"intro\n{demo_table.BEGIN}\n| old |\n{demo_table.END}\nrest $1 \\1\n"
     new = demo_table.replace_readme_table(doc, "| new | \\1 |")
     assert new == f"intro\n{demo_table.BEGIN}\n| new | \\1 |\n{demo_table.END}\nrest $1 \\1\n"
+    empty = f"{demo_table.BEGIN}\n{demo_table.END}"
+    assert demo_table.replace_readme_table(empty, "| t |") == f"{demo_table.BEGIN}\n| t |\n{demo_table.END}"
     with pytest.raises(ValueError, match="demo-table"):
         demo_table.replace_readme_table("no markers", "| t |")
 

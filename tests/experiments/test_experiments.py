@@ -10,7 +10,7 @@ import torch
 import interp
 import sprout
 from experiments import EXPERIMENTS
-from experiments.common import ZORBIN, Output, held_out_text
+from experiments.common import SETTINGS, ZORBIN, Output, held_out_text
 from experiments.run_all import run_all
 from sprout import Sprout, SproutConfig
 from sprout.synthetic import generate_corpus
@@ -155,11 +155,11 @@ def test_rope_and_training_numbers(run):
     train = numbers(run["out"], "training_dynamics")
     assert train["tiny", "final held-out loss in train_log.csv (nats/token)"]["measured"] == 4.55
     model = run["model"]
-    ids = torch.tensor(model.tokenizer.encode(held_out_text(model, 8000), add_special_tokens=False).ids)
-    with torch.no_grad():  # independent: one window per context, loss from forward(targets=...)
-        losses = [model(w[None, :-1], w[None, 1:])[1].item() * (len(w) - 1)
-                  for w in (ids[i:i + CFG.context + 1] for i in range(0, len(ids) - 1, CFG.context)) if len(w) > 1]
-    expected = sum(losses) / (len(ids) - 1)
+    ids = torch.tensor(model.tokenizer.encode(held_out_text(model, SETTINGS.held_out_chars), add_special_tokens=False).ids)
+    with torch.no_grad():  # independent: consecutive windows of the context, each predicting its own tokens 2..T
+        windows = [w for w in (ids[i:i + CFG.context] for i in range(0, len(ids), CFG.context)) if len(w) > 1]
+        losses = [model(w[None, :-1], w[None, 1:])[1].item() * (len(w) - 1) for w in windows]
+    expected = sum(losses) / sum(len(w) - 1 for w in windows)
     got = train["tiny", "held-out loss on fresh stories (nats/token), measured here"]["measured"]
     assert got == pytest.approx(expected, rel=1e-5)
     snaps = pd.read_csv(run["out"] / "training_dynamics" / "induction_snapshots_tiny.csv")
