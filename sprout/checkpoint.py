@@ -30,6 +30,8 @@ from .config import SproutConfig
 from .fit import describe, fit
 from .folders import NotOursError, write_folder
 from .model import Sprout
+from .walkthrough import WalkthroughConfig, WalkthroughGPT
+from .walkthrough_keys import from_walkthrough_state_dict
 from .weightfiles import read_json, read_safetensors_file, read_torch_file
 
 PathLike = Union[str, os.PathLike]
@@ -314,18 +316,16 @@ def _check_context(config: SproutConfig, source: str) -> None:
 
 
 def _from_walkthrough(state_dict, config, tokenizer, source: str) -> torch.nn.Module:
-    from . import walkthrough
-
     if isinstance(config, dict):
-        config = _parse(walkthrough.WalkthroughConfig, config, source)
+        config = _parse(WalkthroughConfig, config, source)
     if "token_embedding_table.weight" in state_dict:  # saved from the walkthrough's own classes
         try:
-            return walkthrough.from_walkthrough_state_dict(state_dict, config=config, tokenizer=tokenizer)
+            return from_walkthrough_state_dict(state_dict, config=config, tokenizer=tokenizer)
         except ValueError as e:
             raise ValueError(f"{source}: {e}") from e
     if config is None:
         raise ValueError(f"{source}: WalkthroughGPT weights without a config; pass a WalkthroughConfig")
-    return _build(walkthrough.WalkthroughGPT, config, state_dict, tokenizer, source)
+    return _build(WalkthroughGPT, config, state_dict, tokenizer, source)
 
 
 def _parse(config_class, config: dict, source: str):

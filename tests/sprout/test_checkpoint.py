@@ -382,7 +382,7 @@ def test_walkthrough_round_trip(tmp_path):
 
 @pytest.mark.parametrize("step", ["4.2", "4.10"])
 def test_walkthrough_state_dict_dispatch(tmp_path, step):
-    from sprout.walkthrough import to_walkthrough_state_dict
+    from sprout.walkthrough_keys import to_walkthrough_state_dict
 
     model = walkthrough_model(step)
     sd = to_walkthrough_state_dict(model)

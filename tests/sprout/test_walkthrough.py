@@ -14,12 +14,10 @@ from sprout.walkthrough import (
     WalkthroughConfig,
     WalkthroughGPT,
     build_step,
-    from_walkthrough_state_dict,
-    infer_config,
     missing_hooks,
     step_config,
-    to_walkthrough_state_dict,
 )
+from sprout.walkthrough_keys import from_walkthrough_state_dict, infer_config, to_walkthrough_state_dict
 from tests.conftest import randomize_gains
 
 # The seed's table (C 32, 4 heads, context 8, 65 characters), and karpathy's 10.788929M for the final size.
