@@ -1,0 +1,28 @@
+"""The README's circuit block is what `python -m experiments.circuits --readme README.md` writes for gpt-4."""
+import argparse
+import re
+from pathlib import Path
+
+import interp
+import sprout
+from experiments import circuits
+from tests.experiments.test_demo_table import same_within_rounding
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_block(label: str) -> str:
+    m = re.search(rf"<!-- circuit:{label} -->\n```text\n(.*?)\n```\n<!-- /circuit:{label} -->",
+                  README.read_text(encoding="utf-8"), re.S)
+    assert m, f"README.md has no circuit block for {label}"
+    return m.group(1)
+
+
+def test_the_readme_circuit_block_is_what_the_experiment_prints():
+    parser = argparse.ArgumentParser()
+    circuits.add_args(parser)
+    args = parser.parse_args([])  # the experiment's defaults, as run_all runs it
+    model = sprout.load("gpt-4")
+    repeated, stories = circuits._pairs(model, args.n_seqs, args.story_len)
+    _, summary = interp.induction_circuit(model, data=repeated, stories=stories)
+    assert same_within_rounding(readme_block("gpt-4"), summary) == []
