@@ -142,6 +142,12 @@ def batched_forward(model, tokens: torch.Tensor, hooks: list, n: int) -> torch.T
     return model.run_with_hooks(tokens.repeat(n, 1), fwd_hooks=hooks)
 
 
+def batched_forward_from(model, resid: torch.Tensor, layer: int, hooks: list, n: int) -> torch.Tensor:
+    """As `batched_forward`, but starting at block `layer` from its input stream `resid` [batch, pos,
+    d_model]: every copy sees the same input below the patched layer, so those layers run once."""
+    return model.run_with_hooks(resid.repeat(n, 1, 1), start_at_layer=layer, fwd_hooks=hooks)
+
+
 def chunk_size(model, tokens: torch.Tensor, limit: Optional[int]) -> int:
     if limit is not None:
         if limit < 1:
@@ -169,13 +175,19 @@ def patch_values(model, clean: torch.Tensor, corrupted: torch.Tensor, metric: Me
     layout = SITES[site][1]
     names = sorted({hook_name(site, p.layer) for p in todo})
     _, cache = model.run_with_cache(clean, names_filter=names)
+    starts = [f"blocks.{layer}.hook_resid_pre" for layer in by_layer(todo)]
+    starts = [name for name in starts if name in model.hook_dict]  # a walkthrough step without residuals has none
+    _, streams = model.run_with_cache(corrupted, names_filter=starts) if starts else (None, {})
     n_max, values = chunk_size(model, corrupted, patches_per_forward), {}
     for layer, group in by_layer(todo).items():
-        source = cache[hook_name(site, layer)]
+        source, start_name = cache[hook_name(site, layer)], f"blocks.{layer}.hook_resid_pre"
         for start in range(0, len(group), n_max):
             chunk = group[start:start + n_max]
             hooks = [(hook_name(site, layer), _patch_hook(chunk, source, layout))]
-            logits = batched_forward(model, corrupted, hooks, len(chunk))
+            if start_name in starts:
+                logits = batched_forward_from(model, streams[start_name], layer, hooks, len(chunk))
+            else:
+                logits = batched_forward(model, corrupted, hooks, len(chunk))
             values.update(zip(chunk, split_metric(metric, logits, len(chunk))))
     return [values[p] for p in todo]
 

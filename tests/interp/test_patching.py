@@ -59,15 +59,19 @@ def test_layer_patch_of_the_residual_restores_the_clean_metric(tiny_model):
 
 def test_one_forward_per_layer_when_the_chunk_allows(tiny_model):
     clean, corrupted = pair(2)
-    calls = []
-    tiny_model.blocks[0].hook_resid_pre.add_hook(lambda x, hook: calls.append(x.shape[0]), is_permanent=True)
+    calls = {0: [], 1: []}
+    for layer in calls:
+        tiny_model.blocks[layer].hook_resid_pre.add_hook(lambda x, hook, layer=layer: calls[layer].append(x.shape[0]),
+                                                         is_permanent=True)
     try:
         interp.patch(tiny_model, clean, corrupted, scalar_metric, site="z", by="head_position")
     finally:
         tiny_model.reset_hooks(including_permanent=True)
-    # one cache forward, one batched forward per layer (2), two baselines: far fewer than 2 * 7 * 4 patches
-    assert len(calls) == 1 + 2 + 2
-    assert sorted(calls) == [2, 2, 2, 7 * 4 * 2, 7 * 4 * 2]  # each batched forward carries a layer's 28 patches
+    # block 0: the clean cache, the corrupted streams, layer 0's batched forward (its 7 * 4 patches of
+    # batch 2 at once), two baselines; layer 1's batched forward starts at block 1, so block 0 runs once
+    # for it (in the corrupted streams), not once per patch
+    assert sorted(calls[0]) == [2, 2, 2, 2, 7 * 4 * 2]
+    assert sorted(calls[1]) == [2, 2, 2, 2, 7 * 4 * 2, 7 * 4 * 2]
 
 
 def test_bad_inputs_are_named(tiny_model):
