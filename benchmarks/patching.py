@@ -5,7 +5,9 @@ Every row runs in this one process on the same random weights of the Sprout pres
 `sprout.hf.export` of those weights (built offline as in `benchmarks/run.py`), `interp.patch(site="z",
 by="head_position")`, and `interp.attribution_patch` on the same sweep. The calls are interleaved
 round-robin and the medians compared; the sweeps must agree (within 1e-4) or the table is refused.
-nnsight is not in the project's dependencies and is not measured.
+nnsight is not a project dependency: where it is installed (`pip install nnsight` in a venv made with
+`--system-site-packages`), a row runs the same sweep through it, one trace per patch as its patching
+tutorial does.
 
     nice python -m benchmarks.patching [--pos 24] [--repeats 3] [--out benchmarks/RESULTS.md]
 
@@ -29,6 +31,11 @@ import interp
 from benchmarks.run import build
 from interp.patching import patch_tensor
 from sprout import SproutConfig
+
+try:  # optional peer, not a project dependency
+    from nnsight import NNsight
+except ImportError:
+    NNsight = None
 
 
 def pair(vocab: int, pos: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,7 +67,27 @@ def calls(ours, bridge, clean, corrupted, metric) -> dict:
         "tl_bridge": lambda: tl(bridge),
         "ours": lambda: patch_tensor(interp.patch(ours, clean, corrupted, metric, site="z", by="head_position")),
         "attribution": lambda: interp.attribution_patch(ours, clean, corrupted, metric, site="z", by="head_position"),
+        **({"nnsight": lambda: nnsight_sweep(ours, clean, corrupted, metric)} if NNsight is not None else {}),
     }
+
+
+def nnsight_sweep(model, clean, corrupted, metric) -> torch.Tensor:
+    """[n_layers, pos, n_heads]: the metric with one head's z at one position patched from the clean run,
+    one nnsight trace per patch."""
+    _, cache = model.run_with_cache(clean, names_filter=lambda name: name.endswith("attn.hook_z"))
+    traced = NNsight(model)
+    L, P, H = len(model.blocks), clean.shape[1], int(model.cfg.n_heads)
+    out = torch.zeros(L, P, H)
+    with torch.no_grad():
+        for l in range(L):
+            source = cache[f"blocks.{l}.attn.hook_z"]
+            for p in range(P):
+                for h in range(H):
+                    with traced.trace(corrupted):
+                        traced.blocks[l].attn.hook_z.output[:, p, h] = source[:, p, h]
+                        value = metric(traced.output).save()
+                    out[l, p, h] = float(getattr(value, "value", value))
+    return out
 
 
 def measure(fns: dict, repeats: int) -> tuple[dict, dict]:
@@ -74,7 +101,8 @@ def measure(fns: dict, repeats: int) -> tuple[dict, dict]:
 
 def table(cfg, pos: int, times: dict, outs: dict, name: str = "Sprout preset") -> str:
     exact = outs["ours"]
-    diff = float(max((exact - outs[k].float()).abs().max() for k in ("tl_ours", "tl_bridge")))
+    peers = [k for k in ("tl_ours", "tl_bridge", "nnsight") if k in outs]
+    diff = float(max((exact - outs[k].float()).abs().max() for k in peers))
     if diff > 1e-4:
         raise RuntimeError(f"our sweep differs from TransformerLens' by {diff:.2e}: the timings would compare different work")
     est = torch.tensor(outs["attribution"]["estimate"].to_numpy())
@@ -86,8 +114,12 @@ def table(cfg, pos: int, times: dict, outs: dict, name: str = "Sprout preset") -
         ("`interp.patch(site='z', by='head_position')`", "ours", "tl_ours", "<= 0.2x"),
         ("`interp.attribution_patch` (same sweep, 2 forwards + 1 backward)", "attribution", "ours", "-"),
     ]
+    if "nnsight" in times:
+        rows.insert(2, ("nnsight, one trace per patch, our Sprout", "nnsight", "tl_ours", "-"))
+        rows.append(("`interp.patch(site='z', by='head_position')` against nnsight", "ours", "nnsight", "<= 0.2x"))
+    peer_names = "TransformerLens'" + (" and nnsight" if "nnsight" in outs else "")
     lines = [f"Full head x position sweep: {cfg.n_layer} layers x {cfg.n_head} heads x {pos} positions = {n} patches, "
-             f"batch 1, {name} (random weights); our sweep equals TransformerLens' within {diff:.1e}; "
+             f"batch 1, {name} (random weights); our sweep equals {peer_names} within {diff:.1e}; "
              f"attribution estimate vs exact: Pearson r = {r:.3f}.", "",
              "| what | wall | ratio | ratio of | target | met |", "| --- | ---: | ---: | --- | --- | --- |"]
     for label, key, ref, target in rows:
