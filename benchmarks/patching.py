@@ -14,7 +14,8 @@ tutorial does.
 Why ours is faster: TransformerLens runs one forward of the whole corrupted batch per patch (here
 n_layers x n_heads x pos forwards, each with its pandas row, hook registration and tqdm step);
 `interp.patch` stacks as many patches as fit 256 MB of logits into one forward (one hook call per
-layer patches every copy).
+layer patches every copy), each layer's forwards start at that layer from the corrupted stream, and with
+`logit_positions` only the positions the metric reads are unembedded.
 """
 from __future__ import annotations
 
@@ -66,6 +67,8 @@ def calls(ours, bridge, clean, corrupted, metric) -> dict:
         "tl_ours": lambda: tl(ours),
         "tl_bridge": lambda: tl(bridge),
         "ours": lambda: patch_tensor(interp.patch(ours, clean, corrupted, metric, site="z", by="head_position")),
+        "ours_last": lambda: patch_tensor(interp.patch(ours, clean, corrupted, metric, site="z", by="head_position",
+                                                       logit_positions=-1)),
         "attribution": lambda: interp.attribution_patch(ours, clean, corrupted, metric, site="z", by="head_position"),
         **({"nnsight": lambda: nnsight_sweep(ours, clean, corrupted, metric)} if NNsight is not None else {}),
     }
@@ -101,7 +104,7 @@ def measure(fns: dict, repeats: int) -> tuple[dict, dict]:
 
 def table(cfg, pos: int, times: dict, outs: dict, name: str = "Sprout preset") -> str:
     exact = outs["ours"]
-    peers = [k for k in ("tl_ours", "tl_bridge", "nnsight") if k in outs]
+    peers = [k for k in ("tl_ours", "tl_bridge", "nnsight", "ours_last") if k in outs]
     diff = float(max((exact - outs[k].float()).abs().max() for k in peers))
     if diff > 1e-4:
         raise RuntimeError(f"our sweep differs from TransformerLens' by {diff:.2e}: the timings would compare different work")
@@ -112,11 +115,14 @@ def table(cfg, pos: int, times: dict, outs: dict, name: str = "Sprout preset") -
         ("TransformerLens `get_act_patch_attn_head_out_by_pos`, our Sprout", "tl_ours", "reference", "-"),
         ("TransformerLens `get_act_patch_attn_head_out_by_pos`, TransformerBridge", "tl_bridge", "tl_ours", "-"),
         ("`interp.patch(site='z', by='head_position')`", "ours", "tl_ours", "<= 0.2x"),
+        ("the same with `logit_positions=-1` (the metric reads the last position: only it is unembedded)", "ours_last",
+         "tl_ours", "<= 0.2x"),
         ("`interp.attribution_patch` (same sweep, 2 forwards + 1 backward)", "attribution", "ours", "-"),
     ]
     if "nnsight" in times:
         rows.insert(2, ("nnsight, one trace per patch, our Sprout", "nnsight", "tl_ours", "-"))
         rows.append(("`interp.patch(site='z', by='head_position')` against nnsight", "ours", "nnsight", "<= 0.2x"))
+        rows.append(("the same with `logit_positions=-1` against nnsight", "ours_last", "nnsight", "<= 0.2x"))
     peer_names = "TransformerLens'" + (" and nnsight" if "nnsight" in outs else "")
     lines = [f"Full head x position sweep: {cfg.n_layer} layers x {cfg.n_head} heads x {pos} positions = {n} patches, "
              f"batch 1, {name} (random weights); our sweep equals {peer_names} within {diff:.1e}; "

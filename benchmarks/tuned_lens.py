@@ -17,7 +17,7 @@ if not __package__:
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 import interp  # noqa: E402
 from benchmarks.run import interleaved  # noqa: E402
-from interp.tuned_lens_train import _frozen, lens_step  # noqa: E402
+from interp.tuned_lens_train import _frozen, _Scratch, lens_step  # noqa: E402
 from sprout import Sprout, SproutConfig  # noqa: E402
 from sprout.checkpoint import load  # noqa: E402
 
@@ -46,10 +46,11 @@ def floor_fn(model, lens, ids):
 
 def ours_fn(model, lens, ids):
     opt = torch.optim.SGD(lens.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-3)
+    scratch = _Scratch()  # as train_tuned_lens keeps one for all its steps
 
     def run():
         with _frozen(model):
-            lens_step(model, lens, ids)
+            lens_step(model, lens, ids, scratch=scratch)
             torch.nn.utils.clip_grad_norm_(lens.parameters(), 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)

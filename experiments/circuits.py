@@ -107,36 +107,61 @@ def _attribution(model, label, out) -> list[dict]:
 
 
 def _phase(models, out, args) -> list[dict]:
-    import sprout
-
-    rows, runs = [], run_dirs(models, [])
-    for label, run in runs.items():
+    rows = []
+    for label, run in run_dirs(models, []).items():
         snaps = snapshot_dirs(run)
-        if len(snaps) < 2:
+        if len(snaps) >= 2:
+            table, note = measure_phase(run, snaps, args.max_snapshots), "measured on each saved snapshot"
+        elif (run / SHIPPED_PHASE).is_file():
+            table = pd.read_csv(run / SHIPPED_PHASE)
+            note = f"from {SHIPPED_PHASE}: {PHASE_SOURCE}"
+        else:
             continue
-        keep = np.unique(np.linspace(0, len(snaps) - 1, min(args.max_snapshots, len(snaps))).round().astype(int))
-        log = pd.read_csv(run / "train_log.csv")
-        tokens_at = dict(zip(log["step"], log["tokens"]))
-        measures = {}
-        for step, d in (snaps[i] for i in keep):
-            model = sprout.load(d)
-            measures[tokens_at.get(step, step)] = interp.phase_measures(model, _held_out(model))
-        table = interp.phase_table(measures)
         out.table(table, f"phase_{label}")
-        out.figure(figures.phase_change(table, title=f"The phase change, {label}"), f"phase_{label}",
-                   f"{label}: previous-token score, induction score, K-composition and in-context score per snapshot.")
-        rows.append(number("snapshots measured for the phase change", len(keep), None, label, fmt="{:d}"))
+        pair = str(table["heads"].iloc[0]) if "heads" in table else "best heads per snapshot"
+        out.figure(figures.phase_change(table, title=f"The phase change, {label} ({pair})"), f"phase_{label}",
+                   f"{label}: the previous-token score, induction score and K-composition of the circuit {pair}, and the "
+                   f"in-context score, against training tokens ({note}).")
+        rows.append(number("snapshots measured for the phase change", int(table["tokens"].nunique()), None, label, fmt="{:d}"))
     return rows
 
 
-def _held_out(model, n_windows: int = 8):
+SHIPPED_PHASE = "phase_snapshots.csv"
+PHASE_SOURCE = ("the demo's recipe rerun to step 1,000 (its curriculum phase) with a checkpoint every 25 steps; "
+                "the shipped weights' own snapshots were not kept (docs/training-notes.md)")
+
+
+def measure_phase(run: Path, snaps: list, limit: int) -> pd.DataFrame:
+    """`interp.phase_measures` on up to `limit` evenly spaced snapshots of a run, all following the
+    circuit (`interp.phase_heads`) of its last snapshot: columns `tokens`, `step`, `measure`, `value`, `heads`."""
+    import sprout
+
+    keep = np.unique(np.linspace(0, len(snaps) - 1, min(limit, len(snaps))).round().astype(int))
+    log = pd.read_csv(run / "train_log.csv")
+    per_step = (log["tokens"] / log["step"].clip(lower=1)).iloc[-1] if len(log) else 1
+    try:
+        heads = interp.phase_heads(sprout.load(snaps[-1][1]))
+    except ValueError:  # its best induction head is in the first layer: follow each snapshot's best heads
+        heads = None
+    measures, steps = {}, {}
+    for step, d in (snaps[i] for i in keep):
+        model = sprout.load(d)
+        tokens = int(round(step * per_step))
+        measures[tokens], steps[tokens] = interp.phase_measures(model, _held_out(model), heads=heads), step
+    table = interp.phase_table(measures)
+    table.insert(1, "step", table["tokens"].map(steps))
+    table["heads"] = " -> ".join(heads) if heads else "best heads per snapshot"
+    return table
+
+
+def _held_out(model, n_windows: int = 32):
     """Held-out ids [n, 129] for the in-context score, or None when the context or the text is too short."""
     from sprout.tokenizer import encode
 
     n = interp.phase.LATE.stop + 1
     if int(model.cfg.n_ctx) < n - 1 or getattr(model, "tokenizer", None) is None:
         return None
-    ids = torch.tensor(encode(model.tokenizer, held_out_text(model, 12_000)))
+    ids = torch.tensor(encode(model.tokenizer, held_out_text(model, 40_000)))
     if len(ids) < n:
         return None
     return torch.stack([ids[i:i + n] for i in range(0, len(ids) - n + 1, n)][:n_windows])

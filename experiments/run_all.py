@@ -44,6 +44,7 @@ DOC_FIGURES = [
     ("induction_demo", "induction_table", "induction_table.png"),
     ("training_dynamics", "loss_curves", "loss_curves.png"),
     ("training_dynamics", "induction_over_training_{m}", "induction_over_training.png"),
+    ("circuits", "phase_{m}", "phase_change.png"),
     ("param_counts", "param_breakdown", "param_breakdown.png"),
 ]
 

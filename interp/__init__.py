@@ -16,7 +16,7 @@ from .loss import mean_loss, repeat_loss
 from .params import param_table
 from .patching import SITES, patch, patch_tensor
 from .path_patching import path_patch
-from .phase import icl_score, phase_measures, phase_table
+from .phase import icl_score, phase_heads, phase_measures, phase_table
 from .residual import LogHistogram, residual_rms
 from .rope import rope_distance_check
 from .texts import HELD_OUT_SEED, held_out_stories
@@ -28,7 +28,7 @@ __all__ = [
     "first_top1_layer", "head_score_tensor", "head_scores", "HELD_OUT_SEED", "held_out_stories", "icl_score",
     "induction_circuit", "induction_stories", "induction_table", "KINDS", "lens_comparison", "lens_dataset_summary",
     "lens_summary", "load_tuned_lens", "LogHistogram", "logit_attribution", "logit_lens", "mean_loss",
-    "ov_copying_scores", "param_table", "patch", "patch_tensor", "path_patch", "pattern_tensor", "phase_measures",
+    "ov_copying_scores", "param_table", "patch", "patch_tensor", "path_patch", "pattern_tensor", "phase_heads", "phase_measures",
     "phase_table", "positional_qk_scores", "repeat_loss", "repeated_tokens", "residual_rms", "rope_distance_check",
     "SITES", "story_names", "target_mask", "train_tuned_lens", "tuned_lens", "TunedLens",
 ]

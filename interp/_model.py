@@ -7,6 +7,8 @@ own modules for that by name, and says clearly when it does not know the model.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn as nn
 
@@ -50,13 +52,19 @@ def unembed(model, resid: torch.Tensor) -> torch.Tensor:
     Raises:
         ValueError: the model has none of the known (norm, output layer) module pairs.
     """
+    norm, head = final_modules(model)
+    return head(resid if norm is None else norm(resid))
+
+
+def final_modules(model) -> tuple[Optional[nn.Module], nn.Module]:
+    """(final norm or None, output layer) of the model, as `unembed` applies them."""
     for norm_name, head_name in FINAL_MODULES:
         if not hasattr(model, norm_name):
             continue
         norm, head = getattr(model, norm_name), getattr(model, head_name, None)
         # a module holding only hook points (Sprout's `ln_final`, `unembed`) has no weight to apply
         if _has_weight(head) and (norm is None or isinstance(norm, nn.Identity) or _has_weight(norm)):
-            return head(resid if norm is None else norm(resid))
+            return norm, head
     tried = ", ".join(f"{n} + {h}" for n, h in FINAL_MODULES)
     raise ValueError(f"cannot find the final norm and output layer of {model_name(model)} "
                      f"(tried the module pairs {tried}); the logit lens needs both")

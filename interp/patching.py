@@ -16,13 +16,14 @@ which is averaged. Anything else is refused with its shape.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import pandas as pd
 import torch
 
-from ._model import n_heads, n_layers, require_hooks
+from ._model import n_heads, n_layers, require_hooks, unembed
 
 Metric = Callable[[torch.Tensor], torch.Tensor]
 
@@ -168,9 +169,38 @@ def by_layer(items: list) -> dict[int, list]:
     return groups
 
 
+def check_logit_positions(logit_positions, n_pos: int) -> Optional[list[int]]:
+    """`logit_positions` (None, an int or ints, negative counting from the end) as sorted positions."""
+    if logit_positions is None:
+        return None
+    raw = [logit_positions] if isinstance(logit_positions, int) else list(logit_positions)
+    if not raw or not all(isinstance(p, int) and not isinstance(p, bool) and -n_pos <= p < n_pos for p in raw):
+        raise ValueError(f"logit_positions must be positions in -{n_pos}..{n_pos - 1} (an int or a list of them), "
+                         f"got {logit_positions!r}")
+    return sorted({p % n_pos for p in raw})
+
+
+def _logits(model, run_from, layer: int, hooks: list, n: int, positions: Optional[list[int]]) -> torch.Tensor:
+    """One batched forward from `layer` ((tokens, 0) or (stream, layer)); with `positions`, only those
+    positions are unembedded and every other logit is NaN."""
+    start, kind = run_from
+    if positions is None:
+        if kind == "tokens":
+            return batched_forward(model, start, hooks, n)
+        return batched_forward_from(model, start, layer, hooks, n)
+    x = start.repeat(n, 1) if kind == "tokens" else start.repeat(n, 1, 1)
+    resid = model.run_with_hooks(x, fwd_hooks=hooks, stop_at_layer=n_layers(model),
+                                 **({} if kind == "tokens" else {"start_at_layer": layer}))
+    picked = unembed(model, resid[:, positions])
+    logits = picked.new_full((*resid.shape[:2], picked.shape[-1]), float("nan"))
+    logits[:, positions] = picked
+    return logits
+
+
 @torch.inference_mode()
 def patch_values(model, clean: torch.Tensor, corrupted: torch.Tensor, metric: Metric, site: str,
-                 todo: list[Patch], patches_per_forward: Optional[int] = None) -> list[float]:
+                 todo: list[Patch], patches_per_forward: Optional[int] = None,
+                 logit_positions: Optional[list[int]] = None) -> list[float]:
     """The metric after each patch in `todo`, in its order (clean/corrupted already checked ids)."""
     layout = SITES[site][1]
     names = sorted({hook_name(site, p.layer) for p in todo})
@@ -181,14 +211,16 @@ def patch_values(model, clean: torch.Tensor, corrupted: torch.Tensor, metric: Me
     n_max, values = chunk_size(model, corrupted, patches_per_forward), {}
     for layer, group in by_layer(todo).items():
         source, start_name = cache[hook_name(site, layer)], f"blocks.{layer}.hook_resid_pre"
+        run_from = (streams[start_name], "stream") if start_name in starts else (corrupted, "tokens")
         for start in range(0, len(group), n_max):
             chunk = group[start:start + n_max]
             hooks = [(hook_name(site, layer), _patch_hook(chunk, source, layout))]
-            if start_name in starts:
-                logits = batched_forward_from(model, streams[start_name], layer, hooks, len(chunk))
-            else:
-                logits = batched_forward(model, corrupted, hooks, len(chunk))
-            values.update(zip(chunk, split_metric(metric, logits, len(chunk))))
+            logits = _logits(model, run_from, layer, hooks, len(chunk), logit_positions)
+            chunk_values = split_metric(metric, logits, len(chunk))
+            if logit_positions is not None and any(math.isnan(v) for v in chunk_values):
+                raise ValueError(f"the metric returned NaN with logit_positions={logit_positions}: it reads logits at "
+                                 "other positions (NaN there); pass those positions too, or no logit_positions")
+            values.update(zip(chunk, chunk_values))
     return [values[p] for p in todo]
 
 
@@ -212,7 +244,7 @@ def patch_frame(todo: list[Patch], site: str, values: dict, clean_value: float, 
 
 
 def patch(model, clean, corrupted, metric: Metric, site: str = "resid_pre", by: str = "position",
-          patches_per_forward: Optional[int] = None) -> pd.DataFrame:
+          patches_per_forward: Optional[int] = None, logit_positions=None) -> pd.DataFrame:
     """Activation patching sweep (denoising): the metric with one clean piece of `site` in the corrupted run.
 
     Args:
@@ -223,6 +255,10 @@ def patch(model, clean, corrupted, metric: Metric, site: str = "resid_pre", by: 
         by: "layer" (the whole activation), "position", "head" (all positions), or "head_position";
             a pattern's position is its destination (query) row, as in TransformerLens.
         patches_per_forward: patches sharing one forward (default: as many as 256 MB of logits allow).
+        logit_positions: the positions whose logits the metric reads (an int or a list, e.g. -1): only
+            those are unembedded in the sweep's forwards (the unembedding is a large share of their cost)
+            and the metric sees NaN everywhere else; a metric that then returns NaN is refused. The
+            metric still receives logits [batch, pos, d_vocab], so it needs no change.
 
     Returns:
         One row per patch (columns in `patch_frame`); `metric` is the patched value, equal to
@@ -234,7 +270,8 @@ def patch(model, clean, corrupted, metric: Metric, site: str = "resid_pre", by: 
     check_site(model, site, by)
     clean, corrupted = clean_and_corrupted(model, clean, corrupted)
     todo = patches(model, site, by, corrupted.shape[1])
-    values = patch_values(model, clean, corrupted, metric, site, todo, patches_per_forward)
+    positions = check_logit_positions(logit_positions, corrupted.shape[1])
+    values = patch_values(model, clean, corrupted, metric, site, todo, patches_per_forward, positions)
     clean_value, corrupted_value = baselines(model, clean, corrupted, metric)
     return patch_frame(todo, site, {"metric": values}, clean_value, corrupted_value)
 

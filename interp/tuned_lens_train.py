@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from sprout.synthetic import generate_corpus, generate_story
 
 from ._batching import TextOrTokens, token_rows
-from ._model import unembed
+from ._model import final_modules, unembed
 from .texts import held_out_stories
 from .tuned_lens import TunedLens, lens_comparison
 
@@ -82,7 +82,7 @@ class _CrossEntropyToTarget(torch.autograd.Function):
 
     Written out because autograd's log_softmax -> multiply -> sum keeps and re-reads three [rows, vocab]
     tensors; here the forward is one log-sum-exp and one dot product, and the backward one pass,
-    softmax(z) - p (measured: the step went from ~50% to ~70% of the floor's tokens/s on the demos).
+    softmax(z) - p. Used for an output layer other than a bias-free nn.Linear (`_UnembedCrossEntropy`).
     """
 
     @staticmethod
@@ -99,19 +99,90 @@ class _CrossEntropyToTarget(torch.autograd.Function):
         return g, None
 
 
-def lens_step(model, lens: TunedLens, ids: torch.Tensor, scale: float = 1.0) -> list[float]:
+class _Scratch:
+    """The [tokens, vocab] buffers of a lens step, reused by every translator of every step: the
+    output distribution `p`, and the logits, log-probabilities and gradient of one translator.
+
+    Why: a fresh 16 MB tensor per use costs more than the arithmetic on it (glibc returns blocks that
+    large to the kernel, so each one is page-faulted in again): with them reused, and the row-wise fused
+    log_softmax, the gpt-4 step went from 57-65% to over 70% of its floor. `turn` counts forwards, so a
+    backward that comes after a later forward (whose buffers it would read) is refused, not computed
+    from the wrong logits.
+    """
+
+    def __init__(self):
+        self.buffers, self.turn = None, 0
+
+    def take(self, rows: int, vocab: int, like: torch.Tensor) -> list[torch.Tensor]:
+        """[p, z, log_softmax(z), grad], each [rows, vocab] like `like`."""
+        b = self.buffers
+        if b is None or b[0].shape != (rows, vocab) or b[0].dtype != like.dtype or b[0].device != like.device:
+            self.buffers = [like.new_empty(rows, vocab) for _ in range(4)]
+        return self.buffers
+
+    @torch.no_grad()
+    def target(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The output distribution p of logits [rows, vocab] (in a buffer) and sum_v p log p, the mean over rows."""
+        p, _, log_p, _ = self.take(*logits.shape, logits)
+        torch.log_softmax(logits, dim=-1, out=log_p)
+        torch.exp(log_p, out=p)
+        return p, torch.dot(p.reshape(-1), log_p.reshape(-1)) / logits.shape[0]
+
+
+class _UnembedCrossEntropy(torch.autograd.Function):
+    """`_CrossEntropyToTarget` of the logits x @ weight^T, for normed streams x [rows, d_model] and a
+    bias-free output layer's weight [vocab, d_model], with every [rows, vocab] tensor in `scratch`:
+    the forward writes z = x W^T and log_softmax(z); the backward, softmax(z) - p, then one matmul back to
+    [rows, d_model]. Each forward's backward must come before the next forward."""
+
+    @staticmethod
+    def forward(ctx, x, weight, p, scratch: _Scratch):
+        _, z, log_q, _ = scratch.take(x.shape[0], weight.shape[0], x)
+        torch.mm(x, weight.t(), out=z)
+        torch.log_softmax(z, dim=-1, out=log_q)
+        ctx.save_for_backward(x, weight, p)
+        scratch.turn += 1
+        ctx.scratch, ctx.turn = scratch, scratch.turn
+        return -torch.dot(p.reshape(-1), log_q.reshape(-1)) / x.shape[0]
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, p = ctx.saved_tensors
+        if ctx.scratch.turn != ctx.turn:
+            raise RuntimeError("the tuned lens' logits were overwritten by a later forward: backpropagate each "
+                               "translator's loss before the next one's forward (as lens_step does)")
+        _, _, log_q, g = ctx.scratch.buffers
+        torch.exp(log_q, out=g).sub_(p)
+        scale = grad / x.shape[0]
+        grad_x = torch.mm(g, weight).mul_(scale) if ctx.needs_input_grad[0] else None
+        grad_w = torch.mm(g.t(), x).mul_(scale) if ctx.needs_input_grad[1] else None
+        return grad_x, grad_w, None, None
+
+
+def lens_cross_entropy(model, resid: torch.Tensor, p: torch.Tensor, scratch: _Scratch) -> torch.Tensor:
+    """Mean cross-entropy of the model's output distribution p [rows, vocab] under the logits of the
+    (translated) streams resid [rows, d_model], read through the model's final norm and output layer."""
+    norm, head = final_modules(model)
+    x = resid if norm is None else norm(resid)
+    if isinstance(head, torch.nn.Linear) and head.bias is None:
+        return _UnembedCrossEntropy.apply(x.float(), head.weight.float(), p, scratch)
+    return _CrossEntropyToTarget.apply(head(x).float(), p)
+
+
+def lens_step(model, lens: TunedLens, ids: torch.Tensor, scale: float = 1.0,
+              scratch: Optional[_Scratch] = None) -> list[float]:
     """Forward of the frozen model once, then each translator's KL(final || lens), backpropagated layer by
-    layer (times `scale`). Returns the mean KL per translator (nats)."""
+    layer (times `scale`). Returns the mean KL per translator (nats). `scratch` keeps the [tokens, vocab]
+    buffers from one step to the next."""
     names = lens.sites[:-1]
+    scratch = scratch or _Scratch()
     with torch.no_grad():
         logits, cache = model.run_with_cache(ids, names_filter=names)
-        log_p = torch.log_softmax(logits.float().flatten(0, -2), dim=-1)  # [tokens, vocab]
-        p = log_p.exp()
-        neg_h = (p * log_p).sum(-1).mean()
+        p, neg_h = scratch.target(logits.float().flatten(0, -2))
     kls = []
     for i, name in enumerate(names):
         resid = cache[name].flatten(0, -2)
-        cross = _CrossEntropyToTarget.apply(unembed(model, lens(i, resid)).float(), p)  # KL = cross - H(p)
+        cross = lens_cross_entropy(model, lens(i, resid), p, scratch)  # KL = cross - H(p)
         (cross * scale).backward()
         kls.append((cross.detach() + neg_h).item())
     return kls
@@ -155,7 +226,7 @@ def train_tuned_lens(model, data: TextOrTokens, steps: int = 250, batch_size: in
     if lens.optimizer_state is not None:
         opt.load_state_dict(lens.optimizer_state)
     lens.train()
-    start, t0, kls = lens.step, time.perf_counter(), []
+    start, t0, kls, scratch = lens.step, time.perf_counter(), [], _Scratch()
     end = steps if stop_at is None else min(int(stop_at), steps)
     bar = tqdm(range(start, end), initial=start, total=steps, desc="tuned lens", disable=not progress or rank != 0)
     with _frozen(model):
@@ -164,7 +235,7 @@ def train_tuned_lens(model, data: TextOrTokens, steps: int = 250, batch_size: in
                 group["lr"] = lr * (1 - momentum) * (1 - step / steps)
             ids = rows[_batch_rows(len(rows), batch_size, step, seed)]
             share = batch_size // world
-            kls = lens_step(model, lens, ids[rank * share:(rank + 1) * share].to(model.cfg.device))
+            kls = lens_step(model, lens, ids[rank * share:(rank + 1) * share].to(model.cfg.device), scratch=scratch)
             _average_grads(lens, world)
             torch.nn.utils.clip_grad_norm_(lens.parameters(), grad_clip)
             opt.step()

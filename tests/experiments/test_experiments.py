@@ -252,3 +252,37 @@ def test_tuned_lens_numbers_are_the_comparison_of_the_lens_beside_the_checkpoint
     rows = numbers(run["out"], "tuned_lens")
     tuned0 = want[(want.lens == "tuned") & (want.layer == 0)].groupby("layer").kl_to_final.mean().iloc[0]
     assert rows[("tiny", "held-out KL to the output, embedding, tuned lens (nats)")]["measured"] == pytest.approx(tuned0)
+
+
+def test_a_demo_without_snapshots_draws_its_shipped_phase_table(tmp_path):
+    from argparse import Namespace
+
+    from experiments import circuits
+
+    model = sprout.load("gpt-4")
+    model.spec = "gpt-4"  # as run_all's loader marks a demo
+    out = Output(tmp_path, "circuits")
+    rows = circuits._phase({"gpt-4": model}, out, Namespace(max_snapshots=6))
+    shipped = pd.read_csv(sprout.checkpoint.demo_dir() / "gpt-4" / circuits.SHIPPED_PHASE)
+    written = pd.read_csv(tmp_path / "phase_gpt-4.csv")
+    pd.testing.assert_frame_equal(written, shipped)
+    assert set(shipped["measure"]) == {"previous-token score", "induction score", "K-composition (x random)",
+                                       "in-context score (late - early loss)"}
+    assert shipped["heads"].nunique() == 1  # one circuit followed through every snapshot
+    assert [f.stem for f in out.figures] == ["phase_gpt-4"] and circuits.PHASE_SOURCE in out.figures[0].caption
+    assert rows[0]["measured"] == shipped["tokens"].nunique()
+
+
+def test_the_readmes_phase_numbers_are_the_shipped_tables():
+    from pathlib import Path
+
+    from experiments import circuits
+
+    table = pd.read_csv(sprout.checkpoint.demo_dir() / "gpt-4" / circuits.SHIPPED_PHASE)
+    at = table.pivot(index="step", columns="measure", values="value")
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    for measure, fmt in (("induction score", "{:.2f}"), ("previous-token score", "{:.2f}"),
+                         ("in-context score (late - early loss)", "{:.1f}")):
+        before, after = fmt.format(at.loc[525, measure]), fmt.format(at.loc[575, measure])
+        assert f"from {before} to {after}" in readme, measure
+    assert table["heads"].iloc[0].replace(" ", "") in readme.replace(" ", "")

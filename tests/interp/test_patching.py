@@ -49,6 +49,37 @@ def test_patch_equals_transformer_lens(tiny_model, site, by):
     torch.testing.assert_close(patch_tensor(frame), theirs.float(), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("site,by", [("z", "head_position"), ("resid_pre", "position"), ("pattern", "head"),
+                                     ("mlp_out", "layer")])
+def test_unembedding_only_the_metrics_positions_changes_nothing(tiny_model, site, by):
+    clean, corrupted = pair(3)
+    _, cache = tiny_model.run_with_cache(clean)
+    frame = interp.patch(tiny_model, clean, corrupted, scalar_metric, site=site, by=by, logit_positions=-1,
+                         patches_per_forward=5)
+    full = interp.patch(tiny_model, clean, corrupted, scalar_metric, site=site, by=by)
+    assert frame["metric"].to_numpy() == pytest.approx(full["metric"].to_numpy(), abs=1e-5)
+    if (site, by) in TL:
+        theirs = TL[site, by](tiny_model, corrupted, cache, scalar_metric)
+        torch.testing.assert_close(patch_tensor(frame), theirs.float(), atol=1e-5, rtol=0)
+
+
+def test_logit_positions_are_checked(tiny_model):
+    clean, corrupted = pair(4)
+    seen = []
+
+    def reads_two(logits):
+        seen.append(torch.isnan(logits[:, :, 0]).any(0).tolist())
+        return (logits[:, 2, 5] - logits[:, -1, 9]).mean()
+    interp.patch(tiny_model, clean, corrupted, reads_two, site="z", by="head", logit_positions=[2, -1])
+    # the metric sees [batch, pos, vocab] with real logits only at positions 2 and 6
+    assert seen[0] == [True, True, False, True, True, True, False]
+    with pytest.raises(ValueError, match="returned NaN with logit_positions=\\[6\\]"):
+        interp.patch(tiny_model, clean, corrupted, reads_two, site="z", by="head", logit_positions=-1)
+    for bad in (7, -8, [], [1.5], True):
+        with pytest.raises(ValueError, match="logit_positions must be positions in -7..6"):
+            interp.patch(tiny_model, clean, corrupted, scalar_metric, site="z", by="head", logit_positions=bad)
+
+
 def test_layer_patch_of_the_residual_restores_the_clean_metric(tiny_model):
     clean, corrupted = pair(1)
     frame = interp.patch(tiny_model, clean, corrupted, logit_diff, site="resid_pre", by="layer")

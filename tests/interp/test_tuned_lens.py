@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 
 import interp
-from interp._model import logits_of
-from interp.tuned_lens_train import model_text, windows
+from interp._model import logits_of, unembed
+from interp.tuned_lens_train import _frozen, _Scratch, _UnembedCrossEntropy, lens_step, model_text, windows
 from sprout import Sprout
 from sprout.checkpoint import load
 from tests.conftest import TINY, randomize_gains
@@ -174,3 +174,55 @@ def test_walkthrough_gpt_trains_and_a_model_without_the_hooks_is_named():
     assert interp.tuned_lens(model, ids, lens).columns.tolist() == interp.logit_lens(model, ids).columns.tolist()
     with pytest.raises(ValueError, match=r"WalkthroughGPT has no hook point 'blocks.0.hook_resid_pre'"):
         interp.train_tuned_lens(build_step("4.2"), ids, steps=1)
+
+
+def _reference_kls(model, lens, ids):
+    """KL(output || lens) per translator, with autograd's own log_softmax, in float64."""
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(ids)
+    log_p = F.log_softmax(logits.double().flatten(0, 1), -1)
+    kls = []
+    for i, name in enumerate(lens.sites[:-1]):
+        log_q = F.log_softmax(unembed(model, lens(i, cache[name].flatten(0, 1))).double(), -1)
+        kls.append((log_p.exp() * (log_p - log_q)).sum(-1).mean())
+    return kls
+
+
+@pytest.mark.parametrize("name", ["tiny", "walkthrough"])  # a bias-free Linear head, and another output layer
+def test_lens_step_equals_autograds_kl_and_its_gradient(tiny_model, name):
+    model = tiny_model if name == "tiny" else load("walkthrough")
+    torch.manual_seed(0)
+    lens = interp.TunedLens(model)
+    for t in lens.translators:
+        torch.nn.init.normal_(t.weight, std=0.05)
+        torch.nn.init.normal_(t.bias, std=0.05)
+    ids = torch.randint(0, int(model.cfg.d_vocab), (2, 9), generator=torch.Generator().manual_seed(1))
+    with _frozen(model):
+        kls = lens_step(model, lens, ids)
+        ours = [p.grad.clone() for p in lens.parameters()]
+        lens.zero_grad()
+        ref = _reference_kls(model, lens, ids)
+        torch.stack(ref).sum().backward()
+    assert kls == pytest.approx([float(k.detach()) for k in ref], abs=2e-5)
+    for a, b in zip(ours, lens.parameters()):
+        torch.testing.assert_close(a, b.grad.to(a.dtype), atol=1e-5, rtol=1e-4)
+
+
+def test_the_fused_unembedding_loss_and_its_buffers():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(6, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(11, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    p = torch.softmax(torch.randn(6, 11, generator=g, dtype=torch.float64), -1)
+    scratch = _Scratch()
+    assert torch.autograd.gradcheck(lambda a, b: _UnembedCrossEntropy.apply(a, b, p, _Scratch()), (x, w))
+    loss = _UnembedCrossEntropy.apply(x, w, p, scratch)
+    expected = -(p * torch.log_softmax(x @ w.T, -1)).sum(-1).mean()
+    assert float(loss.detach()) == pytest.approx(float(expected.detach()), abs=1e-12)
+    first = torch.autograd.grad(loss, (x, w), retain_graph=True)
+    again = torch.autograd.grad(loss, (x, w), retain_graph=True)  # a repeated backward reads the same buffers
+    for a, b, c in zip(first, again, torch.autograd.grad(expected, (x, w))):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        torch.testing.assert_close(a, c)
+    _UnembedCrossEntropy.apply(x, w, p, scratch)  # a later forward overwrites the buffers the first one reads
+    with pytest.raises(RuntimeError, match="overwritten by a later forward"):
+        loss.backward()
