@@ -275,9 +275,12 @@ def test_endless_or_huge_data_is_refused_with_bounded_memory(tmp_path, capsys):
 def test_ctrl_c_prints_one_line_naming_the_last_checkpoint(tmp_path, cache):
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    # a shell's background job (`cmd &` in a script) starts with SIGINT ignored, and Python keeps it ignored:
+    # give the child the default disposition, as a terminal's Ctrl-C finds it
     proc = subprocess.Popen([sys.executable, "-m", "sprout.train", *SHORT, "--max-steps", "100000", "--out", str(out),
                              "--data-cache", str(cache)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
     while not (out / "checkpoints" / "step_00000010").exists() and time.time() < deadline:
         time.sleep(0.05)
