@@ -48,7 +48,14 @@ def _direction(model, ids: torch.Tensor, target, baseline) -> tuple[torch.Tensor
     def as_ids(value, name):
         if isinstance(value, str):
             value = model.to_single_token(value)
-        t = torch.as_tensor(value, device=ids.device).long()
+        t = torch.as_tensor(value, device=ids.device)
+        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+            raise ValueError(f"{name} must be token ids (integers) or a token string, got {t.dtype}")
+        t = t.long()
+        vocab = int(model.cfg.d_vocab)
+        if t.numel() and (int(t.min()) < 0 or int(t.max()) >= vocab):
+            raise ValueError(f"{name} ids must be in 0..{vocab - 1} (the model's vocabulary); got ids "
+                             f"{int(t.min())}..{int(t.max())}")
         if t.dim() == 0:
             return t.expand(ids.shape).clone()
         if t.shape == ids.shape[-1:]:
@@ -58,6 +65,9 @@ def _direction(model, ids: torch.Tensor, target, baseline) -> tuple[torch.Tensor
         return t
 
     if target is None:
+        if ids.shape[1] < 2:
+            raise ValueError("logit_attribution with target=None scores each position's next token: it needs at "
+                             f"least 2 tokens, got {ids.shape[1]}; pass a target to score one token")
         tgt = ids[:, 1:]
         ids = ids[:, :-1]
     else:
@@ -140,8 +150,11 @@ def _grad_run(model, tokens: torch.Tensor, metric: Metric, names: list[str]) -> 
     """Activations and d metric / d activation at `names` on one forward and one backward."""
     acts, grads = {}, {}
 
+    leaves = []
+
     def start_graph(x, hook):  # the embedding need not depend on a trainable weight for gradients to flow
-        return x.detach().requires_grad_(True)
+        leaves.append(x.detach().requires_grad_(True))
+        return leaves[-1]
 
     def keep(act, hook):
         acts[hook.name] = act.detach()
@@ -156,7 +169,9 @@ def _grad_run(model, tokens: torch.Tensor, metric: Metric, names: list[str]) -> 
         if out.dim() != 0:
             raise ValueError(f"the metric must return a scalar or one value per batch row ([{tokens.shape[0]}]); "
                              f"it returned shape {tuple(out.shape)}")
-        out.backward()
+        # gradients down to the embedding only: the hooks above read them on the way, and no parameter's
+        # .grad is touched (the analysis leaves the model as it found it)
+        torch.autograd.grad(out, leaves)
     return acts, grads
 
 

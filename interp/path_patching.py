@@ -196,6 +196,9 @@ def path_patch(model, clean, corrupted, metric: Metric, senders, receivers, via=
         raise ValueError(f"via must be one of {list(VIA)} (or a list of them), got {via!r}")
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {list(DIRECTIONS)}, got {direction!r}")
+    # a direct path is a sender's write into the residual stream that a later head reads: a model (a
+    # walkthrough step) without residual connections has none, and every effect would read 0
+    require_hooks(model, ["blocks.0.hook_resid_pre"])
     clean, corrupted = clean_and_corrupted(model, clean, corrupted)
     base, source = (clean, corrupted) if direction == "noising" else (corrupted, clean)
     senders, receivers = _nodes(model, senders, receivers)

@@ -210,7 +210,17 @@ def train_tuned_lens(model, data: TextOrTokens, steps: int = 250, batch_size: in
     Returns:
         The trained TunedLens; `lens.info` records the recipe, data, steps, tokens/s and held-out KL.
     """
-    if not isinstance(steps, int) or steps < 1:
+    # training needs autograd even when called under torch.no_grad() or torch.inference_mode() (whose
+    # tensors could not be updated later)
+    with torch.inference_mode(False), torch.enable_grad():
+        return _train(**locals())
+
+
+def _train(model, data: TextOrTokens, steps: int = 250, batch_size: int = 8, seq_len: Optional[int] = None,
+                     lr: float = 1.0, momentum: float = 0.9, weight_decay: float = 1e-3, grad_clip: float = 1.0,
+                     seed: int = 0, lens: Optional[TunedLens] = None, held_out: Optional[TextOrTokens] = None,
+                     progress: bool = True, data_name: Optional[str] = None, stop_at: Optional[int] = None) -> TunedLens:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
     world, rank = _world()
     if batch_size < 1 or batch_size % world:
@@ -219,7 +229,8 @@ def train_tuned_lens(model, data: TextOrTokens, steps: int = 250, batch_size: in
         lens = TunedLens(model).to(model.cfg.device)
     else:
         lens.check_model(model, "the lens to resume")
-    unembed(model, torch.zeros(1, int(model.cfg.d_model), device=model.cfg.device))  # fails early on a model it cannot read
+    dtype = next(model.parameters()).dtype
+    unembed(model, torch.zeros(1, int(model.cfg.d_model), device=model.cfg.device, dtype=dtype))  # fails early on a model it cannot read
     rows = windows(model, data, seq_len)
     opt = torch.optim.SGD(lens.parameters(), lr=lr * (1 - momentum), momentum=momentum, nesterov=True,
                           weight_decay=weight_decay)

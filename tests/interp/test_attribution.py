@@ -61,3 +61,23 @@ def test_attribution_patch_checks_its_metric(tiny_model):
     clean, corrupted = pair()
     with pytest.raises(ValueError, match="scalar or one value per batch row"):
         interp.attribution_patch(tiny_model, clean, corrupted, lambda logits: logits[:, :, 0])
+
+
+def test_attribution_patch_leaves_no_gradient_on_the_model(tiny_model):
+    clean, corrupted = pair(5)
+    for p in tiny_model.parameters():
+        p.grad = None
+    interp.attribution_patch(tiny_model, clean, corrupted, scalar_metric, site="z", by="head")
+    assert all(p.grad is None for p in tiny_model.parameters())
+
+
+def test_dla_names_bad_targets(tiny_model):
+    ids = torch.tensor([[3, 4, 5, 6]])
+    vocab = int(tiny_model.cfg.d_vocab)
+    for bad, match in ((vocab, "in 0.."), (-1, "in 0.."), (1.5, "integers")):
+        with pytest.raises(ValueError, match=match):
+            interp.logit_attribution(tiny_model, ids, target=bad)
+        with pytest.raises(ValueError, match=match):
+            interp.logit_attribution(tiny_model, ids, target=3, baseline=bad)
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        interp.logit_attribution(tiny_model, ids[:, :1])

@@ -102,3 +102,13 @@ def test_denoising_equals_transformer_lens_direct_path(three_layers, via):
     frame = interp.path_patch(three_layers, clean, corrupted, scalar, ["L0H2"], receivers, via=via, direction="denoising")
     for row in frame.itertuples():
         assert row.metric == pytest.approx(float(theirs[row.receiver_layer, int(row.receiver.split("H")[1])]), abs=1e-5)
+
+
+def test_a_model_without_residual_connections_is_refused():
+    from sprout import build_step
+
+    model = build_step("4.6").eval()  # a walkthrough step without residuals: no direct path to patch
+    ids = torch.randint(0, int(model.cfg.d_vocab), (1, 6))
+    with pytest.raises(ValueError, match="no hook point 'blocks.0.hook_resid_pre'"):
+        interp.path_patch(model, ids, ids, lambda logits: logits[:, -1, 0].mean(), senders=["L0H0"],
+                          receivers=["L1H0"], via="k")

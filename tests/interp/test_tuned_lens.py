@@ -1,5 +1,7 @@
 """Tuned lens: zero translators are the logit lens, a hand computation agrees, training helps on held-out
 text, save/load round-trips bit-exactly, and a lens for another model or bad input is refused clearly."""
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -226,3 +228,28 @@ def test_the_fused_unembedding_loss_and_its_buffers():
     _UnembedCrossEntropy.apply(x, w, p, scratch)  # a later forward overwrites the buffers the first one reads
     with pytest.raises(RuntimeError, match="overwritten by a later forward"):
         loss.backward()
+
+
+@pytest.mark.parametrize("context", [torch.no_grad, torch.inference_mode])
+def test_training_works_inside_no_grad_and_inference_mode(tiny_model, context):
+    ids = torch.randint(0, int(tiny_model.cfg.d_vocab), (12, 16), generator=torch.Generator().manual_seed(3))
+    expected = interp.train_tuned_lens(tiny_model, ids, steps=3, batch_size=4, progress=False)
+    with context():
+        lens = interp.train_tuned_lens(tiny_model, ids, steps=3, batch_size=4, progress=False)
+    for a, b in zip(lens.parameters(), expected.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    interp.train_tuned_lens(tiny_model, ids, steps=4, batch_size=4, progress=False, lens=lens)  # updatable after
+    assert lens.step == 4
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+def test_training_a_model_of_another_dtype(tiny_model, dtype):
+    model = copy.deepcopy(tiny_model).to(dtype)
+    ids = torch.randint(0, int(model.cfg.d_vocab), (12, 16), generator=torch.Generator().manual_seed(3))
+    lens = interp.train_tuned_lens(model, ids, steps=2, batch_size=4, progress=False)
+    assert lens.step == 2 and all(torch.isfinite(p).all() for p in lens.parameters())
+
+
+def test_steps_must_be_an_int_not_a_bool(tiny_model):
+    with pytest.raises(ValueError, match="steps must be a positive int"):
+        interp.train_tuned_lens(tiny_model, torch.zeros(64, dtype=torch.long), steps=True)
