@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from ._batching import TextOrTokens, batches, token_rows
-from ._model import as_index, heads_of, require_hooks
+from ._model import require_hooks
+from ._specs import Head, as_heads
 from .heads import repeated_tokens
 
 METHODS = ("zero", "mean")
@@ -31,18 +32,11 @@ def _as_heads(model, heads, top_k: Optional[int]) -> tuple[list[tuple[int, int]]
             heads = heads.sort_values("score", ascending=False, kind="stable")
             scores = {(int(r.layer), int(r.head)): float(r.score) for r in heads.itertuples()}
         heads = list(zip(heads["layer"], heads["head"]))
-    heads = [_pair(pair) for pair in heads][:top_k]
-    if not heads:
-        raise ValueError("no heads to ablate")
-    for l, h in heads:
-        heads_of(model, l, h)  # range check with a clear message
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be None or an integer >= 1, got {top_k!r}")
+    heads = as_heads(model, heads, "heads to ablate")[:top_k]
+    scores = {Head(*key): v for key, v in scores.items()}
     return heads, scores
-
-
-def _pair(pair) -> tuple[int, int]:
-    if isinstance(pair, (str, bytes)) or not hasattr(pair, "__len__") or len(pair) != 2:
-        raise TypeError(f"each head is a (layer, head) pair of integers, got {pair!r}")
-    return as_index(pair[0], "layer"), as_index(pair[1], "head")
 
 
 def _ablate_hook(heads_in_layer: list[int], value: Optional[torch.Tensor]):
@@ -89,7 +83,8 @@ def ablate_heads(model, heads: Union[list, pd.DataFrame], text_or_tokens: Option
 
     Args:
         model: a hooked model with `blocks.{l}.attn.hook_z`.
-        heads: (layer, head) pairs, or a `head_scores` frame (taken best first).
+        heads: heads as (layer, head) pairs of integers, "L1H2" or `interp.Head`s (one, or a list), or a
+            `head_scores` frame (taken best first).
         text_or_tokens: what to score on; by default the seeded repeated random tokens of `head_scores`
             (same `half_len`, `n_seqs`, `token_range`, `seed`), where the loss is measured on the
             repeated half only (predictions of tokens 2..half_len of the second copy). On user text it
@@ -137,7 +132,7 @@ def ablate_heads(model, heads: Union[list, pd.DataFrame], text_or_tokens: Option
         single = len(group) == 1
         out.append(dict(
             layer=group[0][0] if single else -1, head=group[0][1] if single else -1,
-            label="+".join(f"L{l}H{h}" for l, h in group), method=method,
+            label="+".join(Head(l, h).label for l, h in group), method=method,
             score=scores.get(group[0], float("nan")) if single else float("nan"),
             loss_clean=clean, loss_ablated=ablated, delta=ablated - clean,
             no_effect=abs(ablated - clean) < min_delta,

@@ -18,16 +18,18 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
+from ._inputs import token_batch
+from ._metrics import Metric, check_metric, differentiable_value, hide
 from ._model import model_name, n_heads, n_layers, require_hooks, str_tokens
+from ._specs import Component
 from .patching import (
     SITES,
-    Metric,
     Patch,
-    as_tokens,
     baselines,
     check_site,
     clean_and_corrupted,
     hook_name,
+    masked,
     patch_frame,
     patch_values,
     patches,
@@ -38,8 +40,8 @@ def _components(model) -> list[tuple[str, int, int, str]]:
     """(label, layer, head, hook) of every write to the stream, in order: embedding, then each layer's heads and MLP."""
     out = [("embed", -1, -1, "hook_embed")]
     for l in range(n_layers(model)):
-        out += [(f"L{l}H{h}", l, h, f"blocks.{l}.attn.hook_result") for h in range(n_heads(model))]
-        out.append((f"MLP{l}", l, -1, f"blocks.{l}.hook_mlp_out"))
+        out += [(Component("head", l, h).label, l, h, f"blocks.{l}.attn.hook_result") for h in range(n_heads(model))]
+        out.append((Component("mlp", l).label, l, -1, f"blocks.{l}.hook_mlp_out"))
     return out
 
 
@@ -93,13 +95,15 @@ def logit_attribution(model, text_or_tokens, target=None, baseline=None) -> pd.D
 
     Args:
         model: a Sprout (RMS final norm, `W_U`).
-        text_or_tokens: text or ids [pos] / [batch, pos].
+        text_or_tokens: text, a list of texts (padded: rows come for real tokens only) or ids [pos] /
+            [batch, pos].
         target: None (each position's actual next token; the last position is then not scored), one
             token (id or single-token text) for every position, or ids [pos] / [batch, pos].
         baseline: None, or tokens in the same forms: then the share of logit(target) - logit(baseline).
 
     Returns:
-        One row per (seq, pos, component): `seq`, `pos`, `token`, `target`, `baseline` (-1: none),
+        One row per (seq, pos, component) of a real token (with target=None, one whose next token is
+        real too): `seq`, `pos` (counting real tokens only), `token`, `target`, `baseline` (-1: none),
         `component` ("embed", "L{l}H{h}", "MLP{l}"), `kind` (embed / head / mlp), `layer` (-1 for the
         embedding), `head` (-1 unless a head), `attribution`. A position's rows sum to its logit (difference).
 
@@ -107,17 +111,24 @@ def logit_attribution(model, text_or_tokens, target=None, baseline=None) -> pd.D
         >>> dla = interp.logit_attribution(model, "When Mary and John went out, John gave a drink to", target=" Mary", baseline=" John")
     """
     _check_rms_final(model)
-    ids = as_tokens(model, text_or_tokens)
+    ids, mask = token_batch(model, text_or_tokens)
     comps = _components(model)
     names = sorted({c[3] for c in comps}) + ["ln_final.hook_scale"]
     require_hooks(model, names)
-    _, cache = model.run_with_cache(ids, names_filter=names)
+    _, cache = model.run_with_cache(ids, names_filter=names, **masked(mask))
     tgt, base, direction = _direction(model, ids, target, baseline)
     T = tgt.shape[1]
     scale = cache["ln_final.hook_scale"][:, :T]  # [batch, pos, 1]
     shares = [_share(cache, hook, head, T) / scale for _, _, head, hook in comps]
     values = (torch.stack(shares) * direction).sum(-1)  # [component, batch, pos]
-    return _dla_frame(model, ids, tgt, base, comps, values)
+    frame = _dla_frame(model, ids, tgt, base, comps, values)
+    if mask is None:
+        return frame
+    # real tokens only (a scored next token must be real too), at the positions they have alone
+    real = mask.bool()[:, :T] & (mask.bool()[:, 1:T + 1] if target is None else True)
+    where = (mask.cumsum(1) - 1)[:, :T].cpu()
+    frame["pos"] = where.reshape(-1).repeat(len(comps)).numpy()
+    return frame[real.reshape(-1).repeat(len(comps)).cpu().numpy()].reset_index(drop=True)
 
 
 def _share(cache, hook: str, head: int, T: int) -> torch.Tensor:
@@ -146,7 +157,7 @@ def _dla_frame(model, ids, tgt, base, comps, values) -> pd.DataFrame:
 # ----------------------------------------------------------------------------- attribution patching
 
 
-def _grad_run(model, tokens: torch.Tensor, metric: Metric, names: list[str]) -> tuple[dict, dict]:
+def _grad_run(model, tokens: torch.Tensor, metric: Metric, names: list[str], mask=None) -> tuple[dict, dict]:
     """Activations and d metric / d activation at `names` on one forward and one backward."""
     acts, grads = {}, {}
 
@@ -162,13 +173,9 @@ def _grad_run(model, tokens: torch.Tensor, metric: Metric, names: list[str]) -> 
         return act
 
     with torch.enable_grad():
-        logits = model.run_with_hooks(tokens, fwd_hooks=[("hook_embed", start_graph)] + [(n, keep) for n in names])
-        out = torch.as_tensor(metric(logits))
-        if out.dim() == 1 and out.shape[0] == tokens.shape[0]:
-            out = out.mean()
-        if out.dim() != 0:
-            raise ValueError(f"the metric must return a scalar or one value per batch row ([{tokens.shape[0]}]); "
-                             f"it returned shape {tuple(out.shape)}")
+        logits = model.run_with_hooks(tokens, fwd_hooks=[("hook_embed", start_graph)] + [(n, keep) for n in names],
+                                      **masked(mask))
+        out = differentiable_value(metric, hide(logits, mask))
         # gradients down to the embedding only: the hooks above read them on the way, and no parameter's
         # .grad is touched (the analysis leaves the model as it found it)
         torch.autograd.grad(out, leaves)
@@ -202,19 +209,20 @@ def attribution_patch(model, clean, corrupted, metric: Metric, site: str = "resi
         `recovered` is the exact one.
     """
     check_site(model, site, by)
-    clean, corrupted = clean_and_corrupted(model, clean, corrupted)
+    check_metric(metric)
+    clean, corrupted, mask = clean_and_corrupted(model, clean, corrupted)
     todo = patches(model, site, by, corrupted.shape[1])
     names = [hook_name(site, l) for l in range(n_layers(model))]
     with torch.inference_mode():
-        _, clean_cache = model.run_with_cache(clean, names_filter=names)
-    acts, grads = _grad_run(model, corrupted, metric, names)
+        _, clean_cache = model.run_with_cache(clean, names_filter=names, **masked(mask))
+    acts, grads = _grad_run(model, corrupted, metric, names, mask)
     layout = SITES[site][1]
     per_element = {n: (clean_cache[n] - acts[n]) * grads[n] for n in names}
     attribution = [_region(per_element[hook_name(site, p.layer)], p, layout) for p in todo]
-    clean_value, corrupted_value = baselines(model, clean, corrupted, metric)
+    clean_value, corrupted_value = baselines(model, clean, corrupted, metric, mask)
     values = {"estimate": [corrupted_value + a for a in attribution]}
     if exact:
-        values = {"metric": patch_values(model, clean, corrupted, metric, site, todo), **values}
+        values = {"metric": patch_values(model, clean, corrupted, metric, site, todo, mask=mask), **values}
     frame = patch_frame(todo, site, values, clean_value, corrupted_value)
     frame["attribution"] = attribution
     return frame

@@ -30,10 +30,13 @@ import torch
 from sprout.synthetic import generate_story
 from sprout.tokenizer import encode
 
-from ._model import n_heads, require_hooks
+from ._inputs import TokenBatch
+from ._model import require_hooks
+from ._specs import Head, all_heads, as_head
 from .ablation import ablate_heads
 from .composition import composition_scores
 from .heads import head_scores, repeated_tokens, target_mask
+from .patching import clean_and_corrupted
 from .path_patching import VIA, path_patch
 
 
@@ -80,11 +83,23 @@ def story_pair(model, n_stories: int = 8, max_len: int = 128, seed: int = 1000) 
     return ids[:n_stories], ids[n_stories:]
 
 
+def checked_pair(model, pair, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(clean, corrupted) ids [batch, pos] of one shape, unpadded and different, or an error naming `what`."""
+    if isinstance(pair, (str, torch.Tensor)) or not hasattr(pair, "__len__") or len(pair) != 2:
+        raise TypeError(f"induction_circuit's {what} must be a (clean, corrupted) pair of token ids [batch, pos] "
+                        f"(or texts), got {type(pair).__name__}")
+    clean, corrupted, mask = clean_and_corrupted(model, *pair)
+    if mask is not None:
+        TokenBatch(clean, mask).unpadded(f"induction_circuit's {what} (its metric counts induction positions)")
+    return clean, corrupted
+
+
 def _edges(model, receivers: list[str], pair, senders: list[str], label: str) -> pd.DataFrame:
     clean, corrupted = pair
     frame = path_patch(model, clean, corrupted, induction_metric(clean), senders, receivers, via=VIA)
     span = frame["source"] - frame["base"]
-    frame[f"share_{label}"] = frame["effect"] / span
+    # a span of 0 (the corruption does not move the metric) leaves every share undefined, not infinite
+    frame[f"share_{label}"] = (frame["effect"] / span).where(span != 0)
     return frame[["sender", "receiver", "via", f"share_{label}"]]
 
 
@@ -118,11 +133,11 @@ def induction_circuit(model, data=None, min_score: float = 0.3, min_share: float
         >>> frame, summary = interp.induction_circuit(sprout.load("gpt-4")); print(summary)
     """
     require_hooks(model, ["hook_embed"])
+    pair = repeated_pair(model) if data is None else checked_pair(model, data, "data")  # checked before any work
     inductions = find_induction_heads(model, min_score)
     if inductions.empty:
         return pd.DataFrame(columns=COLUMNS), f"no head scores {min_score} or more as an induction head"
-    pair = repeated_pair(model) if data is None else data
-    story = story_pair(model) if stories is True else (stories or None)
+    story = story_pair(model) if stories is True else (checked_pair(model, stories, "stories") if stories else None)
     frame = _add_weights_and_ablation(model, _edge_rows(model, inductions, pair, story))
     best = frame.groupby(["receiver", "via"])["share_repeated"].transform("max")
     frame["feeds"] = (frame["share_repeated"] >= min_share) & (frame["share_repeated"] >= relative * best)
@@ -134,14 +149,14 @@ COLUMNS = ["receiver", "induction_score", "sender", "via", "share_repeated", "sh
 
 
 def _edge_rows(model, inductions: pd.DataFrame, pair, story) -> pd.DataFrame:
-    receivers = [f"L{r.layer}H{r.head}" for r in inductions.itertuples()]
-    senders = [f"L{l}H{h}" for l in range(int(inductions["layer"].max())) for h in range(n_heads(model))]
+    receivers = [Head(int(r.layer), int(r.head)).label for r in inductions.itertuples()]
+    senders = [h.label for h in all_heads(model, below=int(inductions["layer"].max()))]
     frame = _edges(model, receivers, pair, senders, "repeated")
     if story is not None:
         frame = frame.merge(_edges(model, receivers, story, senders, "stories"), on=["sender", "receiver", "via"])
     else:
         frame["share_stories"] = float("nan")
-    scores = {f"L{r.layer}H{r.head}": r.score for r in inductions.itertuples()}
+    scores = {Head(int(r.layer), int(r.head)).label: r.score for r in inductions.itertuples()}
     frame["induction_score"] = frame["receiver"].map(scores)
     return frame
 
@@ -158,7 +173,7 @@ def _add_weights_and_ablation(model, frame: pd.DataFrame) -> pd.DataFrame:
         frame = frame.merge(pd.concat(comps).rename(columns={"score": "composition"}), on=["sender", "receiver", "via"], how="left")
     else:
         frame["composition"], frame["baseline"] = float("nan"), float("nan")
-    senders = sorted({tuple(int(x) for x in s[1:].split("H")) for s in frame["sender"]})
+    senders = sorted({as_head(model, s) for s in frame["sender"]})
     ablation = ablate_heads(model, senders, together=False, n_seqs=4, half_len=min(24, int(model.cfg.n_ctx) // 2))
     per_head = {r.label: r.delta for r in ablation.itertuples() if r.label in set(frame["sender"])}
     frame["ablation_delta"] = frame["sender"].map(per_head)
@@ -171,7 +186,11 @@ def summarize(frame: pd.DataFrame) -> str:
     for receiver, rows in frame.groupby("receiver", sort=False):
         lines.append(f"{receiver} (induction score {rows['induction_score'].iloc[0]:.2f})")
         for via, name in (("k", "keys"), ("q", "queries"), ("v", "values")):
-            fed = rows[(rows["via"] == via) & rows["feeds"]].sort_values("share_repeated", ascending=False)
+            these = rows[rows["via"] == via]
+            if these["share_repeated"].isna().all():
+                lines.append(f"  {name}: undefined (the metric is the same on the clean and the corrupted tokens)")
+                continue
+            fed = these[these["feeds"]].sort_values("share_repeated", ascending=False)
             parts = [f"{r.sender} ({_edge_numbers(r)})" for r in fed.itertuples()]
             lines.append(f"  {name}: " + ("; ".join(parts) if parts else "no single head above the threshold"))
     return "\n".join(lines)

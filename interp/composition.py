@@ -21,7 +21,9 @@ import pandas as pd
 import torch
 from transformer_lens.FactoredMatrix import FactoredMatrix
 
+from ._inputs import token_batch
 from ._model import model_name, n_heads, n_layers, require_hooks
+from ._specs import head_label
 from .heads import repeated_tokens
 
 KINDS = ("q", "k", "v")
@@ -119,7 +121,7 @@ def composition_scores(model, kind: str = "k", baseline_samples: int = 64) -> pd
         for sh in range(H):
             for rl in range(sl + 1, L):
                 for rh in range(H):
-                    rows.append((f"L{sl}H{sh}", f"L{rl}H{rh}", sl, sh, rl, rh, float(scores[sl, sh, rl, rh])))
+                    rows.append((head_label(sl, sh), head_label(rl, rh), sl, sh, rl, rh, float(scores[sl, sh, rl, rh])))
     frame = pd.DataFrame(rows, columns=["sender", "receiver", "sender_layer", "sender_head", "receiver_layer",
                                         "receiver_head", "score"])
     frame.insert(6, "kind", kind)
@@ -149,7 +151,7 @@ def ov_copying_scores(model, chunk: int = 1024) -> pd.DataFrame:
                 full = (W_E[start:start + chunk] @ A) @ (B @ W_U)
                 hits += int((full.argmax(-1) == torch.arange(start, start + full.shape[0])).sum())
             eig = torch.linalg.eigvals((B @ W_U) @ (W_E @ A))  # the d_head nonzero eigenvalues
-            rows.append((l, h, f"L{l}H{h}", hits / W_E.shape[0], float(eig.real.sum() / eig.abs().sum())))
+            rows.append((l, h, head_label(l, h), hits / W_E.shape[0], float(eig.real.sum() / eig.abs().sum())))
     return pd.DataFrame(rows, columns=["layer", "head", "label", "copying_top1", "copying_eigen"])
 
 
@@ -160,12 +162,16 @@ def positional_qk_scores(model, tokens: Optional[torch.Tensor] = None) -> pd.Dat
     the attention on the previous position, averaged over queries 1..pos-1.
 
     Args:
-        tokens: ids [batch, pos] whose mean attention input is used (default: seeded repeated random tokens).
+        tokens: ids [batch, pos] (or text, or texts of equal token length) whose mean attention input is
+            used (default: seeded repeated random tokens).
 
     Returns:
         One row per head: `layer`, `head`, `label`, `positional_prev_token`.
     """
-    tokens = repeated_tokens(model, half_len=16, n_seqs=8) if tokens is None else tokens
+    tokens = repeated_tokens(model, half_len=16, n_seqs=8) if tokens is None else \
+        token_batch(model, tokens).unpadded("positional_qk_scores (a mean over every position)")
+    if tokens.shape[1] < 2:
+        raise ValueError("positional_qk_scores reads attention on the previous position: it needs at least 2 tokens")
     L = n_layers(model)
     names = [f"blocks.{l}.ln1.hook_normalized" for l in range(L)]
     patterns = [f"blocks.{l}.attn.hook_pattern" for l in range(L)]
@@ -184,5 +190,5 @@ def positional_qk_scores(model, tokens: Optional[torch.Tensor] = None) -> pd.Dat
     T = tokens.shape[1]
     for l, name in enumerate(patterns):
         prev = seen[name][:, torch.arange(1, T), torch.arange(0, T - 1)].mean(-1)  # [head]
-        rows += [(l, h, f"L{l}H{h}", float(prev[h])) for h in range(n_heads(model))]
+        rows += [(l, h, head_label(l, h), float(prev[h])) for h in range(n_heads(model))]
     return pd.DataFrame(rows, columns=["layer", "head", "label", "positional_prev_token"])

@@ -12,20 +12,25 @@ exactly as TransformerLens calls it. (Running the layers before the patched one 
 its `hook_resid_pre` would save more, but Sprout's hooks refuse a replacement of another shape.)
 
 A metric maps logits [batch, pos, d_vocab] to a scalar, or to one value per batch row ([batch]),
-which is averaged. Anything else is refused with its shape.
+which is averaged; anything else is refused naming the metric (`_metrics`). Texts of unequal token
+length are padded: every forward gets their attention mask, and the metric sees NaN at padded
+positions (a metric that reads them is refused). Clean equal to corrupted is an error; a metric equal
+on both runs gets a warning and `frame.attrs["degenerate"] = True`.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import pandas as pd
 import torch
 
+from ._inputs import token_batch
+from ._metrics import Metric, check_metric, degenerate, hide, metric_value, refuse_nan
 from ._model import n_heads, n_layers, require_hooks, unembed
+from ._specs import head_label
 
-Metric = Callable[[torch.Tensor], torch.Tensor]
+__all__ = ["SITES", "Metric", "metric_value", "patch", "patch_tensor"]
 
 # site -> (hook name template, layout): "vector" acts are [batch, pos, ...], "head" [batch, pos, head, ...],
 # "pattern" [batch, head, query_pos, key_pos].
@@ -54,7 +59,7 @@ class Patch:
 
     @property
     def label(self) -> str:
-        name = f"L{self.layer}" if self.head is None else f"L{self.layer}H{self.head}"
+        name = f"L{self.layer}" if self.head is None else head_label(self.layer, self.head)
         return name if self.pos is None else f"{name}@{self.pos}"
 
 
@@ -74,34 +79,30 @@ def check_site(model, site: str, by: str) -> None:
 
 
 def as_tokens(model, text_or_tokens) -> torch.Tensor:
-    """Token ids [batch, pos] from ids ([pos] or [batch, pos]) or text (one text or a list of equal length)."""
-    if isinstance(text_or_tokens, torch.Tensor):
-        if text_or_tokens.dim() not in (1, 2) or text_or_tokens.numel() == 0:
-            raise ValueError(f"token ids must be a non-empty [pos] or [batch, pos] tensor, got shape {tuple(text_or_tokens.shape)}")
-        ids = text_or_tokens.reshape(-1, text_or_tokens.shape[-1]).long()
-    else:
-        ids = model.to_tokens(text_or_tokens)
-    return ids.to(model.cfg.device)
+    """Token ids [batch, pos] from ids ([pos] or [batch, pos]) or text (one text, or a list of equal length)."""
+    return token_batch(model, text_or_tokens).unpadded("this analysis")
 
 
-def clean_and_corrupted(model, clean, corrupted) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both inputs as ids [batch, pos] of the same shape, or a ValueError naming the two shapes."""
-    clean, corrupted = as_tokens(model, clean), as_tokens(model, corrupted)
+def clean_and_corrupted(model, clean, corrupted) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """Both inputs as ids [batch, pos] of the same shape and padding, and their attention mask (None: unpadded).
+
+    Raises a ValueError naming the shapes when they differ, naming the lengths when the rows are padded
+    differently (a patch swaps position p of one run into position p of the other), and when clean and
+    corrupted are the same tokens (every patch would change nothing).
+    """
+    (clean, clean_mask), (corrupted, corrupted_mask) = token_batch(model, clean), token_batch(model, corrupted)
     if clean.shape != corrupted.shape:
         raise ValueError(f"clean and corrupted must have the same [batch, pos] shape (patching swaps activations "
                          f"position by position); got clean {tuple(clean.shape)} and corrupted {tuple(corrupted.shape)}")
-    return clean, corrupted
-
-
-def metric_value(metric: Metric, logits: torch.Tensor) -> float:
-    """The metric of logits [batch, pos, d_vocab] as a float: a scalar, or the mean of one value per batch row."""
-    out = torch.as_tensor(metric(logits))
-    if out.dim() == 1 and out.shape[0] == logits.shape[0]:
-        return float(out.float().mean())
-    if out.dim() != 0:
-        raise ValueError(f"the metric must return a scalar or one value per batch row ([{logits.shape[0]}]); "
-                         f"it returned shape {tuple(out.shape)}")
-    return float(out)
+    if (clean_mask is None) != (corrupted_mask is None) or (clean_mask is not None and not clean_mask.equal(corrupted_mask)):
+        lengths = [[clean.shape[1]] * clean.shape[0] if m is None else m.sum(1).tolist() for m in (clean_mask, corrupted_mask)]
+        raise ValueError(f"clean and corrupted are padded differently (real tokens per row: clean {lengths[0]}, "
+                         f"corrupted {lengths[1]}): patching swaps activations position by position, so each row "
+                         "needs the same real positions in both")
+    if clean.equal(corrupted):
+        raise ValueError("clean and corrupted are the same tokens: every patch would leave the metric where it is, "
+                         "so there is nothing to measure; corrupt the input (another name, another token)")
+    return clean, corrupted, clean_mask
 
 
 def patches(model, site: str, by: str, n_pos: int) -> list[Patch]:
@@ -137,16 +138,22 @@ def _patch_hook(chunk: list[Patch], source: torch.Tensor, layout: str):
     return hook
 
 
-def batched_forward(model, tokens: torch.Tensor, hooks: list, n: int) -> torch.Tensor:
+def masked(mask: Optional[torch.Tensor], n: int = 1) -> dict:
+    """The forward's keyword for `n` stacked copies of a batch with attention mask [batch, pos] (or None)."""
+    return {} if mask is None else {"attention_mask": mask.repeat(n, 1)}
+
+
+def batched_forward(model, tokens: torch.Tensor, hooks: list, n: int, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Logits [n * batch, pos, d_vocab] of `n` copies of `tokens` stacked copy-major, with `hooks`
     (hook name, function) acting on all copies at once ([n * batch, ...])."""
-    return model.run_with_hooks(tokens.repeat(n, 1), fwd_hooks=hooks)
+    return model.run_with_hooks(tokens.repeat(n, 1), fwd_hooks=hooks, **masked(mask, n))
 
 
-def batched_forward_from(model, resid: torch.Tensor, layer: int, hooks: list, n: int) -> torch.Tensor:
+def batched_forward_from(model, resid: torch.Tensor, layer: int, hooks: list, n: int,
+                         mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """As `batched_forward`, but starting at block `layer` from its input stream `resid` [batch, pos,
     d_model]: every copy sees the same input below the patched layer, so those layers run once."""
-    return model.run_with_hooks(resid.repeat(n, 1, 1), start_at_layer=layer, fwd_hooks=hooks)
+    return model.run_with_hooks(resid.repeat(n, 1, 1), start_at_layer=layer, fwd_hooks=hooks, **masked(mask, n))
 
 
 def chunk_size(model, tokens: torch.Tensor, limit: Optional[int]) -> int:
@@ -157,9 +164,13 @@ def chunk_size(model, tokens: torch.Tensor, limit: Optional[int]) -> int:
     return max(1, LOGIT_BUDGET // (tokens.numel() * int(model.cfg.d_vocab)))
 
 
-def split_metric(metric: Metric, logits: torch.Tensor, n: int) -> list[float]:
+def split_metric(metric: Metric, logits: torch.Tensor, n: int, mask: Optional[torch.Tensor] = None) -> list[float]:
+    """The metric of each of `n` stacked copies' logits, NaN at padded positions; a metric reading them is refused."""
     B = logits.shape[0] // n
-    return [metric_value(metric, logits[i * B:(i + 1) * B]) for i in range(n)]
+    logits = hide(logits, mask)
+    values = [metric_value(metric, logits[i * B:(i + 1) * B]) for i in range(n)]
+    refuse_nan(values, mask=mask)
+    return values
 
 
 def by_layer(items: list) -> dict[int, list]:
@@ -180,16 +191,17 @@ def check_logit_positions(logit_positions, n_pos: int) -> Optional[list[int]]:
     return sorted({p % n_pos for p in raw})
 
 
-def _logits(model, run_from, layer: int, hooks: list, n: int, positions: Optional[list[int]]) -> torch.Tensor:
+def _logits(model, run_from, layer: int, hooks: list, n: int, positions: Optional[list[int]],
+            mask: Optional[torch.Tensor]) -> torch.Tensor:
     """One batched forward from `layer` ((tokens, 0) or (stream, layer)); with `positions`, only those
     positions are unembedded and every other logit is NaN."""
     start, kind = run_from
     if positions is None:
         if kind == "tokens":
-            return batched_forward(model, start, hooks, n)
-        return batched_forward_from(model, start, layer, hooks, n)
+            return batched_forward(model, start, hooks, n, mask)
+        return batched_forward_from(model, start, layer, hooks, n, mask)
     x = start.repeat(n, 1) if kind == "tokens" else start.repeat(n, 1, 1)
-    resid = model.run_with_hooks(x, fwd_hooks=hooks, stop_at_layer=n_layers(model),
+    resid = model.run_with_hooks(x, fwd_hooks=hooks, stop_at_layer=n_layers(model), **masked(mask, n),
                                  **({} if kind == "tokens" else {"start_at_layer": layer}))
     picked = unembed(model, resid[:, positions])
     logits = picked.new_full((*resid.shape[:2], picked.shape[-1]), float("nan"))
@@ -200,14 +212,15 @@ def _logits(model, run_from, layer: int, hooks: list, n: int, positions: Optiona
 @torch.inference_mode()
 def patch_values(model, clean: torch.Tensor, corrupted: torch.Tensor, metric: Metric, site: str,
                  todo: list[Patch], patches_per_forward: Optional[int] = None,
-                 logit_positions: Optional[list[int]] = None) -> list[float]:
-    """The metric after each patch in `todo`, in its order (clean/corrupted already checked ids)."""
+                 logit_positions: Optional[list[int]] = None, mask: Optional[torch.Tensor] = None) -> list[float]:
+    """The metric after each patch in `todo`, in its order (clean/corrupted already checked ids, with
+    their attention mask or None)."""
     layout = SITES[site][1]
     names = sorted({hook_name(site, p.layer) for p in todo})
-    _, cache = model.run_with_cache(clean, names_filter=names)
+    _, cache = model.run_with_cache(clean, names_filter=names, **masked(mask))
     starts = [f"blocks.{layer}.hook_resid_pre" for layer in by_layer(todo)]
     starts = [name for name in starts if name in model.hook_dict]  # a walkthrough step without residuals has none
-    _, streams = model.run_with_cache(corrupted, names_filter=starts) if starts else (None, {})
+    _, streams = model.run_with_cache(corrupted, names_filter=starts, **masked(mask)) if starts else (None, {})
     n_max, values = chunk_size(model, corrupted, patches_per_forward), {}
     for layer, group in by_layer(todo).items():
         source, start_name = cache[hook_name(site, layer)], f"blocks.{layer}.hook_resid_pre"
@@ -215,19 +228,18 @@ def patch_values(model, clean: torch.Tensor, corrupted: torch.Tensor, metric: Me
         for start in range(0, len(group), n_max):
             chunk = group[start:start + n_max]
             hooks = [(hook_name(site, layer), _patch_hook(chunk, source, layout))]
-            logits = _logits(model, run_from, layer, hooks, len(chunk), logit_positions)
-            chunk_values = split_metric(metric, logits, len(chunk))
-            if logit_positions is not None and any(math.isnan(v) for v in chunk_values):
-                raise ValueError(f"the metric returned NaN with logit_positions={logit_positions}: it reads logits at "
-                                 "other positions (NaN there); pass those positions too, or no logit_positions")
+            logits = _logits(model, run_from, layer, hooks, len(chunk), logit_positions, mask)
+            chunk_values = split_metric(metric, logits, len(chunk), mask)
+            refuse_nan(chunk_values, logit_positions)
             values.update(zip(chunk, chunk_values))
     return [values[p] for p in todo]
 
 
 @torch.inference_mode()
-def baselines(model, clean: torch.Tensor, corrupted: torch.Tensor, metric: Metric) -> tuple[float, float]:
+def baselines(model, clean: torch.Tensor, corrupted: torch.Tensor, metric: Metric,
+              mask: Optional[torch.Tensor] = None) -> tuple[float, float]:
     """The metric on the clean and on the corrupted run, unpatched."""
-    return (metric_value(metric, model.run_with_hooks(clean)), metric_value(metric, model.run_with_hooks(corrupted)))
+    return tuple(split_metric(metric, model.run_with_hooks(ids, **masked(mask)), 1, mask)[0] for ids in (clean, corrupted))
 
 
 def patch_frame(todo: list[Patch], site: str, values: dict, clean_value: float, corrupted_value: float) -> pd.DataFrame:
@@ -240,6 +252,7 @@ def patch_frame(todo: list[Patch], site: str, values: dict, clean_value: float, 
     frame["clean"], frame["corrupted"] = clean_value, corrupted_value
     span = clean_value - corrupted_value
     frame["recovered"] = (frame[next(iter(values))] - corrupted_value) / span if span != 0 else float("nan")
+    frame.attrs["degenerate"] = degenerate(clean_value, corrupted_value)
     return frame
 
 
@@ -249,7 +262,8 @@ def patch(model, clean, corrupted, metric: Metric, site: str = "resid_pre", by: 
 
     Args:
         model: a hooked model (Sprout, the walkthrough GPT at a step with the site's hooks).
-        clean, corrupted: token ids [batch, pos] (or [pos], or text) of the same shape.
+        clean, corrupted: token ids [batch, pos] (or [pos], text, or a list of texts: padded, and the
+            metric then sees NaN at padded positions) of the same shape and padding.
         metric: logits [batch, pos, d_vocab] -> a scalar, or [batch] (averaged over rows).
         site: one of `SITES`: resid_pre, attn_out, mlp_out, z, q, k, v, pattern.
         by: "layer" (the whole activation), "position", "head" (all positions), or "head_position";
@@ -262,17 +276,19 @@ def patch(model, clean, corrupted, metric: Metric, site: str = "resid_pre", by: 
 
     Returns:
         One row per patch (columns in `patch_frame`); `metric` is the patched value, equal to
-        TransformerLens' `patching.get_act_patch_<site>_<by>` at that index.
+        TransformerLens' `patching.get_act_patch_<site>_<by>` at that index. `frame.attrs["degenerate"]`
+        is True (with a warning) when the metric is the same on clean and corrupted.
 
     Example:
         >>> frame = interp.patch(model, clean_ids, corrupted_ids, metric, site="z", by="head")
     """
     check_site(model, site, by)
-    clean, corrupted = clean_and_corrupted(model, clean, corrupted)
+    check_metric(metric)
+    clean, corrupted, mask = clean_and_corrupted(model, clean, corrupted)
     todo = patches(model, site, by, corrupted.shape[1])
     positions = check_logit_positions(logit_positions, corrupted.shape[1])
-    values = patch_values(model, clean, corrupted, metric, site, todo, patches_per_forward, positions)
-    clean_value, corrupted_value = baselines(model, clean, corrupted, metric)
+    values = patch_values(model, clean, corrupted, metric, site, todo, patches_per_forward, positions, mask)
+    clean_value, corrupted_value = baselines(model, clean, corrupted, metric, mask)
     return patch_frame(todo, site, {"metric": values}, clean_value, corrupted_value)
 
 

@@ -18,52 +18,29 @@ forward per chunk of (sender, receiver) pairs, as in `patching`.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Optional
 
 import pandas as pd
 import torch
 
-from ._model import heads_of, n_heads, n_layers, require_hooks
-from .patching import Metric, batched_forward, by_layer, chunk_size, clean_and_corrupted, metric_value, split_metric
+from ._metrics import Metric, check_metric, degenerate
+from ._model import require_hooks
+from ._specs import Component, as_component, as_components
+from ._specs import all_heads as _all_heads
+from .patching import batched_forward, by_layer, chunk_size, clean_and_corrupted, masked, split_metric
 
 VIA = ("q", "k", "v")
 DIRECTIONS = ("noising", "denoising")
-_HEAD = re.compile(r"^L(\d+)H(\d+)$")
-_MLP = re.compile(r"^MLP(\d+)$")
 
 
-@dataclass(frozen=True)
-class Node:
-    """A sender or receiver: kind "head" (layer, head), "mlp" (layer), or "embed" (layer -1)."""
-
-    kind: str
-    layer: int
-    head: int = -1
-
-    @property
-    def label(self) -> str:
-        return {"head": f"L{self.layer}H{self.head}", "mlp": f"MLP{self.layer}", "embed": "embed"}[self.kind]
+# a sender or receiver (kind "head", "mlp" or "embed"); kept under its old name for callers of path_patching
+Node = Component
 
 
-def as_node(model, spec) -> Node:
+def as_node(model, spec) -> Component:
     """"L1H2" or (1, 2) -> a head, "MLP1" -> an MLP, "embed" -> the embedding; checked against the model."""
-    if isinstance(spec, Node):
-        return spec
-    if isinstance(spec, (tuple, list)) and len(spec) == 2:
-        spec = f"L{int(spec[0])}H{int(spec[1])}"
-    text = str(spec)
-    if text == "embed":
-        return Node("embed", -1)
-    if m := _HEAD.match(text):
-        heads_of(model, int(m.group(1)), int(m.group(2)))
-        return Node("head", int(m.group(1)), int(m.group(2)))
-    if m := _MLP.match(text):
-        heads_of(model, int(m.group(1)))
-        return Node("mlp", int(m.group(1)))
-    raise ValueError(f"cannot read the component {spec!r}: use 'L{{layer}}H{{head}}' (or (layer, head)), "
-                     "'MLP{layer}' or 'embed'")
+    return as_component(model, spec)
 
 
 def _z(l):
@@ -102,7 +79,7 @@ class _Recorded(Exception):
     """Raised by the last recording hook: nothing after the receivers' layer is needed."""
 
 
-def _record(model, base_tokens, senders, base_cache, source_cache, receiver_layers, vias) -> dict:
+def _record(model, base_tokens, senders, base_cache, source_cache, receiver_layers, vias, mask) -> dict:
     """{(layer, via): receiver-layer input [n_senders * batch, pos, head, d_head]} with only the senders'
     direct paths changed. The forward stops at the last receiver input."""
     n, hooks, recorded = len(senders), [], {}
@@ -121,7 +98,7 @@ def _record(model, base_tokens, senders, base_cache, source_cache, receiver_laye
             raise _Recorded
     hooks += [(_input(l, via), keep) for l, via in sorted(wanted)]
     try:
-        model.run_with_hooks(base_tokens.repeat(n, 1), fwd_hooks=hooks)
+        model.run_with_hooks(base_tokens.repeat(n, 1), fwd_hooks=hooks, **masked(mask, n))
     except _Recorded:
         pass
     return recorded
@@ -147,22 +124,19 @@ def _pairs(senders: list[Node], receivers: list[Node]) -> list[tuple[Node, Node]
 
 
 def _nodes(model, senders, receivers) -> tuple[list[Node], list[Node]]:
-    senders = [as_node(model, s) for s in ([senders] if isinstance(senders, str) else senders)]
-    receivers = [as_node(model, r) for r in ([receivers] if isinstance(receivers, str) else receivers)]
-    if not senders or not receivers:
-        raise ValueError("path_patch needs at least one sender and one receiver")
+    senders, receivers = as_components(model, senders, "senders"), as_components(model, receivers, "receivers")
     bad = [r.label for r in receivers if r.kind != "head"]
     if bad:
         raise ValueError(f"receivers must be attention heads ('L{{layer}}H{{head}}'), got {bad[0]}")
     return list(dict.fromkeys(senders)), list(dict.fromkeys(receivers))
 
 
-def _caches(model, base, source, receivers, vias):
+def _caches(model, base, source, receivers, vias, mask):
     last = max(r.layer for r in receivers)
     names = [n for l in range(last) for n in (_z(l), _mlp(l))] + ["hook_embed"]
     require_hooks(model, names + [_input(r.layer, via) for r in receivers for via in vias])
-    _, base_cache = model.run_with_cache(base, names_filter=names)
-    _, source_cache = model.run_with_cache(source, names_filter=names)
+    _, base_cache = model.run_with_cache(base, names_filter=names, **masked(mask))
+    _, source_cache = model.run_with_cache(source, names_filter=names, **masked(mask))
     return base_cache, source_cache
 
 
@@ -173,7 +147,8 @@ def path_patch(model, clean, corrupted, metric: Metric, senders, receivers, via=
 
     Args:
         model: a hooked model with hook_z, hook_mlp_out, hook_embed and hook_q/k/v.
-        clean, corrupted: token ids [batch, pos] (or text) of the same shape.
+        clean, corrupted: token ids [batch, pos] (or text; texts of unequal length are padded, and the
+            metric sees NaN at padded positions) of the same shape and padding.
         metric: logits [batch, pos, d_vocab] -> a scalar, or [batch] (averaged).
         senders: components: "L{l}H{h}" or (l, h), "MLP{l}", "embed" (a list, or one).
         receivers: heads "L{l}H{h}" or (l, h) (a list, or one); each sender is paired with every
@@ -184,9 +159,11 @@ def path_patch(model, clean, corrupted, metric: Metric, senders, receivers, via=
             clean sender: TransformerLens' `get_act_patch_direct_path`).
 
     Returns:
-        One row per (sender, receiver): `sender`, `receiver`, `sender_layer`, `receiver_layer`, `via`,
+        One row per (sender, receiver): `sender`, `receiver`, `sender_layer`, `sender_head` (-1 for an
+        MLP or the embedding, whose layer is -1), `receiver_layer`, `receiver_head`, `via`,
         `direction`, `metric` (patched), `base` (metric of the base run), `source` (metric of the other
         run), `effect` = metric - base, `recovered` = effect / (source - base).
+        `frame.attrs["degenerate"]` is True (with a warning) when base and source metric are equal.
 
     Example:
         >>> interp.path_patch(model, clean, corrupted, metric, senders=["L0H1"], receivers=["L1H0"], via="k")
@@ -199,21 +176,24 @@ def path_patch(model, clean, corrupted, metric: Metric, senders, receivers, via=
     # a direct path is a sender's write into the residual stream that a later head reads: a model (a
     # walkthrough step) without residual connections has none, and every effect would read 0
     require_hooks(model, ["blocks.0.hook_resid_pre"])
-    clean, corrupted = clean_and_corrupted(model, clean, corrupted)
-    base, source = (clean, corrupted) if direction == "noising" else (corrupted, clean)
+    check_metric(metric)
     senders, receivers = _nodes(model, senders, receivers)
     pairs = _pairs(senders, receivers)
-    base_cache, source_cache = _caches(model, base, source, receivers, vias)
+    clean, corrupted, mask = clean_and_corrupted(model, clean, corrupted)
+    base, source = (clean, corrupted) if direction == "noising" else (corrupted, clean)
+    base_cache, source_cache = _caches(model, base, source, receivers, vias, mask)
     layers = sorted({r.layer for r in receivers})
-    recorded = _record(model, base, senders, base_cache, source_cache, layers, vias)
-    base_value = metric_value(metric, model.run_with_hooks(base))
-    source_value = metric_value(metric, model.run_with_hooks(source))
-    frames = [_frame(pairs, _patched_values(model, base, metric, pairs, recorded, senders, v, pairs_per_forward),
+    recorded = _record(model, base, senders, base_cache, source_cache, layers, vias, mask)
+    base_value, source_value = (split_metric(metric, model.run_with_hooks(ids, **masked(mask)), 1, mask)[0]
+                                for ids in (base, source))
+    frames = [_frame(pairs, _patched_values(model, base, metric, pairs, recorded, senders, v, pairs_per_forward, mask),
                      v, direction, base_value, source_value) for v in vias]
-    return pd.concat(frames, ignore_index=True)
+    frame = pd.concat(frames, ignore_index=True)
+    frame.attrs["degenerate"] = degenerate(base_value, source_value, "base and source")
+    return frame
 
 
-def _patched_values(model, base, metric, pairs, recorded, senders, via, limit) -> list[float]:
+def _patched_values(model, base, metric, pairs, recorded, senders, via, limit, mask) -> list[float]:
     sender_index = {s: i for i, s in enumerate(senders)}
     n_max, B, values = chunk_size(model, base, limit), base.shape[0], {}
     grouped = by_layer([_Pair(s, r) for s, r in pairs])
@@ -221,8 +201,8 @@ def _patched_values(model, base, metric, pairs, recorded, senders, via, limit) -
         for start in range(0, len(group), n_max):
             chunk = [(p.sender, p.receiver) for p in group[start:start + n_max]]
             hook = _replace_hook(chunk, recorded[layer, via], sender_index, B)
-            logits = batched_forward(model, base, [(_input(layer, via), hook)], len(chunk))
-            values.update(zip(chunk, split_metric(metric, logits, len(chunk))))
+            logits = batched_forward(model, base, [(_input(layer, via), hook)], len(chunk), mask)
+            values.update(zip(chunk, split_metric(metric, logits, len(chunk), mask)))
     return [values[p] for p in pairs]
 
 
@@ -239,7 +219,8 @@ class _Pair:
 def _frame(pairs, values, via, direction, base_value, source_value) -> pd.DataFrame:
     frame = pd.DataFrame({
         "sender": [s.label for s, _ in pairs], "receiver": [r.label for _, r in pairs],
-        "sender_layer": [s.layer for s, _ in pairs], "receiver_layer": [r.layer for _, r in pairs],
+        "sender_layer": [s.layer for s, _ in pairs], "sender_head": [s.head for s, _ in pairs],
+        "receiver_layer": [r.layer for _, r in pairs], "receiver_head": [r.head for _, r in pairs],
         "via": via, "direction": direction, "metric": values,
     })
     frame["base"], frame["source"] = base_value, source_value
@@ -251,6 +232,5 @@ def _frame(pairs, values, via, direction, base_value, source_value) -> pd.DataFr
 
 def all_heads(model, below: Optional[int] = None) -> list[str]:
     """Labels "L{l}H{h}" of every head (in layers below `below`, when given)."""
-    top = n_layers(model) if below is None else below
-    return [f"L{l}H{h}" for l in range(top) for h in range(n_heads(model))]
+    return [h.label for h in _all_heads(model, below)]
 

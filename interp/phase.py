@@ -11,23 +11,29 @@ that uses its context has a negative score.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Optional
 
 import pandas as pd
 import torch
 
+from ._inputs import token_batch
 from ._model import logits_of
+from ._specs import Head, as_heads
 from .composition import composition_scores
 from .heads import head_scores
-from .path_patching import as_node
 
 EARLY, LATE = range(8, 24), range(112, 128)
 
 
 @torch.inference_mode()
 def icl_score(model, tokens: torch.Tensor) -> float:
-    """Mean loss at positions LATE minus mean loss at positions EARLY, over ids [batch, 128+] (nats)."""
-    if tokens.dim() != 2 or tokens.shape[1] < LATE.stop + 1:
+    """Mean loss at positions LATE minus mean loss at positions EARLY, over ids [batch, 129+] (nats).
+
+    `tokens` is ids [batch, pos] (or [pos], or text); rows of unequal length are refused (the score
+    reads the same positions of every row)."""
+    tokens = token_batch(model, tokens).unpadded("icl_score (it reads positions 8..23 and 112..127 of every row)")
+    if tokens.shape[1] < LATE.stop + 1:
         raise ValueError(f"the in-context-learning score needs ids [batch, >= {LATE.stop + 1}], got {tuple(tokens.shape)}")
     ids = tokens[:, :LATE.stop + 1]
     logits = logits_of(model, ids[:, :-1])
@@ -41,22 +47,37 @@ def phase_heads(model) -> tuple[str, str]:
     ind = head_scores(model, "induction").iloc[0]
     prev = head_scores(model, "previous_token")
     prev = prev[prev["layer"] < int(ind.layer)]
+    best = Head(int(ind.layer), int(ind["head"]))
     if prev.empty:
-        raise ValueError(f"the best induction head L{int(ind.layer)}H{int(ind['head'])} is in the first layer: "
-                         "no earlier head can feed it")
-    return f"L{int(prev.iloc[0].layer)}H{int(prev.iloc[0]['head'])}", f"L{int(ind.layer)}H{int(ind['head'])}"
+        raise ValueError(f"the best induction head {best} is in the first layer: no earlier head can feed it")
+    return Head(int(prev.iloc[0].layer), int(prev.iloc[0]["head"])).label, best.label
 
 
-def _score(model, frame: pd.DataFrame, label) -> tuple[str, float]:
-    """(label, score) of head `label` in a head_scores frame, or of its best head when `label` is None."""
-    if label is None:
+def _score(frame: pd.DataFrame, head: Optional[Head]) -> tuple[Head, float]:
+    """(head, score) of `head` in a head_scores frame, or of its best head when `head` is None."""
+    if head is None:
         row = frame.iloc[0]
-        return f"L{int(row.layer)}H{int(row['head'])}", float(row.score)
-    node = as_node(model, label)
-    if node.kind != "head":
-        raise ValueError(f"phase_measures follows heads ('L{{layer}}H{{head}}'), got {label!r}")
-    row = frame[(frame["layer"] == node.layer) & (frame["head"] == node.head)]
-    return node.label, float(row.score.iloc[0])
+        return Head(int(row.layer), int(row["head"])), float(row.score)
+    row = frame[(frame["layer"] == head.layer) & (frame["head"] == head.head)]
+    return head, float(row.score.iloc[0])
+
+
+def _followed(model, heads) -> tuple[Optional[Head], Optional[Head]]:
+    """phase_measures' `heads` = (previous-token head, induction head), checked: the first feeds the second's
+    keys, so it must sit in an earlier layer."""
+    if heads is None:
+        return None, None
+    if isinstance(heads, str) or not hasattr(heads, "__len__") or len(heads) != 2:
+        raise ValueError(f"heads must be (previous-token head, induction head), e.g. ('L1H0', 'L3H1'), got {heads!r}")
+    prev, ind = as_heads(model, list(heads), "heads")
+    if prev.layer == ind.layer:
+        warnings.warn(f"heads=({prev}, {ind}) are in one layer: {prev} cannot feed {ind}'s keys, so there is no "
+                      "K-composition to measure", RuntimeWarning, stacklevel=3)
+    if prev.layer > ind.layer:
+        raise ValueError(f"heads=({prev}, {ind}): the previous-token head {prev} must be in an earlier layer than the "
+                         f"induction head {ind} (it feeds its keys); the order is (previous-token head, induction "
+                         "head): are they swapped?")
+    return prev, ind
 
 
 def phase_measures(model, tokens=None, heads: Optional[tuple[str, str]] = None) -> dict:
@@ -66,12 +87,14 @@ def phase_measures(model, tokens=None, heads: Optional[tuple[str, str]] = None) 
 
     `heads` = (previous-token head, induction head), e.g. ("L1H0", "L3H1"), follows one circuit over
     snapshots (`phase_heads` of the final model picks it); by default each snapshot's best heads."""
-    prev, ind = heads if heads is not None else (None, None)
-    prev, prev_score = _score(model, head_scores(model, "previous_token"), prev)
-    ind, ind_score = _score(model, head_scores(model, "induction"), ind)
+    prev, ind = _followed(model, heads)
+    if tokens is not None:
+        tokens = token_batch(model, tokens).unpadded("phase_measures' in-context score")
+    prev, prev_score = _score(head_scores(model, "previous_token"), prev)
+    ind, ind_score = _score(head_scores(model, "induction"), ind)
     out = {"previous-token score": prev_score, "induction score": ind_score}
-    if as_node(model, ind).layer > as_node(model, prev).layer:
-        row = composition_scores(model, "k").set_index(["sender", "receiver"]).loc[(prev, ind)]
+    if ind.layer > prev.layer:  # each snapshot's own best heads may be in any order: then there is no K-composition
+        row = composition_scores(model, "k").set_index(["sender", "receiver"]).loc[(prev.label, ind.label)]
         out["K-composition (x random)"] = float(row.score / row.baseline)
     if tokens is not None:
         out["in-context score (late - early loss)"] = icl_score(model, tokens)
