@@ -2,19 +2,12 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from transformer_lens.config import TransformerLensConfig
 
-
-def strict_from_dict(cls, d: dict[str, Any], what: str):
-    """Build dataclass `cls` from a dict; unknown keys are an error (a typo must not become a default)."""
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-        raise ValueError(f"unknown {what} keys {unknown}; expected some of {sorted(known)}")
-    return cls(**d)
+from .settings import strict_from_dict
 
 
 @dataclass(frozen=True)

@@ -9,15 +9,30 @@ Why the demo recipes are what they are: docs/training-notes.md.
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Any
+from dataclasses import dataclass, replace
 
-from ..config import strict_from_dict
+from ..settings import Checked
+
+MAX_CORPUS_CHARS = 1 << 30  # generated text is held in memory, like a user's (at most 1 GiB)
+MAX_PARAMS = 2_000_000_000  # AdamW keeps three copies: 24 GB of float32 at this size, more than a CPU run can hold
+
+# The valid range of every field: (low, high, whether low and high are allowed), or a set of choices.
+_RANGES = {
+    "model": {"sprout", "walkthrough"}, "tokenizer": {"bpe", "char"},
+    "vocab_size": (1, 1 << 16, "[]"),  # token files are uint16
+    "context": (4, None, "["), "n_layer": (1, None, "["), "n_head": (1, None, "["), "d_model": (1, None, "["),
+    "d_ff": (1, None, "["), "corpus_chars": (1, MAX_CORPUS_CHARS, "[]"), "corpus_seed": (0, None, "["),
+    "val_fraction": (0, 1, "()"), "repeat_fraction": (0, 1, "[]"), "repeat_unigram": (0, 1, "[]"),
+    "repeat_min": (1, None, "["), "repeat_max": (1, None, "["), "curriculum_steps": (0, None, "["),
+    "batch_size": (1, None, "["), "max_steps": (0, None, "["), "lr": (0, None, "("), "min_lr": (0, None, "("),
+    "warmup_steps": (0, None, "["), "weight_decay": (0, None, "["), "beta1": (0, 1, "[)"),
+    "beta2": (0, 1, "[)"), "grad_clip": (0, None, "["), "eval_every": (1, None, "["),
+    "eval_batches": (1, None, "["), "ckpt_every": (1, None, "["), "seed": (0, 2**32 - 1, "[]"),
+}
 
 
 @dataclass(frozen=True)
-class Recipe:
+class Recipe(Checked):
     """One training run's recipe. Field comments give units; `--field-name` flags override them."""
 
     # --- model
@@ -56,25 +71,18 @@ class Recipe:
     snapshots: bool = False  # also keep log-spaced checkpoints (steps 0, 1, 2, 3, 6, 10, 18, 32, ...)
     seed: int = 0  # model init and batch sampling
 
-    def __post_init__(self):
-        for f in fields(self):
-            _check_type(f.name, f.type, getattr(self, f.name))
-        for name, value in self.to_dict().items():
-            _check_range(name, value)
-        _check_together(self)
+    RANGES = _RANGES  # checked with every field's type when a recipe is made (sprout.settings.Checked)
+    WHAT = "recipe"
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    @classmethod
+    def bad(cls, name: str, expected: str, value) -> ValueError:
+        return _bad(name, expected, value)
+
+    def check_together(self) -> None:
+        _check_together(self)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2) + "\n"
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Recipe":
-        return strict_from_dict(cls, d, "recipe")
-
-    def override(self, **changes) -> "Recipe":
-        return self.from_dict({**self.to_dict(), **changes})
 
 
 def flag(name: str) -> str:
@@ -84,50 +92,6 @@ def flag(name: str) -> str:
 
 def _bad(name: str, expected: str, value) -> ValueError:
     return ValueError(f"recipe field {name} ({flag(name)}) must be {expected}, got {value!r}")
-
-
-def _check_type(name: str, kind: str, value) -> None:
-    ok = {"int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-          "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
-          "str": lambda v: isinstance(v, str),
-          "bool": lambda v: isinstance(v, bool)}[kind]
-    if not ok(value):
-        raise _bad(name, {"int": "an integer", "float": "a finite number", "str": "a string",
-                          "bool": "true or false"}[kind], value)
-
-
-MAX_CORPUS_CHARS = 1 << 30  # generated text is held in memory, like a user's (at most 1 GiB)
-MAX_PARAMS = 2_000_000_000  # AdamW keeps three copies: 24 GB of float32 at this size, more than a CPU run can hold
-
-# The valid range of every field: (low, high, whether low and high are allowed), or a set of choices.
-_RANGES = {
-    "model": {"sprout", "walkthrough"}, "tokenizer": {"bpe", "char"},
-    "vocab_size": (1, 1 << 16, "[]"),  # token files are uint16
-    "context": (4, None, "["), "n_layer": (1, None, "["), "n_head": (1, None, "["), "d_model": (1, None, "["),
-    "d_ff": (1, None, "["), "corpus_chars": (1, MAX_CORPUS_CHARS, "[]"), "corpus_seed": (0, None, "["),
-    "val_fraction": (0, 1, "()"), "repeat_fraction": (0, 1, "[]"), "repeat_unigram": (0, 1, "[]"),
-    "repeat_min": (1, None, "["), "repeat_max": (1, None, "["), "curriculum_steps": (0, None, "["),
-    "batch_size": (1, None, "["), "max_steps": (0, None, "["), "lr": (0, None, "("), "min_lr": (0, None, "("),
-    "warmup_steps": (0, None, "["), "weight_decay": (0, None, "["), "beta1": (0, 1, "[)"),
-    "beta2": (0, 1, "[)"), "grad_clip": (0, None, "["), "eval_every": (1, None, "["),
-    "eval_batches": (1, None, "["), "ckpt_every": (1, None, "["), "seed": (0, 2**32 - 1, "[]"),
-}
-
-
-def _check_range(name: str, value) -> None:
-    rule = _RANGES.get(name)
-    if rule is None:
-        return
-    if isinstance(rule, set):
-        if value not in rule:
-            raise _bad(name, " or ".join(repr(c) for c in sorted(rule)), value)
-        return
-    low, high, ends = rule
-    above = value >= low if ends[0] == "[" else value > low
-    below = high is None or (value <= high if ends[-1] == "]" else value < high)
-    if not (above and below):
-        expected = f">= {low}" if ends == "[" else f"> {low}" if ends == "(" else f"in {ends[0]}{low}, {high}{ends[-1]}"
-        raise _bad(name, expected, value)
 
 
 def _check_together(r: Recipe) -> None:

@@ -1,0 +1,99 @@
+"""Checked settings: frozen dataclasses whose every field is type- and range-checked when one is made.
+
+`sprout train`'s `Recipe` and interp's trainers (`train_tuned_lens`) share this, so a setting is refused
+the same way everywhere, before any work, with the field's name and the value typed: a bool is not a
+number, NaN and inf are not finite, 2.0 is not an integer, and each field has its range.
+
+A subclass is a `@dataclass(frozen=True)` with annotated fields ("int", "float", "str", "bool", or
+"Optional[...]" of one of them, where None is allowed), a class attribute `RANGES` mapping field names to
+a rule, and, optionally, `check_together` for rules that tie fields together and `bad` for its wording.
+A rule is a set of allowed values or (low, high, ends): ends "[" (>= low), "(" (> low), or two of "[]()"
+for low and high ("[)": low <= value < high).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, fields
+from typing import Any, Optional
+
+_TYPES = {
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "float": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v), "a finite number"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+}
+
+
+def type_error(kind: str, value) -> Optional[str]:
+    """What a value of annotation `kind` must be, or None when `value` is one."""
+    optional = kind.startswith("Optional[") and kind.endswith("]")
+    base = kind[len("Optional["):-1] if optional else kind
+    if optional and value is None:
+        return None
+    ok, expected = _TYPES[base]
+    return None if ok(value) else expected + (" or None" if optional else "")
+
+
+def range_error(rule, value) -> Optional[str]:
+    """What a value under `rule` must be, or None when `value` satisfies it (None always does)."""
+    if rule is None or value is None:
+        return None
+    if isinstance(rule, (set, frozenset)):
+        return None if value in rule else " or ".join(repr(c) for c in sorted(rule))
+    low, high, ends = rule
+    above = value >= low if ends[0] == "[" else value > low
+    below = high is None or (value <= high if ends[-1] == "]" else value < high)
+    if above and below:
+        return None
+    return f">= {low}" if ends == "[" else f"> {low}" if ends == "(" else f"in {ends[0]}{low}, {high}{ends[-1]}"
+
+
+def strict_from_dict(cls, d: dict[str, Any], what: str):
+    """Build dataclass `cls` from a dict; unknown keys are an error (a typo must not become a default)."""
+    if not isinstance(d, dict):
+        raise ValueError(f"{what} must be a mapping of field names to values, got {type(d).__name__}")
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ValueError(f"unknown {what} keys {unknown}; expected some of {sorted(known)}")
+    return cls(**d)
+
+
+class Checked:
+    """Base of a frozen dataclass of settings: every field checked in `__post_init__` (see the module)."""
+
+    RANGES: dict = {}
+    WHAT = "settings"  # how messages and `from_dict` name the whole
+
+    def __post_init__(self):
+        for f in fields(self):
+            expected = type_error(f.type, getattr(self, f.name))
+            if expected:
+                raise self.bad(f.name, expected, getattr(self, f.name))
+        for name, value in self.to_dict().items():
+            expected = range_error(self.RANGES.get(name), value)
+            if expected:
+                raise self.bad(name, expected, value)
+        self.check_together()
+
+    @classmethod
+    def bad(cls, name: str, expected: str, value) -> ValueError:
+        return ValueError(f"{cls.WHAT} field {name} must be {expected}, got {value!r}")
+
+    def check_together(self) -> None:
+        """Rules that tie fields together (none by default)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]):
+        return strict_from_dict(cls, d, cls.WHAT)
+
+    def override(self, **changes):
+        return self.from_dict({**self.to_dict(), **changes})
+
+    def differences(self, other) -> list[str]:
+        """"field: before X, now Y" for every field where `other` (the earlier settings) differs from these."""
+        return [f"{f.name}: was {getattr(other, f.name)!r}, now {getattr(self, f.name)!r}"
+                for f in fields(self) if getattr(other, f.name) != getattr(self, f.name)]
