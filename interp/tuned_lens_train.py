@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from sprout.synthetic import generate_corpus, generate_story
 
 from ._batching import TextOrTokens, token_rows
+from ._lens_settings import TunedLensSettings, resume_start, schedule_of
 from ._model import final_modules, unembed
 from .texts import held_out_stories
 from .tuned_lens import TunedLens, lens_comparison
@@ -201,44 +202,58 @@ def train_tuned_lens(model, data: TextOrTokens, steps: int = 250, batch_size: in
             batch: under torchrun each of N processes takes batch_size / N of them).
         steps: total optimizer steps (a resumed lens continues from `lens.step`).
         lr, momentum, weight_decay, grad_clip: the recipe; SGD's learning rate is lr * (1 - momentum),
-            decayed linearly to 0 over `steps`.
+            decayed linearly to 0 over `steps`; grad_clip 0 means no clipping. Every setting is checked
+            before any work (`interp._lens_settings.TunedLensSettings`: lr > 0, momentum in [0, 1), ...).
         seed: the order in which windows are drawn.
-        lens: a lens for this model to resume (its step and optimizer state are kept on it).
+        lens: a lens for this model to resume (its step and optimizer state are kept on it): the steps,
+            batch_size, seq_len, lr, momentum, weight_decay, grad_clip, seed and data must be the ones it
+            was trained with, or it is refused. A lens loaded from a file keeps no optimizer state: it
+            restarts the schedule at step 0 from its translators (with a warning).
         held_out: data to measure the per-layer KL on at the end (recorded in `lens.info`).
         stop_at: stop after this many steps of the `steps`-step schedule (resume later with `lens=`).
 
     Returns:
         The trained TunedLens; `lens.info` records the recipe, data, steps, tokens/s and held-out KL.
     """
+    settings = TunedLensSettings(steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr, momentum=momentum,
+                                 weight_decay=weight_decay, grad_clip=grad_clip, seed=seed, stop_at=stop_at)
+    if lens is not None and not isinstance(lens, TunedLens):
+        raise TypeError(f"lens must be an interp.TunedLens to resume, got {type(lens).__name__}")
     # training needs autograd even when called under torch.no_grad() or torch.inference_mode() (whose
     # tensors could not be updated later)
     with torch.inference_mode(False), torch.enable_grad():
-        return _train(**locals())
+        return _train(model, data, settings, lens, held_out, progress, data_name)
 
 
-def _train(model, data: TextOrTokens, steps: int = 250, batch_size: int = 8, seq_len: Optional[int] = None,
-                     lr: float = 1.0, momentum: float = 0.9, weight_decay: float = 1e-3, grad_clip: float = 1.0,
-                     seed: int = 0, lens: Optional[TunedLens] = None, held_out: Optional[TextOrTokens] = None,
-                     progress: bool = True, data_name: Optional[str] = None, stop_at: Optional[int] = None) -> TunedLens:
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive int, got {steps!r}")
-    world, rank = _world()
-    if batch_size < 1 or batch_size % world:
-        raise ValueError(f"batch_size must be a positive multiple of the {world} processes, got {batch_size}")
+def _start(model, data, s: TunedLensSettings, lens: Optional[TunedLens], world: int):
+    """The lens, its optimizer (state restored on an exact resume), the windows and the first step."""
+    if s.batch_size % world:
+        raise ValueError(f"batch_size must be a positive multiple of the {world} processes, got {s.batch_size}")
     if lens is None:
         lens = TunedLens(model).to(model.cfg.device)
     else:
         lens.check_model(model, "the lens to resume")
     dtype = next(model.parameters()).dtype
     unembed(model, torch.zeros(1, int(model.cfg.d_model), device=model.cfg.device, dtype=dtype))  # fails early on a model it cannot read
-    rows = windows(model, data, seq_len)
-    opt = torch.optim.SGD(lens.parameters(), lr=lr * (1 - momentum), momentum=momentum, nesterov=True,
-                          weight_decay=weight_decay)
-    if lens.optimizer_state is not None:
+    rows = windows(model, data, s.seq_len)
+    schedule = schedule_of(s, rows)
+    start = resume_start(lens, schedule)
+    opt = torch.optim.SGD(lens.parameters(), lr=s.lr * (1 - s.momentum), momentum=s.momentum,
+                          nesterov=s.momentum > 0, weight_decay=s.weight_decay)
+    if start > 0:
         opt.load_state_dict(lens.optimizer_state)
+    lens.info["schedule"] = schedule
+    return lens, opt, rows, start
+
+
+def _train(model, data: TextOrTokens, s: TunedLensSettings, lens: Optional[TunedLens], held_out, progress: bool,
+           data_name: Optional[str]) -> TunedLens:
+    world, rank = _world()
+    lens, opt, rows, start = _start(model, data, s, lens, world)
+    steps, batch_size, lr, momentum, seed = s.steps, s.batch_size, s.lr, s.momentum, s.seed
     lens.train()
-    start, t0, kls, scratch = lens.step, time.perf_counter(), [], _Scratch()
-    end = steps if stop_at is None else min(int(stop_at), steps)
+    t0, kls, scratch = time.perf_counter(), [], _Scratch()
+    end = steps if s.stop_at is None else min(s.stop_at, steps)
     bar = tqdm(range(start, end), initial=start, total=steps, desc="tuned lens", disable=not progress or rank != 0)
     with _frozen(model):
         for step in bar:
@@ -248,7 +263,8 @@ def _train(model, data: TextOrTokens, steps: int = 250, batch_size: int = 8, seq
             share = batch_size // world
             kls = lens_step(model, lens, ids[rank * share:(rank + 1) * share].to(model.cfg.device), scratch=scratch)
             _average_grads(lens, world)
-            torch.nn.utils.clip_grad_norm_(lens.parameters(), grad_clip)
+            if s.grad_clip > 0:  # 0: no clipping (clip_grad_norm_ to 0 would zero every gradient)
+                torch.nn.utils.clip_grad_norm_(lens.parameters(), s.grad_clip)
             opt.step()
             opt.zero_grad(set_to_none=True)
             lens.step = step + 1
@@ -257,8 +273,8 @@ def _train(model, data: TextOrTokens, steps: int = 250, batch_size: int = 8, seq
     lens.eval()
     lens.optimizer_state = opt.state_dict()
     lens.info.update(recipe=dict(batch_size=batch_size, seq_len=rows.shape[1], lr=lr, momentum=momentum,
-                                 weight_decay=weight_decay, grad_clip=grad_clip, seed=seed, optimizer="SGD nesterov",
-                                 schedule="linear to 0"),
+                                 weight_decay=s.weight_decay, grad_clip=s.grad_clip, seed=seed,
+                                 optimizer="SGD nesterov" if momentum > 0 else "SGD", schedule="linear to 0"),
                      steps=steps, data=data_name or f"{rows.numel()} tokens", train_kl=kls, train_seconds=seconds,
                      tokens_per_s=(lens.step - start) * rows[:batch_size].numel() / seconds if lens.step > start else None)
     if held_out is not None:
