@@ -4,6 +4,7 @@ Every analysis reads activations through TransformerLens' canonical hook names o
 hooks it needs, runs in batches under `torch.inference_mode()`, and never plots or writes files (that
 is `figures` and `experiments`).
 """
+from ._specs import Component, Head
 from .ablation import ablate_heads
 from .attention import attention_patterns, pattern_tensor
 from .attribution import attribution_patch, attribution_summary, logit_attribution
@@ -24,7 +25,7 @@ from .tuned_lens import TunedLens, lens_comparison, load_tuned_lens, tuned_lens
 from .tuned_lens_train import train_tuned_lens
 
 __all__ = [
-    "ablate_heads", "attention_patterns", "attribution_patch", "attribution_summary", "composition_scores",
+    "ablate_heads", "attention_patterns", "Component", "Head", "attribution_patch", "attribution_summary", "composition_scores",
     "first_top1_layer", "head_score_tensor", "head_scores", "HELD_OUT_SEED", "held_out_stories", "icl_score",
     "induction_circuit", "induction_stories", "induction_table", "KINDS", "lens_comparison", "lens_dataset_summary",
     "lens_summary", "load_tuned_lens", "LogHistogram", "logit_attribution", "logit_lens", "mean_loss",

@@ -27,6 +27,7 @@ import pandas as pd
 import torch
 
 from sprout.synthetic import repeated_random_tokens
+from sprout.text import check_integer_ids
 
 from ._batching import TextOrTokens, batches, token_rows
 from ._model import n_heads, n_layers, require_hooks
@@ -38,6 +39,9 @@ def target_mask(tokens: torch.Tensor, kind: str) -> torch.Tensor:
     """The keys a head of this kind attends to: tokens [batch, pos] -> bool [batch, query_pos, key_pos]."""
     if kind not in KINDS:
         raise ValueError(f"unknown head kind {kind!r}; choose one of {list(KINDS)}")
+    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
+        raise ValueError(f"target_mask takes token ids [batch, pos], got {getattr(tokens, 'shape', type(tokens).__name__)}")
+    check_integer_ids(tokens)
     B, T = tokens.shape
     q = torch.arange(T, device=tokens.device)[:, None]
     k = torch.arange(T, device=tokens.device)[None, :]
