@@ -11,7 +11,7 @@ import torch
 import figures
 import interp
 
-from .common import ZORBIN, held_out_text, number, standalone
+from .common import ZORBIN, held_out_text, number, positive, standalone
 from .training_dynamics import run_dirs, snapshot_dirs
 
 NAME = "circuits"
@@ -23,9 +23,9 @@ SUMMARY = ("For every induction head, each earlier head is noised on the path in
 
 
 def add_args(p):
-    p.add_argument("--n-seqs", type=int, default=2, help="sequences of repeated random tokens and of stories")
-    p.add_argument("--story-len", type=int, default=64, help="tokens per story (from the start)")
-    p.add_argument("--max-snapshots", type=int, default=6, help="snapshots measured per training run")
+    p.add_argument("--n-seqs", type=positive, default=2, help="sequences of repeated random tokens and of stories")
+    p.add_argument("--story-len", type=positive, default=64, help="tokens per story (from the start)")
+    p.add_argument("--max-snapshots", type=positive, default=6, help="snapshots measured per training run")
     p.add_argument("--readme", default=None, metavar="README.md",
                    help="rewrite the block between <!-- circuit:MODEL --> and <!-- /circuit:MODEL --> with each model's circuit")
 

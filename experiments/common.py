@@ -21,8 +21,11 @@ import torch
 
 import interp
 import sprout
+from interp.cli import positive
 from sprout.checkpoint import demo_dir, demo_names
 from sprout.tokenizer import encode
+
+from . import EXPERIMENTS
 
 # The shipped demo models run by default (those present; gpt-1 and gpt-4 are always asked for, so a
 # missing one is an error that lists what is shipped).
@@ -75,7 +78,7 @@ def parser(name: str, doc: str, text: Optional[str] = None) -> argparse.Argument
     if text is not None:
         p.add_argument("--text", default=text, help="the text to analyse")
     p.add_argument("--out", default=None, help=f"output folder (default: results/{name})")
-    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--threads", type=positive, default=2, help="torch CPU threads")
     return p
 
 
@@ -218,6 +221,40 @@ def number(quantity: str, measured, chapter=None, model: str = "", fmt: str = "{
                 chapter=chapter, note=note)
 
 
+MARKER = ".run_all"  # in a folder an experiment made, which experiments may write into again
+
+
+def claim_out(out: Path, create: bool = True) -> Path:
+    """Make `out` ours to write into: absent, empty, marked by an earlier experiment or run_all, or an
+    experiment's folder inside a marked run_all folder; never a user's folder. Every script's `--out`
+    goes through here (run_all's and each `python -m experiments.<name>`'s).
+
+    With `create=False` only check (nothing is made before the models have loaded).
+
+    Raises:
+        FileExistsError: `out` is a file, or a non-empty folder without our marker (the message says
+            what is in it).
+    """
+    out = Path(out)
+    if os.path.lexists(out) and not out.is_dir():
+        raise FileExistsError(f"--out {out} is a file, not a folder: choose a folder for the results")
+    if out.is_dir() and not _ours(out) and any(out.iterdir()):
+        found = sorted(os.listdir(out))
+        raise FileExistsError(f"--out {out} is not empty and was not written by the experiments (no {MARKER} in it; "
+                              f"it holds {', '.join(found[:8])}{' ...' if len(found) > 8 else ''}): choose a new or "
+                              "empty folder, so that nothing of yours is overwritten")
+    if not create:
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    if not (out / MARKER).is_file():
+        (out / MARKER).write_text("written by python -m experiments, which may write into this folder again\n")
+    return out
+
+
+def _ours(out: Path) -> bool:
+    return (out / MARKER).is_file() or (out.name in EXPERIMENTS and (out.parent / MARKER).is_file())
+
+
 def output_for(args, name: str) -> Output:
     return Output(Path(args.out) if args.out else RESULTS / name, name)
 
@@ -233,10 +270,16 @@ def args_for(module, argv=()) -> argparse.Namespace:
 def standalone(module, argv=None) -> int:
     """`python -m experiments.<name>`: parse, load, run, write numbers.json, print the numbers."""
     args = args_for(module, sys.argv[1:] if argv is None else argv)
-    out = output_for(args, module.NAME)
+    where = Path(args.out) if args.out else RESULTS / module.NAME
     needs = getattr(module, "NEEDS_MODELS", True)
-    models = load_models(args.models, args.threads) if (args.models or needs) else {}
-    rows = out.numbers(module.run(models, out, args))
+    try:  # a bad --out, model or text is one line, not a traceback; --out is checked before any work
+        claim_out(where, create=False)
+        models = load_models(args.models, args.threads) if (args.models or needs) else {}
+        out = Output(claim_out(where), module.NAME)
+        rows = out.numbers(module.run(models, out, args))
+    except (OSError, ValueError, MemoryError) as e:
+        print(f"python -m experiments.{module.NAME}: {e}", file=sys.stderr)
+        return 2
     print(f"wrote {len(out.figures)} figure(s) and numbers.json to {out.dir}")
     print(format_numbers(rows))
     return 0

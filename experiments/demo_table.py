@@ -15,9 +15,11 @@ from pathlib import Path
 
 import interp
 from sprout import SproutConfig, synthetic
+from sprout.folders import replace_file
 from sprout.synthetic import _CODAS, _ONSETS, _VOWELS
+from sprout.weightfiles import read_bounded
 
-from .common import SETTINGS, ZORBIN, half_len, held_out_text, load_models
+from .common import SETTINGS, ZORBIN, half_len, held_out_text, load_models, positive
 
 MODELS = ["gpt-1", "gpt-4", "sprout-mini"]
 BEGIN, END = "<!-- demo-table -->", "<!-- /demo-table -->"
@@ -220,15 +222,22 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.demo_table", description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=MODELS, help=f"demo names or checkpoint paths (default: {' '.join(MODELS)})")
     p.add_argument("--readme", default=None, help="rewrite the table between this file's demo-table markers")
-    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--threads", type=positive, default=2, help="torch CPU threads")
     args = p.parse_args(argv)
-    models = load_models(args.models, args.threads)
-    table = markdown({label: measure(model, label) for label, model in models.items()})
-    print(table)
-    if args.readme:
-        path = Path(args.readme)
-        path.write_text(replace_readme_table(path.read_text(encoding="utf-8"), table), encoding="utf-8")
-        print(f"rewrote the table in {path}", file=sys.stderr)
+    path = Path(args.readme) if args.readme else None
+    try:  # a README without the markers or a bad model is one line, before three minutes of measuring
+        if path is not None:
+            readme_table(read_bounded(path, "README").decode("utf-8"))
+        models = load_models(args.models, args.threads)
+        table = markdown({label: measure(model, label) for label, model in models.items()})
+        print(table)
+        if path is not None:
+            replace_file(path.resolve(), replace_readme_table(path.read_text(encoding="utf-8"), table).encode())
+            print(f"rewrote the table in {path}", file=sys.stderr)
+    except (OSError, ValueError, MemoryError) as e:
+        print(f"python -m experiments.demo_table: --readme {path}: {e}" if isinstance(e, UnicodeDecodeError)
+              else f"python -m experiments.demo_table: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

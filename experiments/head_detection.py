@@ -8,7 +8,7 @@ import pandas as pd
 import figures
 import interp
 
-from .common import SETTINGS, half_len, number, standalone
+from .common import SETTINGS, half_len, number, positive, standalone
 
 NAME = "head_detection"
 DOC = "Head scores for every detector on repeated random tokens, and the loss change when the top heads are ablated."
@@ -18,8 +18,8 @@ SUMMARY = ("Each head scored by how much it attends where a previous-token, dupl
 
 
 def add_args(p):
-    p.add_argument("--top", type=int, default=SETTINGS.top, help="how many top induction heads to ablate")
-    p.add_argument("--n-seqs", type=int, default=SETTINGS.n_seqs, help="random sequences (each repeated once)")
+    p.add_argument("--top", type=positive, default=SETTINGS.top, help="how many top induction heads to ablate")
+    p.add_argument("--n-seqs", type=positive, default=SETTINGS.n_seqs, help="random sequences (each repeated once)")
 
 
 def scores_for(model, n_seqs: int) -> dict:

@@ -5,6 +5,7 @@ import sys
 
 import figures
 import interp
+from interp.cli import whole_number
 
 from .common import SETTINGS, ZORBIN, number, standalone
 
@@ -18,7 +19,7 @@ TEXT = ZORBIN
 
 def add_args(p):
     p.add_argument("--name", default="Zorbin Plax", help="the repeated name in --text")
-    p.add_argument("--stories", type=int, default=SETTINGS.stories, help="generated stories to average over (0: skip)")
+    p.add_argument("--stories", type=whole_number(0), default=SETTINGS.stories, help="generated stories to average over (0: skip)")
 
 
 def run(models, out, args) -> list[dict]:

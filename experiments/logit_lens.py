@@ -8,7 +8,7 @@ import pandas as pd
 import figures
 import interp
 
-from .common import LENS_TEXT, SETTINGS, fit_text, held_out_text, number, standalone
+from .common import LENS_TEXT, SETTINGS, fit_text, held_out_text, number, positive, standalone
 
 NAME = "logit_lens"
 DOC = "Logit-lens grid for a text, and the lens' mean confidence per layer on held-out text."
@@ -20,7 +20,7 @@ DOC_TOKENS = 20  # the README's copy of the grid: the first tokens only
 
 
 def add_args(p):
-    p.add_argument("--chars", type=int, default=SETTINGS.held_out_chars, help="characters of held-out text for the per-layer summary")
+    p.add_argument("--chars", type=positive, default=SETTINGS.held_out_chars, help="characters of held-out text for the per-layer summary")
 
 
 def run(models, out, args) -> list[dict]:

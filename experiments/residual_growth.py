@@ -8,7 +8,7 @@ import pandas as pd
 import figures
 import interp
 
-from .common import SETTINGS, held_out_text, number, standalone
+from .common import SETTINGS, held_out_text, number, positive, standalone
 
 NAME = "residual_growth"
 DOC = "Residual-stream RMS against depth on held-out text, several models on one plot."
@@ -19,7 +19,7 @@ CHAPTER = {0: "0.18", 1: "~10", 4: "~35"}
 
 
 def add_args(p):
-    p.add_argument("--chars", type=int, default=SETTINGS.held_out_chars, help="characters of held-out text per model")
+    p.add_argument("--chars", type=positive, default=SETTINGS.held_out_chars, help="characters of held-out text per model")
 
 
 def run(models, out, args) -> list[dict]:

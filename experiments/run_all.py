@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import html
 import importlib
-import os
 import sys
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from . import EXPERIMENTS
-from .common import DEMOS, Output, args_for, format_numbers, load_models
+from .common import DEMOS, Output, args_for, claim_out, format_numbers, load_models, positive
 
 
 def parse_args(argv=None):
@@ -27,7 +26,7 @@ def parse_args(argv=None):
                    help=f"demo names or checkpoint paths (default: {' '.join(DEMOS)}, those shipped)")
     p.add_argument("--out", default="results", help="output folder (default: results)")
     p.add_argument("--only", nargs="+", choices=EXPERIMENTS, default=None, help="run only these experiments")
-    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--threads", type=positive, default=2, help="torch CPU threads")
     p.add_argument("--docs", default=None, metavar="DIR",
                    help="also write the README's key figures as PNG to DIR (Chromium screenshots)")
     return p.parse_args(argv)
@@ -63,32 +62,6 @@ def write_docs(done: dict, models: dict, docs: Path) -> list[Path]:
         if fig is not None:
             written.append(screenshot(fig, Path(docs) / png))
     return written
-
-
-MARKER = ".run_all"  # written into OUT: a folder run_all made, which it may write into again
-
-
-def claim_out(out: Path, create: bool = True) -> Path:
-    """Make `out` ours to write into: absent, empty, or marked by an earlier run_all; never a user's folder.
-
-    With `create=False` only check (nothing is made before the models have loaded).
-
-    Raises:
-        FileExistsError: `out` is a file, or a non-empty folder without our marker (the message says
-            what is in it).
-    """
-    if os.path.lexists(out) and not out.is_dir():
-        raise FileExistsError(f"--out {out} is a file, not a folder: choose a folder for the results")
-    if out.is_dir() and not (out / MARKER).is_file() and any(out.iterdir()):
-        found = sorted(os.listdir(out))
-        raise FileExistsError(f"--out {out} is not empty and was not written by run_all (no {MARKER} in it; it holds "
-                              f"{', '.join(found[:8])}{' ...' if len(found) > 8 else ''}): choose a new or empty folder, "
-                              "so that nothing of yours is overwritten")
-    if not create:
-        return out
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text("written by python -m experiments.run_all, which may write into this folder again\n")
-    return out
 
 
 def run_all(models: dict, out: Path, only=None, progress: bool = True, options: dict | None = None) -> dict:

@@ -12,7 +12,7 @@ import pandas as pd
 import figures
 import interp
 
-from .common import SETTINGS, half_len, held_out_text, model_dir, number, standalone
+from .common import SETTINGS, half_len, held_out_text, model_dir, number, positive, standalone
 
 NAME = "training_dynamics"
 DOC = "Loss curves from train_log.csv and the induction score of every head at each saved snapshot."
@@ -25,8 +25,8 @@ STEP = re.compile(r"^step_(\d+)$")
 
 def add_args(p):
     p.add_argument("--runs", nargs="*", default=[], help="training run folders (train_log.csv, checkpoints/step_*)")
-    p.add_argument("--max-snapshots", type=int, default=10, help="snapshots scored per run (log-spaced subset)")
-    p.add_argument("--chars", type=int, default=SETTINGS.held_out_chars, help="characters of held-out text for the loss")
+    p.add_argument("--max-snapshots", type=positive, default=10, help="snapshots scored per run (log-spaced subset)")
+    p.add_argument("--chars", type=positive, default=SETTINGS.held_out_chars, help="characters of held-out text for the loss")
 
 
 def run_dirs(models, extra) -> dict[str, Path]:

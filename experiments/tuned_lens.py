@@ -12,7 +12,7 @@ import pandas as pd
 import figures
 import interp
 
-from .common import LENS_TEXT, fit_text, held_out_text, model_dir, number, standalone
+from .common import LENS_TEXT, fit_text, held_out_text, model_dir, number, positive, standalone
 
 NAME = "tuned_lens"
 DOC = "Logit lens and tuned lens side by side, and their per-layer KL to the output on held-out text."
@@ -26,7 +26,7 @@ DOC_TOKENS = 20
 
 
 def add_args(p):
-    p.add_argument("--chars", type=int, default=4_000, help="characters of held-out text for the per-layer curves")
+    p.add_argument("--chars", type=positive, default=4_000, help="characters of held-out text for the per-layer curves")
 
 
 def find_lens(model):

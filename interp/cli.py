@@ -1,15 +1,18 @@
 """Analyses printed as compact tables for a shell: `sprout lens`, `sprout heads`, `sprout rms`.
 
-Each command is a `main(argv) -> int`; the `sprout` console script (`sprout_cli`) imports them.
+Each command is a `main(argv) -> int`; the `sprout` console script (`sprout_cli`) imports them. A bad
+argument, model or file is one line naming it (as `sprout export-hf` does), never a traceback.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 from pathlib import Path
 
 import torch
 
 import sprout
+from sprout.weightfiles import read_bounded
 
 from .heads import KINDS, head_scores
 from .lens import logit_lens
@@ -19,14 +22,54 @@ from .tuned_lens import load_tuned_lens, tuned_lens
 
 
 def _model(args):
-    torch.set_num_threads(max(1, args.threads))
+    torch.set_num_threads(args.threads)
     return sprout.load(args.model).eval()
+
+
+def whole_number(minimum: int = 1):
+    """An argparse type: an integer >= `minimum` (`--top -1` and `--threads 0` are refused, not reinterpreted)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {value}")
+        return value
+    parse.__name__ = f"whole number >= {minimum}"
+    return parse
+
+
+positive = whole_number(1)
 
 
 def _common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--model", default="gpt-4", help="demo name or checkpoint path (default: gpt-4)")
-    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--threads", type=positive, default=2, help="torch CPU threads (>= 1)")
     return p
+
+
+def one_line(prog: str):
+    """Wrap a command's main so that an error it reports (a missing or bad model, file or text) leaves as
+    one `prog: message` on stderr and exit status 1, as `sprout export-hf` does, not as a traceback."""
+    def wrap(main):
+        @functools.wraps(main)
+        def run(argv=None) -> int:
+            try:
+                return main(argv)
+            except (OSError, ValueError, MemoryError) as e:
+                raise SystemExit(f"{prog}: {e}") from None
+        return run
+    return wrap
+
+
+def read_text_file(path) -> str:
+    """A UTF-8 text file given on the command line (a regular file: a pipe or device would block or never end)."""
+    data = read_bounded(path, "text file", limit=1 << 30)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
 
 
 def _tok(s, width: int) -> str:
@@ -73,6 +116,7 @@ def lens_table(lens) -> str:
     return "\n".join(lines)
 
 
+@one_line("sprout lens")
 def lens_main(argv=None) -> int:
     """`sprout lens "TEXT" --model gpt-4`: the logit lens of a text as a table.
 
@@ -103,11 +147,12 @@ def heads_table(scores, top: int) -> str:
     return "\n".join(lines)
 
 
+@one_line("sprout heads")
 def heads_main(argv=None) -> int:
     """`sprout heads --model gpt-4 --kind induction`: the top heads of one kind."""
     p = _common(argparse.ArgumentParser(prog="sprout heads", description=heads_main.__doc__))
     p.add_argument("--kind", default="induction", choices=list(KINDS))
-    p.add_argument("--top", type=int, default=10, help="how many heads to list")
+    p.add_argument("--top", type=positive, default=10, help="how many heads to list (>= 1)")
     p.add_argument("--text", default=None, help="score on this text instead of repeated random tokens")
     args = p.parse_args(argv)
     model = _model(args)
@@ -128,18 +173,15 @@ def rms_table(df) -> str:
     return "\n".join(lines)
 
 
+@one_line("sprout rms")
 def rms_main(argv=None) -> int:
     """`sprout rms --model gpt-4`: the residual stream's RMS per layer on held-out text."""
     p = _common(argparse.ArgumentParser(prog="sprout rms", description=rms_main.__doc__))
-    p.add_argument("--chars", type=int, default=20_000, help="characters of held-out text (generated stories)")
+    p.add_argument("--chars", type=positive, default=20_000, help="characters of held-out text (generated stories)")
     p.add_argument("--text-file", default=None, help="read this text file instead of generated stories")
     args = p.parse_args(argv)
+    text = read_text_file(args.text_file) if args.text_file else held_out_stories(args.chars)  # before the model
     model = _model(args)
-    if args.text_file:
-        with open(args.text_file, encoding="utf-8") as f:
-            text = f.read()
-    else:
-        text = held_out_stories(args.chars)
     df = residual_rms(model, text)
     print(f"RMS of the residual stream per token over {int(df['n_tokens'].iloc[0]):,} held-out tokens "
           "(depth x.5 = after block x+1's attention; growth = this block's factor)")

@@ -10,14 +10,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import stat
 from pathlib import Path
 from typing import Optional, Union
 
 import pandas as pd
 import torch
 import torch.nn as nn
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import load as safetensors_load
+from safetensors.torch import save as safetensors_bytes
+
+from sprout.checkpoint import check_floating, warn_non_finite
+from sprout.folders import replace_file
+from sprout.weightfiles import file_in, read_json_file, regular_file
 
 from ._batching import TextOrTokens
 from ._model import model_name, require_hooks
@@ -104,22 +112,26 @@ class TunedLens(nn.Module):
         """Write the translators (safetensors) and a small JSON beside them; returns the .safetensors path.
 
         `path` is a directory (gets tuned_lens.safetensors + tuned_lens.json) or a .safetensors file
-        (the JSON gets the same name with .json). Files are written atomically; an existing file is
-        replaced only if it is a tuned lens.
+        (the JSON gets the same name with .json). Each file is written atomically, and the JSON records
+        the weights' sha256, so a save killed between the two files is refused at load, never mixed. An
+        existing file is replaced only when both files there are a tuned lens of ours (`check_save_target`).
         """
-        weights, meta = _paths(Path(path))
-        for f in (weights, meta):
-            if f.exists() and not _is_ours(meta):
-                raise FileExistsError(f"{f} exists and is not a tuned lens written here: not overwriting it")
+        weights, meta = check_save_target(path)
         weights.parent.mkdir(parents=True, exist_ok=True)
         tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-        _atomic(weights, lambda tmp: save_file(tensors, str(tmp), metadata={"format": FORMAT}))
-        _atomic(meta, lambda tmp: tmp.write_text(json.dumps(self.meta(), indent=1) + "\n"))
+        data = safetensors_bytes(tensors, metadata={"format": FORMAT})
+        record = {**self.meta(), "weights_sha256": hashlib.sha256(data).hexdigest()}
+        replace_file(weights, data)
+        replace_file(meta, (json.dumps(_finite(record), indent=1, allow_nan=False) + "\n").encode())
         return weights
 
     @classmethod
     def load(cls, path: PathLike, model) -> "TunedLens":
         """The lens saved at `path` (a directory or its .safetensors file), checked against `model`.
+
+        Both files must be regular files in the lens' folder; the JSON's fields are checked by type, the
+        tensors must be the model's translators in floating point (NaN or inf is warned about, as for
+        model weights).
 
         Raises:
             FileNotFoundError: no lens there. ValueError: an unreadable lens, or one for another model
@@ -127,32 +139,47 @@ class TunedLens(nn.Module):
         """
         weights, meta_path = _paths(Path(path))
         for f in (weights, meta_path):
-            if not f.is_file():
+            if not os.path.lexists(f):
                 raise FileNotFoundError(f"no tuned lens at {path}: {f} is missing")
-        try:
-            meta = json.loads(meta_path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"cannot read {meta_path}: {e}") from e
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            file_in(f.parent, f.name, "tuned-lens file")
+        meta = read_json_file(meta_path, "tuned-lens file", fields=META_FIELDS)
+        if meta.get("format") != FORMAT:
             raise ValueError(f"{meta_path} is not a tuned lens (no \"format\": \"{FORMAT}\")")
+        if meta.get("version", 1) != 1:
+            raise ValueError(f"{meta_path}: field 'version' is {meta['version']!r}; this sprout reads version 1")
         lens = cls(model)
         lens.config, lens.model_fingerprint = meta.get("model_config", {}), meta.get("fingerprint")
         lens.check_model(model, f"the tuned lens at {weights}")
-        try:
-            tensors = load_file(str(weights))
-        except Exception as e:  # safetensors raises its own error types for truncated or foreign files
-            raise ValueError(f"cannot read {weights}: {e}") from e
+        tensors = _read_translators(weights, meta)
         own = lens.state_dict()
         if set(tensors) != set(own) or any(tensors[k].shape != own[k].shape for k in own):
             raise ValueError(f"{weights} holds {sorted(tensors)[:4]}..., not this model's "
                              f"{len(lens.translators)} translators of d_model {model.cfg.d_model}")
         lens.load_state_dict(tensors)
-        lens.step = int(meta.get("step", 0))
+        lens.step = meta.get("step", 0)
         lens.info = {k: v for k, v in meta.items() if k not in _OWN_KEYS}
         return lens
 
 
-_OWN_KEYS = ("format", "version", "model_config", "fingerprint", "sites", "layers", "step")
+_OWN_KEYS = ("format", "version", "model_config", "fingerprint", "sites", "layers", "step", "weights_sha256")
+# The JSON fields a load reads, and their types (a tampered file is named by its field, never half-read).
+META_FIELDS = {"format": "str", "version": "int", "model_config": "dict", "fingerprint": "str", "sites": "list",
+               "layers": "list", "step": "int", "weights_sha256": "str"}
+
+
+def _read_translators(weights: Path, meta: dict) -> dict[str, torch.Tensor]:
+    """The lens' tensors: the bytes the JSON's sha256 names, floating point (refused as model weights are)."""
+    data = weights.read_bytes()
+    if "weights_sha256" in meta and hashlib.sha256(data).hexdigest() != meta["weights_sha256"]:
+        raise ValueError(f"{weights} is not the file its {META} was saved with (sha256 differs): a save that was "
+                         "interrupted, or files from two lenses; train or save the lens again")
+    try:
+        tensors = safetensors_load(data)
+    except Exception as e:  # safetensors raises its own error types for truncated or foreign files
+        raise ValueError(f"cannot read {weights}: {e}") from e
+    check_floating(tensors, weights)
+    warn_non_finite(tensors, weights)
+    return tensors
 
 
 def _paths(path: Path) -> tuple[Path, Path]:
@@ -161,23 +188,50 @@ def _paths(path: Path) -> tuple[Path, Path]:
     return path / WEIGHTS, path / META
 
 
-def _is_ours(meta: Path) -> bool:
+def check_save_target(path: PathLike) -> tuple[Path, Path]:
+    """The (weights, JSON) paths a lens saved at `path` writes, refused unless each is absent or a file of a
+    tuned lens written here: a user's file is never replaced, even when the other file is ours.
+
+    Raises:
+        FileExistsError: naming the file that is not ours (a folder, a link, a pipe, another program's file).
+    """
+    weights, meta = _paths(Path(path))
+    if os.path.lexists(path) and not Path(path).is_dir() and Path(path).suffix != ".safetensors":
+        raise FileExistsError(f"{path} is a file: save a tuned lens into a folder or a .safetensors path")
+    for f in (weights, meta):
+        if os.path.lexists(f) and not (_regular(f) and (_is_ours(meta) if f == meta else _weights_ours(f))):
+            raise FileExistsError(f"{f} exists and is not a tuned lens written here: not overwriting it")
+    return weights, meta
+
+
+def _regular(f: Path) -> bool:
+    return not f.is_symlink() and stat.S_ISREG(os.stat(f).st_mode)
+
+
+def _weights_ours(weights: Path) -> bool:
     try:
-        return json.loads(meta.read_text()).get("format") == FORMAT
-    except (OSError, ValueError, AttributeError):
+        with safe_open(str(regular_file(weights)), framework="pt") as f:
+            return (f.metadata() or {}).get("format") == FORMAT
+    except Exception:  # unreadable or not safetensors: not provably ours
         return False
 
 
-def _atomic(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+def _is_ours(meta: Path) -> bool:
     try:
-        write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # safetensors creates its file readable by the owner only
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+        return read_json_file(meta).get("format") == FORMAT
+    except (OSError, ValueError):
+        return False
+
+
+def _finite(obj):
+    """`obj` with NaN and inf floats as None (JSON has no NaN; a held-out KL can be NaN on empty data)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 def load_tuned_lens(model, path: Optional[PathLike] = None) -> TunedLens:
@@ -204,7 +258,7 @@ def load_tuned_lens(model, path: Optional[PathLike] = None) -> TunedLens:
                                 f"{', '.join(str(p) for p in places)})")
     mine = fingerprint(model)
     for meta in sorted(demo_dir().glob(f"*/{META}")):
-        if _is_ours(meta) and json.loads(meta.read_text()).get("fingerprint") == mine:
+        if _is_ours(meta) and read_json_file(meta).get("fingerprint") == mine:
             return TunedLens.load(meta.parent, model)
     raise FileNotFoundError(f"no tuned lens for this {model_name(model)} (fingerprint {mine}): none of the demo "
                             f"lenses in {demo_dir()}/*/{META} matches; pass the checkpoint's path, or train one "

@@ -29,7 +29,7 @@ from ._batching import TextOrTokens, token_rows
 from ._lens_settings import TunedLensSettings, resume_start, schedule_of
 from ._model import final_modules, unembed
 from .texts import held_out_stories
-from .tuned_lens import TunedLens, lens_comparison
+from .tuned_lens import TunedLens, check_save_target, lens_comparison
 
 
 def windows(model, data: TextOrTokens, seq_len: Optional[int] = None) -> torch.Tensor:
@@ -320,7 +320,11 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     from sprout.checkpoint import load
 
-    model = load(args.model)
+    try:  # --out before the model loads and the lens trains; a bad --out or model is one line
+        check_save_target(args.out)
+        model = load(args.model)
+    except (OSError, ValueError, MemoryError) as e:
+        raise SystemExit(f"python -m interp.tuned_lens_train: {e}") from None
     t0 = time.perf_counter()
     lens = train_tuned_lens(model, model_text(args.train_chars), steps=args.steps, batch_size=args.batch_size,
                             seed=args.seed, held_out=held_out_stories(args.held_out_chars),

@@ -32,7 +32,7 @@ from .folders import NotOursError, write_folder
 from .model import Sprout
 from .walkthrough import WalkthroughConfig, WalkthroughGPT
 from .walkthrough_keys import from_walkthrough_state_dict
-from .weightfiles import read_json, read_safetensors_file, read_torch_file
+from .weightfiles import check_fields, config_beside, file_in, read_json, read_safetensors_file, read_torch_file, regular_file
 
 PathLike = Union[str, os.PathLike]
 
@@ -142,8 +142,8 @@ def load(path: PathLike, map_location: Union[str, torch.device] = "cpu",
             config that does not fit the weights (checked before any module is built).
         MemoryError: a tensor does not fit in memory (the message names its size).
     """
-    path = _weights_file(_resolve(path))
-    if path.is_file() and path.stat().st_size == 0:
+    path = regular_file(_weights_file(_resolve(path)), "checkpoint file")
+    if path.stat().st_size == 0:
         raise ValueError(f"cannot read {path}: the file is empty (0 bytes; an interrupted copy or download?)")
     if path.suffix == ".safetensors":
         state_dict, config = read_safetensors_file(path)
@@ -152,10 +152,10 @@ def load(path: PathLike, map_location: Union[str, torch.device] = "cpu",
     else:
         raise ValueError(f"{path}: unknown checkpoint format; expected a directory, .safetensors or one of {TORCH_SUFFIXES}")
     check_floating(state_dict, path)
-    tokenizer = _tokenizer(tokenizer, path.parent / TOKENIZER)
-    _warn_non_finite(state_dict, path)
-    beside = path.parent / CONFIG
-    source = f"{path} (config from {beside})" if path.suffix == ".safetensors" and beside.is_file() else str(path)
+    tokenizer = _tokenizer(tokenizer, path.parent)
+    warn_non_finite(state_dict, path)
+    beside = config_beside(path) if path.suffix == ".safetensors" else None
+    source = f"{path} (config from {beside})" if beside is not None else str(path)
     model = from_state_dict(state_dict, config, tokenizer, source=source)
     return model.to(map_location).eval()
 
@@ -164,9 +164,9 @@ def _weights_file(path: Path) -> Path:
     """The weights to read at `path`: the file itself, or a checkpoint directory's model.safetensors."""
     if not path.is_dir():
         return path
-    weights = path / WEIGHTS
+    weights = file_in(path, WEIGHTS, WEIGHTS, must_exist=False)
     others = sorted(p.name for p in path.iterdir() if p.suffix in TORCH_SUFFIXES and p.name != "trainer.pt")
-    if not weights.is_file():
+    if not os.path.lexists(weights):
         hint = f"; to read {others[0]}, pass the file itself: {path / others[0]}" if others else ""
         raise ValueError(f"{path} is not a checkpoint: no {WEIGHTS} in it and no checkpoints/step_* folders{hint}")
     if others:
@@ -175,13 +175,16 @@ def _weights_file(path: Path) -> Path:
     return weights
 
 
-def _tokenizer(tokenizer, beside: Path) -> Optional[Tokenizer]:
-    """The tokenizer given, or the tokenizer.json beside the weights; a folder in its place is an error."""
+def _tokenizer(tokenizer, folder: Path) -> Optional[Tokenizer]:
+    """The tokenizer given, or the tokenizer.json beside the weights; anything but a file there is an error."""
+    beside = folder / TOKENIZER
     if tokenizer is None and os.path.lexists(beside):
-        if not beside.is_file():
-            raise ValueError(f"{beside} is not a file (a folder or a broken link?): expected the model's "
-                             "tokenizer.json; move it away or pass tokenizer=")
-        tokenizer = beside
+        try:
+            tokenizer = file_in(folder, TOKENIZER, "tokenizer.json")
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{e}; expected the model's tokenizer.json: move it away or pass tokenizer=") from None
+    elif isinstance(tokenizer, (str, os.PathLike)):
+        tokenizer = regular_file(tokenizer, "tokenizer file")
     tokenizer = getattr(tokenizer, "backend_tokenizer", tokenizer)  # a model's HF tokenizer: the one inside
     if tokenizer is None or isinstance(tokenizer, Tokenizer):
         return tokenizer
@@ -254,7 +257,8 @@ def check_floating(state_dict: dict[str, torch.Tensor], source) -> None:
                          "float32/bfloat16/float16 (quantized checkpoints are not supported)")
 
 
-def _warn_non_finite(state_dict: dict[str, torch.Tensor], source) -> None:
+def warn_non_finite(state_dict: dict[str, torch.Tensor], source) -> None:
+    """Warn, naming the tensors, when any floating tensor holds NaN or inf (loaded as it is, but say so)."""
     bad = [n for n, t in state_dict.items() if t.is_floating_point() and not torch.isfinite(t).all()]
     if bad:
         warnings.warn(f"{source}: non-finite (NaN or inf) values in {len(bad)} tensor(s): {', '.join(bad)}",
@@ -329,6 +333,8 @@ def _from_walkthrough(state_dict, config, tokenizer, source: str) -> torch.nn.Mo
 
 
 def _parse(config_class, config: dict, source: str):
+    ints = {k: v for k, v in config.items() if type(v) is int}  # the dataclass checks types; bound the sizes
+    check_fields(ints, dict.fromkeys(ints, "int"), f"{source}: config")
     try:
         return config_class.from_dict(config)
     except (TypeError, ValueError) as e:

@@ -109,6 +109,20 @@ def _glob_escape(name: str) -> str:
     return "".join(f"[{c}]" if c in "*?[" else c for c in name)
 
 
+def replace_file(path: Path, data: bytes) -> None:
+    """Write one file atomically: the bytes go to a temporary sibling, fsynced, then renamed over `path`
+    (mode 0o666 less the umask). A crash leaves the old file or the new one, never half of one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        write_bytes(tmp, data)
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    finally:
+        if os.path.lexists(tmp):
+            tmp.unlink()
+
+
 def write_bytes(path: Path, data: bytes) -> None:
     """Write and fsync a file (its mode is 0o666 less the umask)."""
     with open(path, "wb") as f:

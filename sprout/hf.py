@@ -27,7 +27,7 @@ from .config import SproutConfig
 from .fit import layers_present
 from .folders import write_bytes, write_folder
 from .model import Sprout
-from .weightfiles import read_json
+from .weightfiles import check_fields, file_in, read_json_file, read_safetensors, regular_file
 
 PathLike = Union[str, os.PathLike]
 
@@ -172,11 +172,30 @@ def _write_json(path: Path, obj: dict) -> None:
 
 # --- Qwen3 -> Sprout ------------------------------------------------------------------------------
 
+# The config.json fields we read, and their JSON types: anything else is tampering, named by field.
+FIELDS = {
+    "model_type": "str|none", "architectures": "list|none", "vocab_size": "int", "hidden_size": "int",
+    "intermediate_size": "int", "num_hidden_layers": "int", "num_attention_heads": "int",
+    "num_key_value_heads": "int|none", "head_dim": "int|none", "max_position_embeddings": "int",
+    "rms_norm_eps": "number", "hidden_act": "str", "rope_theta": "number|none", "rope_parameters": "dict|none",
+    "rope_scaling": "dict|none", "attention_bias": "bool", "use_sliding_window": "bool", "layer_types": "list|none",
+    "tie_word_embeddings": "bool", "quantization_config": "dict|none",
+}
+# Declarations that a model needs code of its own (transformers runs it only with trust_remote_code=True):
+# Sprout runs no code from a folder, and it computes only Qwen3, so such a folder is refused, never half-read.
+CUSTOM_CODE = ("auto_map", "trust_remote_code", "custom_pipelines")
+
+
 def sprout_config(hf: dict[str, Any], source: str = "config.json") -> SproutConfig:
     """The SproutConfig equal to a Qwen3 config, or ValueError naming what Sprout cannot represent."""
     def refuse(why: str):
         raise ValueError(f"{source}: Sprout cannot represent this model: {why}")
 
+    check_fields(hf, FIELDS, source)
+    custom = [k for k in CUSTOM_CODE if hf.get(k)]
+    if custom:
+        refuse(f"it declares code of its own ({', '.join(f'{k}={hf[k]!r}' for k in custom)}); Sprout never runs a "
+               "folder's code and computes only Qwen3 (remove the entries if the model is a plain Qwen3)")
     _check_architecture(hf, refuse)
     _check_attention(hf, refuse)
     _check_layers(hf, refuse)
@@ -194,7 +213,7 @@ def _check_architecture(hf: dict[str, Any], refuse) -> None:
     if hf.get("model_type") != "qwen3":
         refuse(f"model_type is {hf.get('model_type')!r}; only 'qwen3' (Qwen3ForCausalLM) is supported")
     archs = hf.get("architectures") or ["Qwen3ForCausalLM"]
-    if "Qwen3ForCausalLM" not in archs:
+    if archs != ["Qwen3ForCausalLM"]:
         refuse(f"architectures is {archs}; expected Qwen3ForCausalLM")
     need = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"]
     missing = [k for k in need if k not in hf]
@@ -293,35 +312,10 @@ def from_qwen3(tensors: dict[str, torch.Tensor], cfg: SproutConfig, source: str 
     return sd
 
 
-def read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
-    """All tensors of a folder: model.safetensors, or the shards named in model.safetensors.index.json."""
-    index = directory / "model.safetensors.index.json"
-    if (directory / "model.safetensors").is_file():
-        files = [directory / "model.safetensors"]
-    elif index.is_file():
-        weight_map = read_json(index.read_bytes(), index).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise ValueError(f"{index}: no weight_map object (tensor name -> shard file)")
-        files = [directory / str(f) for f in sorted(set(map(str, weight_map.values())))]
-    else:
-        raise ValueError(f"{directory}: no model.safetensors or model.safetensors.index.json "
-                         "(only safetensors weights are read)")
-    tensors = {}
-    for f in files:
-        try:
-            with safe_open(str(f), framework="pt") as sf:
-                for k in sf.keys():
-                    tensors[k] = sf.get_tensor(k)
-        except Exception as e:  # safetensors raises its own error types for unreadable files
-            raise ValueError(f"cannot read {f}: not a valid safetensors file ({e})") from e
-    return tensors
-
-
 def _tokenizer(path: Path):
     if not os.path.lexists(path):
         return None
-    if not path.is_file():
-        raise ValueError(f"{path} is not a file (a folder or a broken link?): expected the model's tokenizer.json")
+    path = file_in(path.parent, path.name, "tokenizer.json")
     try:
         return Tokenizer.from_file(str(path))
     except Exception as e:  # tokenizers raises a bare Exception for bad JSON
@@ -345,10 +339,14 @@ def load(directory: PathLike) -> Sprout:
     from .checkpoint import from_state_dict
 
     directory = Path(directory)
+    if not directory.is_dir():
+        regular_file(directory, "Hugging Face folder")  # missing: FileNotFoundError; a pipe: named
+        raise ValueError(f"{directory} is a file: expected a Hugging Face model folder")
     config_path = directory / "config.json"
-    if not config_path.is_file():
+    if not os.path.lexists(config_path):
         raise ValueError(f"{directory}: no config.json; is this a Hugging Face model folder?")
-    cfg = sprout_config(read_json(config_path.read_bytes(), config_path), source=str(config_path))
+    config_path = file_in(directory, "config.json", "config.json")
+    cfg = sprout_config(read_json_file(config_path), source=str(config_path))
     sd = from_qwen3(read_safetensors(directory), cfg, source=str(directory))
     tokenizer = _tokenizer(directory / "tokenizer.json")
     return from_state_dict(sd, cfg, tokenizer, source=str(directory)).eval()

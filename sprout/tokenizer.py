@@ -8,10 +8,13 @@ can represent.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Iterable, Iterator, Union
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from .weightfiles import regular_file
 
 EOT = "<|endoftext|>"
 # WordLevel needs the name of an unknown token; it is deliberately not in the vocabulary, so an
@@ -171,8 +174,9 @@ def save_tokenizer(tok: Tokenizer, path: Union[str, Path]) -> None:
 def load_tokenizer(path: Union[str, Path]) -> Tokenizer:
     """Reads a tokenizer JSON file written by `save_tokenizer` (or any `tokenizers` JSON)."""
     path = Path(path)
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise ValueError(f"no tokenizer file at {path}")
+    regular_file(path, "tokenizer file")  # a pipe would block the reader
     return Tokenizer.from_file(str(path))
 
 

@@ -15,6 +15,7 @@ import torch
 
 from .fit import describe, fit
 from .walkthrough import WalkthroughConfig, WalkthroughGPT
+from .weightfiles import regular_file
 
 # Our top-level modules and the walkthrough's names for them; inside a block, `attn` is its
 # `multi_head_attention` and `mlp` its `feed_forward` (ln1, ln2, heads.{h}.query ... are the same).
@@ -123,7 +124,7 @@ def from_walkthrough_state_dict(state_dict: Union[dict, str, Path], config: Opti
         its shape, each `mask` buffer must be the causal lower triangle, and no key may be left over.
     """
     if isinstance(state_dict, (str, Path)):
-        state_dict = torch.load(state_dict, map_location="cpu", weights_only=True)
+        state_dict = torch.load(regular_file(state_dict, "weights file"), map_location="cpu", weights_only=True)
     if "model_state_dict" in state_dict:
         state_dict = state_dict["model_state_dict"]
     if text is not None:

@@ -13,7 +13,6 @@ import itertools
 import json
 import os
 import re
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
@@ -24,6 +23,7 @@ import torch
 from ..folders import remove_ours
 from ..synthetic import generate_corpus
 from ..tokenizer import char_tokenizer, encode, is_char_level, load_tokenizer, save_tokenizer, train_bpe
+from ..weightfiles import file_in, regular_file
 from .recipes import Recipe
 
 MAX_TEXT_BYTES = 1 << 30  # the most text a run reads into memory (1 GiB): BPE training holds it all
@@ -53,10 +53,11 @@ def input_files(path: Union[str, Path]) -> list[Path]:
                 raise ValueError(f"--data: {path} is a folder with no .txt files and no saved dataset")
     else:
         files = [path]
-    for f in files:
-        if not stat.S_ISREG(f.stat().st_mode):
-            raise ValueError(f"--data: {f} is not a regular file (a device, a pipe or a socket can be endless); "
-                             "give text files")
+    try:  # the project's file contract: regular files, inside the folder given
+        files = [file_in(path, f.relative_to(path), "text file") if path.is_dir() else regular_file(f, "text file")
+                 for f in files]
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--data: {e}; give text files") from None
     total = sum(f.stat().st_size for f in files)
     if total > MAX_TEXT_BYTES:
         raise ValueError(f"--data: {path} holds {total / 2**20:.0f} MiB of text, over the limit of "

@@ -28,6 +28,7 @@ import torch
 
 from ..checkpoint import latest_checkpoint
 from ..tokenizer import load_tokenizer
+from ..weightfiles import read_json_file, regular_file
 from .recipes import Recipe
 
 MARKER, LOCK, RECIPE, LOG = "run.json", "run.lock", "recipe.json", "train_log.csv"
@@ -85,8 +86,8 @@ class RunDir:
     def marker(self) -> Optional[dict]:
         """run.json's contents if it is ours, else None."""
         try:
-            marker = json.loads((self.path / MARKER).read_text())
-        except (OSError, ValueError, RecursionError):
+            marker = read_json_file(self.path / MARKER)
+        except (OSError, ValueError):
             return None
         return marker if isinstance(marker, dict) and marker.get("format") == FORMAT else None
 
@@ -178,7 +179,7 @@ class RunDir:
 
     def read_recipe(self) -> Recipe:
         try:
-            return Recipe.from_dict(json.loads(self.recipe_path.read_text()))
+            return Recipe.from_dict(read_json_file(self.recipe_path, "recipe"))
         except FileNotFoundError:
             raise RunDirError(f"--resume: {self.recipe_path} is missing: the run's recipe is unknown") from None
         except (OSError, ValueError, RecursionError, TypeError) as e:
@@ -239,7 +240,7 @@ def read_trainer_state(step: Path) -> dict:
     if not path.is_file():
         raise RunDirError(f"cannot resume from {step}: {path} is missing (the optimizer and RNG state)")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(regular_file(path, "trainer state"), map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises RuntimeError, pickle errors, EOFError... for a damaged file
         raise RunDirError(f"cannot resume from {step}: {path} is unreadable (truncated or corrupt?): "
                           f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None

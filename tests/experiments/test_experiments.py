@@ -188,7 +188,7 @@ def test_standalone_script_writes_its_own_plotly(tmp_path, run, capsys):
 
     assert rope_check.main(["--out", str(tmp_path / "rope")]) == 0
     assert {p.name for p in (tmp_path / "rope").iterdir()} == {
-        "plotly.min.js", "rope_distance.html", "chapter_pairs.csv", "sweep.csv", "numbers.json"}
+        ".run_all", "plotly.min.js", "rope_distance.html", "chapter_pairs.csv", "sweep.csv", "numbers.json"}
     assert re.search(r"<script[^>]* src=\"plotly.min.js\"", (tmp_path / "rope" / "rope_distance.html").read_text())
     assert "largest spread" in capsys.readouterr().out
 
