@@ -20,6 +20,12 @@ from transformer_lens.utilities.slice import Slice
 class SproutActivationCache(ActivationCache):
     """An ActivationCache whose final-norm recomputation leaves out the gain that `W_U` carries."""
 
+    def __getitem__(self, key):
+        if isinstance(key, str) and key not in self.cache_dict and key.endswith("hook_pos_embed"):
+            raise KeyError(f"{key!r}: this model has no learned position embedding (RoPE); positions show in "
+                           "blocks.{l}.attn.hook_rot_q / hook_rot_k (README, 'Where Sprout differs from TransformerLens')")
+        return super().__getitem__(key)
+
     def apply_ln_to_stack(self, residual_stack: torch.Tensor, layer: Optional[int] = None, mlp_input: bool = False,
                           pos_slice=None, batch_slice=None, has_batch_dim: bool = True,
                           recompute_ln: bool = False) -> torch.Tensor:

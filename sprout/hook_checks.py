@@ -44,6 +44,21 @@ def check_replacement(name: str, given: torch.Tensor, out, dir: str = "fwd") -> 
                         f"{given.dtype}; cast it back (e.g. .to({given.dtype}))")
 
 
+def unknown_hook(name: str, hook_dict: dict) -> KeyError:
+    """A KeyError for a hook name the model lacks, saying where the architecture differs from GPT-2's."""
+    why = ""
+    if name.endswith("hook_pos_embed") or name.startswith("pos_embed"):
+        why = (": this model has no learned position embedding (RoPE rotates each head's queries and keys; "
+               "positions show in blocks.{l}.attn.hook_rot_q / hook_rot_k, see the README, 'Where Sprout differs "
+               "from TransformerLens')")
+    elif name.endswith(INPUT_HOOK_SUFFIXES):
+        why = " (the input hooks need their flag: model.set_use_split_qkv_input(True) / set_use_attn_in(True))"
+    return KeyError(f"no hook point named {name!r}{why}; model.hook_dict lists the {len(hook_dict)} there are")
+
+
+INPUT_HOOK_SUFFIXES = ("hook_q_input", "hook_k_input", "hook_v_input", "hook_attn_in", "hook_mlp_in")
+
+
 def position_axis(name: str, batched: bool = True) -> int:
     """The position axis of a hook's activation: the query axis of attention scores and patterns, else
     the axis after the batch ([batch, pos, ...])."""

@@ -144,6 +144,7 @@ class HookFlags:
     def _enable_hook(self, name, hook, dir):
         # hooks(), run_with_hooks, run_with_cache: a named hook that would never fire is refused
         if isinstance(name, str):
+            self._known_hook(name)
             flag = gated_flag(self.cfg, name)
             if flag is not None:
                 raise flag_error(name, flag)

@@ -18,7 +18,7 @@ from transformer_lens.HookedRootModule import HookedRootModule
 from . import text
 from .activation_cache import SproutActivationCache
 from .forward import COURSE, Output, check_loss_tokens, check_resid, course_loss, finish, layer_range, split_positional, tl_loss
-from .hook_checks import cache_hooks, check_buffers, checked_hook, copy_into_buffer
+from .hook_checks import cache_hooks, check_buffers, checked_hook, copy_into_buffer, unknown_hook
 from .tokenizer import as_hf
 
 TextOrTokens = Union[str, list, torch.Tensor]
@@ -250,7 +250,18 @@ class HookedLM(HookedRootModule):
             yield model
 
     def _enable_hook(self, name, hook, dir):
+        if isinstance(name, str):
+            self._known_hook(name)
         super()._enable_hook(name, checked_hook(hook, dir), dir)
+
+    def _known_hook(self, name: str) -> None:
+        if name not in self.mod_dict or not isinstance(self.mod_dict[name], HookPoint):
+            raise unknown_hook(name, self.hook_dict)
+
+    def add_hook(self, name, hook, dir="fwd", is_permanent=False, level=None, prepend=False):
+        if isinstance(name, str):
+            self._known_hook(name)
+        super().add_hook(name, hook, dir=dir, is_permanent=is_permanent, level=level, prepend=prepend)
 
     def check_and_add_hook(self, hook_point, hook_point_name, hook, dir="fwd", is_permanent=False, level=None,
                            prepend=False):
