@@ -132,7 +132,7 @@ def measure(cfg: SproutConfig, folder: Path, batch: int, pos: int, repeats: int,
     L = cfg.n_layer
     resid_post = [f"blocks.{l}.hook_resid_post" for l in range(L)]
     probe_layer = min(2, L - 1)  # a block that exists, also in the 2-layer smoke run
-    probe = f"blocks.{probe_layer}.hook_resid_pre"
+    probe = f"blocks.{probe_layer - 1}.hook_resid_post"  # what stop_at_layer=probe_layer returns (no blocks.{probe_layer}.* hook fires)
     buffers = {name: torch.empty(batch, pos, cfg.d_model) for name in resid_post}
     rows = []
 

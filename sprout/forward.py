@@ -12,6 +12,12 @@ writes `logits = model(tokens)` and `model(tokens, return_type="loss")`. Both ho
 Only a two-name unpacking statement gets the pair; `for row in logits`, `list(logits)`, `zip(logits, ...)`
 and `torch.unbind` iterate over the batch as for any tensor. The price is one corner: a TransformerLens
 user who unpacks a batch of two by `a, b = model(tokens)` gets (logits, None); write `a, b = logits.unbind()`.
+
+Layer ranges are TransformerLens': `stop_at_layer=L` runs blocks 0..L-1 and returns the stream they
+leave ([batch, pos, d_model]; no `blocks.L.*` hook fires), `start_at_layer=S` takes the stream entering
+block S; both count from the end when negative, as Python's slices (`-1` is the last block), and a
+start after the stop is refused. The residual input and the `tokens=` of its loss are checked against
+the model before any block runs, with the same words as token ids.
 """
 from __future__ import annotations
 
@@ -68,6 +74,60 @@ def split_positional(targets, loss_mask, return_type, loss_per_token):
     if return_type is not COURSE and return_type not in RETURN_TYPES:
         raise ValueError(f"return_type must be one of {RETURN_TYPES}, got {return_type!r}")
     return targets, loss_mask, return_type, loss_per_token
+
+
+def check_layer(n_layers: int, value, name: str, top: int) -> int:
+    """A start/stop layer as a block index in 0..top (negative: counted from the end, as TransformerLens)."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise ValueError(f"{name} must be an integer in -{n_layers}..{top}, got {value!r}")
+    layer = value.__index__()
+    if not -n_layers <= layer <= top:
+        raise ValueError(f"{name} must be in -{n_layers}..{top} (negative counts from the end), got {layer}")
+    return layer + n_layers if layer < 0 else layer
+
+
+def layer_range(n_layers: int, start_at_layer, stop_at_layer) -> tuple[Optional[int], Optional[int]]:
+    """(start, stop) as block indices, None where not given; a start after the stop is refused."""
+    start = None if start_at_layer is None else check_layer(n_layers, start_at_layer, "start_at_layer", n_layers)
+    stop = None if stop_at_layer is None else check_layer(n_layers, stop_at_layer, "stop_at_layer", n_layers)
+    if start is not None and stop is not None and start > stop:
+        raise ValueError(f"start_at_layer={start_at_layer} comes after stop_at_layer={stop_at_layer} (blocks {start} "
+                         f"and {stop}): no block would run; the start must not be later than the stop")
+    return start, stop
+
+
+def check_resid(resid, cfg, start_at_layer: int) -> torch.Tensor:
+    """The residual stream entering block `start_at_layer`: [batch, pos, d_model] in the model's dtype and
+    on its device, no longer than its context (the words of the token-id checks)."""
+    d_model, n_ctx = cfg.d_model, cfg.n_ctx
+    what = f"with start_at_layer={start_at_layer} the input is the residual stream [batch, pos, {d_model}]"
+    if not isinstance(resid, torch.Tensor):
+        raise TypeError(f"{what}, got {type(resid).__name__}")
+    if not resid.is_floating_point():
+        raise TypeError(f"{what} of floating point numbers, got dtype {resid.dtype} (token ids go in without start_at_layer)")
+    if resid.dim() != 3 or resid.size(-1) != d_model:
+        raise ValueError(f"{what}, got shape {tuple(resid.shape)}")
+    if resid.size(0) == 0:
+        raise ValueError(f"the batch is empty: shape {tuple(resid.shape)}")
+    T = resid.size(1)
+    if T == 0:
+        raise ValueError("the sequence is empty (0 tokens)")
+    if T > n_ctx:
+        raise ValueError(f"sequence of {T} tokens is longer than the model's context of {n_ctx} tokens; "
+                         f"nothing is truncated silently: cut it into windows yourself, e.g. "
+                         f"sprout.text.windows(ids, {n_ctx})")
+    if resid.dtype != cfg.dtype:
+        raise TypeError(f"{what} in the model's dtype {cfg.dtype}, got {resid.dtype}: cast it with .to({cfg.dtype})")
+    if resid.device != torch.device(cfg.device):
+        raise ValueError(f"{what} on the model's device {cfg.device}, got a tensor on {resid.device}")
+    return resid
+
+
+def check_loss_tokens(tokens: torch.Tensor, resid: torch.Tensor) -> None:
+    """The `tokens=` of a loss from start_at_layer: one id per position of the stream."""
+    if tokens.shape != resid.shape[:2]:
+        raise ValueError(f"tokens has shape {tuple(tokens.shape)} but the residual stream has {tuple(resid.shape[:2])} "
+                         "[batch, pos]: a loss from start_at_layer needs the ids of exactly those positions")
 
 
 def course_loss(logits: torch.Tensor, targets: torch.Tensor, loss_mask=None, attention_mask=None,

@@ -3,7 +3,8 @@
 TransformerLens adds whatever a hook returns into the forward, so a [batch, pos, d_model] tensor
 returned from `ln1.hook_scale` [batch, pos, 1] broadcasts silently into wrong numbers. Every hook
 added through `hooks()`, `run_with_hooks`, `run_with_cache` or `add_hook` is wrapped so that a
-replacement of another shape or dtype is an error naming the hook.
+replacement of another shape or dtype is an error naming the hook. A backward hook may return the
+gradient bare or as PyTorch's one-tuple `(grad,)`, as TransformerLens allows.
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def checked_hook(hook, dir: str):
     def checked(tensor, *args, hook=None, **kwargs):
         out = fn(tensor, *args, hook=hook, **kwargs)
         if out is not None and isinstance(tensor, torch.Tensor):
-            check_replacement(getattr(hook, "name", "?"), tensor, out, dir)
+            grad = out[0] if dir == "bwd" and isinstance(out, tuple) and len(out) == 1 else out
+            check_replacement(getattr(hook, "name", "?"), tensor, grad, dir)
         return out
 
     fn = hook
@@ -40,6 +42,21 @@ def check_replacement(name: str, given: torch.Tensor, out, dir: str = "fwd") -> 
     if out.dtype != given.dtype:
         raise TypeError(f"the hook on {name!r} returned dtype {out.dtype} but the {what} it replaces is "
                         f"{given.dtype}; cast it back (e.g. .to({given.dtype}))")
+
+
+def unknown_hook(name: str, hook_dict: dict) -> KeyError:
+    """A KeyError for a hook name the model lacks, saying where the architecture differs from GPT-2's."""
+    why = ""
+    if name.endswith("hook_pos_embed") or name.startswith("pos_embed"):
+        why = (": this model has no learned position embedding (RoPE rotates each head's queries and keys; "
+               "positions show in blocks.{l}.attn.hook_rot_q / hook_rot_k, see the README, 'Where Sprout differs "
+               "from TransformerLens')")
+    elif name.endswith(INPUT_HOOK_SUFFIXES):
+        why = " (the input hooks need their flag: model.set_use_split_qkv_input(True) / set_use_attn_in(True))"
+    return KeyError(f"no hook point named {name!r}{why}; model.hook_dict lists the {len(hook_dict)} there are")
+
+
+INPUT_HOOK_SUFFIXES = ("hook_q_input", "hook_k_input", "hook_v_input", "hook_attn_in", "hook_mlp_in")
 
 
 def position_axis(name: str, batched: bool = True) -> int:
@@ -63,28 +80,41 @@ def _filter(names_filter):
 
 
 def cache_hooks(hook_dict: dict, names_filter=None, incl_bwd: bool = False, device=None, remove_batch_dim: bool = False,
-                cache=None, pos_slice=None):
+                cache=None, pos_slice=None, gated=None):
     """TransformerLens' get_caching_hooks, slicing every activation on its own position axis.
 
     TransformerLens decides the axis from a list of name suffixes, which does not know Sprout's
     `hook_rot_q`, `hook_q_normed` ... ([batch, pos, head, d_head]) and slices their head axis.
+    One hook per hook point, storing the activation under every selected name of that point (an
+    input hook and its TransformerLens 4 alias `blocks.{l}.attn.hook_q_input`). `gated(name)` says
+    whether a point never fires (its flag off): the filter skips those (`run_with_cache` warns when
+    its filter names one).
     """
     cache = {} if cache is None else cache
     pos_slice = Slice.unwrap(pos_slice)
     select = _filter(names_filter)
 
-    def save(tensor, hook, is_backward=False):
+    def save(tensor, hook, names=(), is_backward=False):
         x = tensor.detach().to(device)
         batched = True
         if remove_batch_dim and x.dim() > 0 and x.size(0) == 1:
             x, batched = x[0], False
         if pos_slice.slice is not None and x.dim() > position_axis(hook.name, batched):
             x = pos_slice.apply(x, dim=position_axis(hook.name, batched))
-        cache[hook.name + ("_grad" if is_backward else "")] = x
+        for name in names:
+            cache[name + ("_grad" if is_backward else "")] = x
 
-    names = [name for name in hook_dict if select(name)]
-    fwd = [(name, functools.partial(save, is_backward=False)) for name in names]
-    bwd = [(name, functools.partial(save, is_backward=True)) for name in names] if incl_bwd else []
+    by_point: dict = {}
+    for name, point in hook_dict.items():
+        if select(name) and (gated is None or not gated(name)):
+            by_point.setdefault(id(point), (point, []))[1].append(name)
+    fwd, bwd = [], []
+    for point, names in by_point.values():
+        # register under the point's own name unless only an alias was selected
+        first = point.name if point.name in names else names[0]
+        fwd.append((first, functools.partial(save, names=tuple(names), is_backward=False)))
+        if incl_bwd:
+            bwd.append((first, functools.partial(save, names=tuple(names), is_backward=True)))
     return cache, fwd, bwd
 
 

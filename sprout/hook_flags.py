@@ -11,13 +11,21 @@ a copy, so an edit there reaches the MLP and not the residual stream. All off by
 with them off runs exactly as before.
 
 The flags live on `model.cfg` (TransformerLens reads and restores them there), and every block reads
-that same config object, so `model.cfg.use_split_qkv_input = True` works too. TransformerLens 4's
-patching names the input hooks under `attn` (`blocks.{l}.attn.hook_q_input`); those names resolve to
-the same hook points when hooks are added by name (they are not separate entries in `hook_dict`).
+that same config object, so `model.cfg.use_split_qkv_input = True` works too. TransformerLens 4 names
+the input hooks under `attn` (`blocks.{l}.attn.hook_q_input`, what its edge attribution patching
+reads); those names resolve to the same hook points by name, and while a flag is on they are also
+entries of `hook_dict`, so a cache of everything holds the activation under both names (one tensor).
+
+A hook point whose flag is off never fires, so naming it (`add_hook`, `run_with_hooks`, `hooks()`,
+`run_with_cache(names_filter=[...])`) is a `HookFlagError` naming the flag; a names *filter* that merely
+matches it skips it, as TransformerLens does. `add_hook` also refuses `attn.hook_result` without
+`use_attn_result`, as TransformerLens' does (Sprout computes it whenever it is hooked, so the other
+entry points accept it).
 """
 from __future__ import annotations
 
-from typing import Callable
+import warnings
+from typing import Callable, Optional
 
 import torch
 from transformer_lens.hook_points import HookPoint
@@ -27,6 +35,20 @@ from .weights import link
 INPUT_HOOKS = ("hook_q_input", "hook_k_input", "hook_v_input", "hook_attn_in")
 _FLAG_OF = {"hook_q_input": "use_split_qkv_input", "hook_k_input": "use_split_qkv_input",
             "hook_v_input": "use_split_qkv_input", "hook_attn_in": "use_attn_in", "hook_mlp_in": "use_hook_mlp_in"}
+
+
+class HookFlagError(ValueError, AssertionError):
+    """A hook named on a hook point whose flag is off (an AssertionError too, as TransformerLens raises)."""
+
+
+def gated_flag(cfg, name: str) -> Optional[str]:
+    """The flag that is off and without which the hook point `name` never fires, or None."""
+    flag = _FLAG_OF.get(name.rsplit(".", 1)[-1])
+    return flag if flag is not None and not getattr(cfg, flag, False) else None
+
+
+def flag_error(name: str, flag: str) -> HookFlagError:
+    return HookFlagError(f"{name} fires only with model.cfg.{flag} on: call model.set_{flag}(True) first")
 
 
 def editable(x: torch.Tensor, point: HookPoint) -> torch.Tensor:
@@ -63,10 +85,26 @@ class HookFlags:
         cfg = self.cfg
         for block in self.blocks:
             link(block, lens=cfg)
+        # TransformerLens 4's names for the input hooks, in hook_dict while their flag is on
+        for l, block in enumerate(self.blocks):
+            for name in INPUT_HOOKS:
+                alias = f"blocks.{l}.attn.{name}"
+                if hasattr(block, name) and gated_flag(cfg, name) is None:
+                    self.hook_dict[alias] = getattr(block, name)
+                else:
+                    self.hook_dict.pop(alias, None)
+
+    def _gated_flag(self, name: str) -> Optional[str]:
+        return gated_flag(self.cfg, name)
+
+    def get_caching_hooks(self, *args, **kwargs):
+        self._link_flags()  # flags set on model.cfg directly: hook_dict's aliases follow them here
+        return super().get_caching_hooks(*args, **kwargs)
 
     def set_use_attn_result(self, use_attn_result: bool):
         """Cache each head's write (`attn.hook_result`) when caching everything (it is computed whenever hooked)."""
         self.cfg.use_attn_result = bool(use_attn_result)
+        self._link_flags()
 
     def set_use_split_qkv_input(self, use_split_qkv_input: bool):
         """Give each head its own copy of the stream for Q, K and V (`hook_q_input` ...); off: one shared ln1."""
@@ -89,7 +127,45 @@ class HookFlags:
         self._link_flags()
 
     def check_hooks_to_add(self, hook_point, hook_point_name: str, hook, dir="fwd", is_permanent=False, prepend=False):
-        """`model.add_hook` on an input hook whose flag is off would never fire: say so (as HookedTransformer does)."""
-        flag = _FLAG_OF.get(hook_point_name.rsplit(".", 1)[-1])
-        if flag is not None and not getattr(self.cfg, flag):
-            raise ValueError(f"{hook_point_name} fires only with model.cfg.{flag} on: call model.set_{flag}(True) first")
+        """`model.add_hook` on a hook whose flag is off: a HookFlagError (TransformerLens' AssertionError)."""
+        flag = gated_flag(self.cfg, hook_point_name)
+        if flag is None and hook_point_name.endswith("attn.hook_result") and not self.cfg.use_attn_result:
+            flag = "use_attn_result"
+        if flag is not None:
+            raise flag_error(hook_point_name, flag)
+
+    def add_hook(self, name, hook, dir="fwd", is_permanent=False, level=None, prepend=False):
+        """TransformerLens' add_hook; a names filter skips the hook points whose flag is off (with a warning)."""
+        if isinstance(name, str):
+            return super().add_hook(name, hook, dir=dir, is_permanent=is_permanent, level=level, prepend=prepend)
+        for point_name in self._filter_points(name, "add_hook"):
+            super().add_hook(point_name, hook, dir=dir, is_permanent=is_permanent, level=level, prepend=prepend)
+
+    def _enable_hook(self, name, hook, dir):
+        # hooks(), run_with_hooks, run_with_cache: a named hook that would never fire is refused
+        if isinstance(name, str):
+            self._known_hook(name)
+            flag = gated_flag(self.cfg, name)
+            if flag is not None:
+                raise flag_error(name, flag)
+            return super()._enable_hook(name, hook, dir)
+        for point_name in self._filter_points(name, "hooks"):
+            super()._enable_hook(point_name, hook, dir)
+
+    def _filter_points(self, names_filter: Callable, api: str) -> list:
+        """The hook points a names filter selects, once each (an alias and its point are one), less those
+        whose flag is off: they would never fire (TransformerLens skips them too, with a warning)."""
+        chosen, seen, skipped = [], set(), []
+        for point_name, point in list(self.hook_dict.items()):
+            if not names_filter(point_name) or id(point) in seen:
+                continue
+            seen.add(id(point))
+            if gated_flag(self.cfg, point_name) is not None:
+                skipped.append(point_name)
+            else:
+                chosen.append(point.name or point_name)
+        if skipped:
+            warnings.warn(f"{api}: skipped {len(skipped)} hook point(s) the names filter matched that fire only "
+                          f"with a flag on (e.g. {skipped[0]}); call model.set_use_...(True) to hook them",
+                          stacklevel=3)
+        return chosen

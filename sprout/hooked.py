@@ -12,13 +12,13 @@ from contextlib import contextmanager
 from typing import Optional, Union
 
 import torch
-from transformer_lens.ActivationCache import ActivationCache
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
 from . import text
-from .forward import COURSE, Output, course_loss, finish, split_positional, tl_loss
-from .hook_checks import cache_hooks, check_buffers, checked_hook, copy_into_buffer
+from .activation_cache import SproutActivationCache
+from .forward import COURSE, Output, check_loss_tokens, check_resid, course_loss, finish, layer_range, split_positional, tl_loss
+from .hook_checks import cache_hooks, check_buffers, checked_hook, copy_into_buffer, unknown_hook
 from .tokenizer import as_hf
 
 TextOrTokens = Union[str, list, torch.Tensor]
@@ -45,11 +45,6 @@ def _selects(names_filter, name: str) -> bool:
     if isinstance(names_filter, list):
         return name in names_filter
     return bool(names_filter(name))
-
-
-def check_stop_at_layer(model, stop_at_layer: int):
-    if isinstance(stop_at_layer, bool) or not isinstance(stop_at_layer, int) or not 0 <= stop_at_layer <= len(model.blocks):
-        raise ValueError(f"stop_at_layer must be in 0..{len(model.blocks)}, got {stop_at_layer!r}")
 
 
 def padding_masks(attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,14 +127,18 @@ class HookedLM(HookedRootModule):
         "loss" (position t predicts token t + 1, or `targets` when given), "both" or None;
         `loss_per_token`; `attention_mask` [batch, pos] (1 token, 0 padding; texts of unequal length
         are padded and masked on their own); `prepend_bos` (refused: trained without BOS);
-        `padding_side`; `start_at_layer` (input is then the residual stream [batch, pos, d_model]);
-        `stop_at_layer=L` returns the residual stream at `blocks.L.hook_resid_pre` [batch, pos, d_model].
+        `padding_side`; `start_at_layer=S` (input is then the stream entering block S [batch, pos,
+        d_model], checked; `tokens=` its ids for a loss); `stop_at_layer=L` returns the stream leaving
+        block L-1 [batch, pos, d_model], firing no `blocks.L.*` hook; negative layers count from the end.
         See `sprout.forward` for how the two conventions share one call.
         """
         targets, loss_mask, return_type, loss_per_token = split_positional(targets, loss_mask, return_type, loss_per_token)
+        start_at_layer, stop_at_layer = layer_range(len(self.blocks), start_at_layer, stop_at_layer)
         if start_at_layer is not None:
-            idx = tokens
-            x = self._check_resid(input, start_at_layer)
+            x = check_resid(input, self.cfg, start_at_layer)
+            idx = None if tokens is None else text.check_tokens(self, tokens)
+            if idx is not None:
+                check_loss_tokens(idx, x)
         elif isinstance(input, torch.Tensor) and prepend_bos is None:
             idx = x = text.check_tokens(self, input)  # the fast path: ids in
         else:
@@ -154,21 +153,25 @@ class HookedLM(HookedRootModule):
         if attention_mask is not None:
             attention_mask = text.check_attention_mask(attention_mask, x[..., 0] if start_at_layer is not None else idx)
             positions, attn_mask = padding_masks(attention_mask)
-        if stop_at_layer is not None:
-            check_stop_at_layer(self, stop_at_layer)
         out = self.run_layers(x, attn_mask, positions, start_at_layer, stop_at_layer)
         if stop_at_layer is not None:
             return out.as_subclass(Output) if return_type is COURSE else out
         return finish(out, idx, targets, loss_mask, attention_mask, return_type, loss_per_token)
 
-    def _check_resid(self, resid, start_at_layer: int) -> torch.Tensor:
-        if isinstance(start_at_layer, bool) or not isinstance(start_at_layer, int) or not 0 <= start_at_layer <= len(self.blocks):
-            raise ValueError(f"start_at_layer must be an integer in 0..{len(self.blocks)}, got {start_at_layer!r}")
-        d_model = self.cfg.d_model
-        if not isinstance(resid, torch.Tensor) or resid.dim() != 3 or resid.size(-1) != d_model:
-            got = tuple(resid.shape) if isinstance(resid, torch.Tensor) else type(resid).__name__
-            raise ValueError(f"with start_at_layer the input is the residual stream [batch, pos, {d_model}], got {got}")
-        return resid
+    def input_to_embed(self, input: TextOrTokens, prepend_bos: Optional[bool] = None, padding_side: Optional[str] = None,
+                       attention_mask: Optional[torch.Tensor] = None):
+        """TransformerLens 4.3's input_to_embed: `(residual, tokens, None, attention_mask)`, the stream
+        entering block 0 [batch, pos, d_model] (the embedding; RoPE adds no positional stream, hence the
+        None where a shortformer model returns one), the ids [batch, pos] and the padding mask or None.
+        `model(residual, start_at_layer=0, attention_mask=attention_mask)` resumes the forward."""
+        if isinstance(input, (str, list, tuple)):
+            tokens, padded = text.tokens_and_mask(self, input, prepend_bos, padding_side)
+            attention_mask = padded if attention_mask is None else attention_mask
+        else:
+            text.check_prepend_bos(self, prepend_bos)
+            tokens = text.check_tokens(self, input)
+        residual = self(tokens, stop_at_layer=0, attention_mask=attention_mask, return_type="logits")
+        return residual, tokens, None, attention_mask
 
     def loss_fn(self, logits: torch.Tensor, tokens: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                 per_token: bool = False) -> torch.Tensor:
@@ -247,7 +250,18 @@ class HookedLM(HookedRootModule):
             yield model
 
     def _enable_hook(self, name, hook, dir):
+        if isinstance(name, str):
+            self._known_hook(name)
         super()._enable_hook(name, checked_hook(hook, dir), dir)
+
+    def _known_hook(self, name: str) -> None:
+        if name not in self.mod_dict or not isinstance(self.mod_dict[name], HookPoint):
+            raise unknown_hook(name, self.hook_dict)
+
+    def add_hook(self, name, hook, dir="fwd", is_permanent=False, level=None, prepend=False):
+        if isinstance(name, str):
+            self._known_hook(name)
+        super().add_hook(name, hook, dir=dir, is_permanent=is_permanent, level=level, prepend=prepend)
 
     def check_and_add_hook(self, hook_point, hook_point_name, hook, dir="fwd", is_permanent=False, level=None,
                            prepend=False):
@@ -257,7 +271,12 @@ class HookedLM(HookedRootModule):
                           cache: Optional[dict] = None, pos_slice=None):
         """TransformerLens' caching hooks, except that `pos_slice` slices every hook on its position axis."""
         self.is_caching = True
-        return cache_hooks(self.hook_dict, names_filter, incl_bwd, device, remove_batch_dim, cache, pos_slice)
+        return cache_hooks(self.hook_dict, names_filter, incl_bwd, device, remove_batch_dim, cache, pos_slice,
+                           gated=self._gated_flag)
+
+    def _gated_flag(self, name: str) -> Optional[str]:
+        """The flag (off) without which hook point `name` never fires; None here (see `sprout.hook_flags`)."""
+        return None
 
     def run_with_cache(self, *model_args, **kwargs):
         """Run and cache activations: `logits, cache = model.run_with_cache(tokens_or_text)`.
@@ -282,13 +301,19 @@ class HookedLM(HookedRootModule):
             warnings.warn(f"names_filter{shown} matched none of the model's {len(self.hook_dict)} hook points, "
                           "so the cache will be empty (names look like 'blocks.0.hook_resid_post'; "
                           "model.hook_dict lists them all)", stacklevel=2)
+        if isinstance(names_filter, (str, list, tuple, set)):
+            named = [names_filter] if isinstance(names_filter, str) else list(names_filter)
+            off = [(n, self._gated_flag(n)) for n in named if isinstance(n, str) and self._gated_flag(n)]
+            if off:
+                warnings.warn(f"names_filter names {off[0][0]!r}, which fires only with model.cfg.{off[0][1]} on, so "
+                              f"the cache will not hold it: call model.set_{off[0][1]}(True) first", stacklevel=2)
         batched = not kwargs.get("remove_batch_dim", False)
         with self._lock:
             if kwargs.get("incl_bwd"):
                 out, cache = self._run_with_cache_and_grads(model_args, dict(kwargs))
             else:
                 out, cache = super().run_with_cache(*model_args, **kwargs)
-        return out, ActivationCache(cache, self, has_batch_dim=batched)
+        return out, SproutActivationCache(cache, self, has_batch_dim=batched)
 
     def _run_with_cache_and_grads(self, model_args, kwargs):
         # TransformerLens calls `.backward()` on the output, which fills every parameter's .grad;
@@ -311,16 +336,29 @@ class HookedLM(HookedRootModule):
         return out, cache
 
     def tokens_to_residual_directions(self, tokens) -> torch.Tensor:
-        """The residual direction [..., d_model] whose dot product with ln_final(x) is each token's logit.
+        """The residual direction whose dot product with the normalised stream is each token's logit, in
+        TransformerLens' shapes: one token (a string, an int, a tensor of one element) -> [d_model];
+        ids of shape [...] -> [..., d_model].
 
-        Reads `self.W_U` [d_model, vocab] (the unembedding with the final norm's gain folded in), which
-        a model defines where that folding is exact (Sprout; not the walkthrough GPT's biased LayerNorm).
+        Reads `self.W_U` [d_model, vocab] (the unembedding with the final norm's gain folded in, so it
+        pairs with `ln_final.hook_normalized` and `cache.apply_ln_to_stack`), which a model defines
+        where that folding is exact (Sprout; not the walkthrough GPT's biased LayerNorm).
         """
         if isinstance(tokens, str):
             tokens = self.to_single_token(tokens)
-        if isinstance(tokens, int) or (isinstance(tokens, torch.Tensor) and tokens.dim() == 0):
-            return self.W_U[:, int(tokens)]
-        return self.W_U[:, tokens].movedim(0, -1)
+        ids = text.as_ids(tokens)
+        if ids.numel() == 1:
+            return self.W_U[:, int(ids.reshape(()))]
+        return self.W_U[:, ids].movedim(0, -1)
+
+    def to_single_str_token(self, int_token: int) -> str:
+        """The text of one token id (TransformerLens' to_single_str_token)."""
+        if isinstance(int_token, bool) or not isinstance(int_token, int):
+            raise TypeError(f"to_single_str_token takes one token id (an int), got {type(int_token).__name__}")
+        vocab = self.cfg.d_vocab
+        if not 0 <= int_token < vocab:
+            raise ValueError(f"token id {int_token} is out of range for a vocabulary of {vocab} (valid: 0..{vocab - 1})")
+        return self.to_str_tokens(torch.tensor([int_token]))[0]
 
     def run_with_hooks(self, *model_args, **kwargs):
         """Run with temporary hooks (removed afterwards, even if the forward raises); output as forward's."""

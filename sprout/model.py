@@ -24,13 +24,14 @@ from transformer_lens.hook_points import HookPoint
 
 from .config import SproutConfig
 from .hook_flags import HookFlags, editable, per_head_inputs
-from .hooked import HookedLM, hooked
+from .hooked import HookedLM, hooked, padding_masks
+from .pattern_attention import hooked_attention
 from .stacked_weights import TLWeights
 from .weights import Embed, SproutAttentionWeights, SproutMLPWeights, SproutUnembedWeights, link, linked
 
 
 class NormHooks(nn.Module):
-    """The hook points of one norm (`ln1`, `ln2`, `ln_final`); the gain lives in the RMSNorm itself."""
+    """The hook points of one norm (`ln1`, `ln2`, `ln_final`); the gain lives in the RMSNorm it is linked to."""
 
     def __init__(self):
         super().__init__()
@@ -38,13 +39,16 @@ class NormHooks(nn.Module):
         self.hook_normalized = HookPoint()  # [batch, pos, d_model]: x / scale, before the gain
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x / rms(x), without the gain and without firing the hooks.
+        """The whole RMSNorm, gain included, firing this norm's hooks: what TransformerLens' RMSNorm module
+        computes, so `model.unembed(model.ln_final(x))` are the logits and `blocks[l].attn(blocks[l].ln1(x))`
+        is block l's attention. (`W_U`, `W_Q` ... carry the gain themselves: pair them with `normalize`.)"""
+        return linked(self, "norm")(x, self)
 
-        TransformerLens' helpers call `model.ln_final(x)` to renormalise a stack of streams
-        (`accumulated_resid(apply_ln=True)`, `logit_lens`); the gain is folded into `Sprout.W_U`.
-        """
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        """x / rms(x) [..., d_model], without the gain and without firing hooks: `hook_normalized` for any x,
+        what pairs with the folded `W_U` (TransformerLens' gainless ln_final under fold_ln)."""
         xf = x.float()
-        return (xf / (xf.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()).type_as(x)
+        return (xf / (xf.pow(2).mean(-1, keepdim=True) + linked(self, "norm").eps).sqrt()).type_as(x)
 
 
 class RMSNorm(nn.Module):
@@ -100,6 +104,7 @@ class Attention(SproutAttentionWeights, nn.Module):
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.q_norm = RMSNorm(self.d_head)
         self.k_norm = RMSNorm(self.d_head)
+        self.rope_base = cfg.rope_base  # for a direct call, which brings no RoPE tables
         self.hook_q = HookPoint()  # [batch, pos, head, d_head]
         self.hook_k = HookPoint()
         self.hook_v = HookPoint()
@@ -112,8 +117,8 @@ class Attention(SproutAttentionWeights, nn.Module):
         self.hook_z = HookPoint()  # [batch, pos, head, d_head]
         self.hook_result = HookPoint()  # [batch, pos, head, d_model]: each head's write to the stream
 
-    def forward(self, x, cos: torch.Tensor, sin: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """x [batch, pos, d_model], or with split inputs a tuple of each head's own (normalised) copy
+    def attend(self, x, cos: torch.Tensor, sin: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The block's call. x [batch, pos, d_model], or with split inputs a tuple of each head's own (normalised) copy
         for Q, K and V, each [batch, pos, head, d_model]; cos/sin the whole-row tables of `rope_rows`,
         [pos, 1, d_head] (or [batch, pos, 1, d_head] per row); attn_mask None (causal) or bool
         [batch, 1, query, key], True = may attend."""
@@ -129,14 +134,13 @@ class Attention(SproutAttentionWeights, nn.Module):
         B, T = q.shape[:2]
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, head, T, d_head)
         if hooked(self.hook_attn_scores, self.hook_pattern):
-            # Materialise scores and pattern only when someone reads or edits them. The result differs
-            # from scaled_dot_product_attention's by float32 rounding (README, *Speed*).
+            # Materialise scores and pattern only when someone reads or edits them; unedited, z is still
+            # the fused kernel's (sprout/pattern_attention.py).
             # In place: scores is fresh, and a copy of [batch, head, pos, pos] costs as much as the softmax.
             scores = (q @ k.transpose(-2, -1)).div_(math.sqrt(self.d_head))
             hidden = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1) if attn_mask is None else ~attn_mask
-            scores = self.hook_attn_scores(scores.masked_fill_(hidden, float("-inf")))
-            pattern = self.hook_pattern(editable(F.softmax(scores, dim=-1), self.hook_pattern))  # softmax keeps its output
-            z = pattern @ v
+            z = hooked_attention(q, k, v, scores.masked_fill_(hidden, float("-inf")), attn_mask,
+                                 self.hook_attn_scores, self.hook_pattern, editable)
         else:
             z = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None)
         z = self.hook_z(editable(z.transpose(1, 2), self.hook_z))  # (B, T, head, d_head); attention keeps its output
@@ -146,6 +150,37 @@ class Attention(SproutAttentionWeights, nn.Module):
             result = self.hook_result(torch.einsum("bphd,mhd->bphm", z, W_O))
             return result.sum(dim=2)
         return self.proj(z.reshape(B, T, C))
+
+    def forward(self, query_input: torch.Tensor, key_input: Optional[torch.Tensor] = None,
+                value_input: Optional[torch.Tensor] = None, past_kv_cache_entry=None,
+                additive_attention_mask: Optional[torch.Tensor] = None, attention_mask: Optional[torch.Tensor] = None,
+                position_bias=None) -> torch.Tensor:
+        """TransformerLens' Attention call: the attention's output [batch, pos, d_model] from ln1's output.
+
+        query_input, key_input, value_input: [batch, pos, d_model] (key and value default to the query's),
+        or each head's own [batch, pos, head, d_model]; positions 0..pos-1 (RoPE), causal;
+        attention_mask [batch, pos] of 1 (token) and 0 (padding), or TransformerLens' additive mask
+        [batch, 1, 1, pos] (0 or -inf). A KV cache goes through the model's forward, not this call.
+        """
+        if past_kv_cache_entry is not None or position_bias is not None:
+            what = "past_kv_cache_entry" if past_kv_cache_entry is not None else "position_bias"
+            raise ValueError(f"{what} is not taken by a direct call of Sprout's attention (RoPE, no ALiBi); "
+                             "run the model's forward for cached keys and values")
+        x = tuple(query_input if t is None else t for t in (query_input, key_input, value_input))
+        if x[0].dim() == 3 and all(t is x[0] for t in x):
+            x = x[0]
+        elif x[0].dim() == 3:
+            x = tuple(t.unsqueeze(2).expand(-1, -1, self.n_head, -1) for t in x)
+        B, T = query_input.shape[:2]
+        positions = mask = None
+        if additive_attention_mask is not None:
+            attention_mask = (additive_attention_mask.reshape(B, -1)[:, -T:] == 0).long()
+        if attention_mask is not None:
+            positions, mask = padding_masks(attention_mask.to(query_input.device))
+        cos, sin = rope_tables(self.d_head, T, self.rope_base)
+        cos, sin = cos.to(query_input.device), sin.to(query_input.device)
+        rows = rope_rows(cos, sin) if positions is None else rope_rows(cos[positions], sin[positions])
+        return self.attend(x, *rows, mask)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [batch, pos, d_model] -> q, k, v [batch, pos, head, d_head], in one fused matmul."""
@@ -167,6 +202,10 @@ class MLPHooks(SproutMLPWeights, nn.Module):
         self.hook_pre = HookPoint()  # [batch, pos, d_ff]: x W1, before SiLU
         self.hook_pre_linear = HookPoint()  # [batch, pos, d_ff]: x W3, the linear half of the gate
         self.hook_post = HookPoint()  # [batch, pos, d_ff]: silu(x W1) * x W3
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The SwiGLU layer on ln2's output x [batch, pos, d_model], firing its hooks (TransformerLens' MLP)."""
+        return self._ffn()(x, self)
 
 
 class FeedForward(nn.Module):
@@ -198,6 +237,8 @@ class Block(nn.Module):
         self.norm2 = RMSNorm(cfg.d_model)
         self.ffn = FeedForward(cfg)
         self.ln1, self.ln2, self.mlp = NormHooks(), NormHooks(), MLPHooks()
+        link(self.ln1, norm=self.norm1)
+        link(self.ln2, norm=self.norm2)
         link(self.attn, norm=self.norm1)  # for W_Q/W_K/W_V with ln1's gain folded in
         link(self.mlp, norm=self.norm2, ffn=self.ffn)
         self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
@@ -222,7 +263,7 @@ class Block(nn.Module):
                 self.norm1(x, self.ln1)  # ln1's hooks still see the shared stream; the heads read their copies
         else:
             attn_in = self.norm1(x, self.ln1)
-        x = self.hook_resid_mid(x + self.hook_attn_out(self.attn(attn_in, cos, sin, attn_mask)))
+        x = self.hook_resid_mid(x + self.hook_attn_out(self.attn.attend(attn_in, cos, sin, attn_mask)))
         mlp_in = self.hook_mlp_in(x.clone()) if flags is not None and flags.use_hook_mlp_in else x
         x = self.hook_resid_post(x + self.hook_mlp_out(self.ffn(self.norm2(mlp_in, self.ln2), self.mlp)))
         return x
@@ -234,6 +275,11 @@ class UnembedHooks(SproutUnembedWeights, nn.Module):
     def __init__(self):
         super().__init__()
         self.hook_out = HookPoint()  # [batch, pos, vocab]: the logits
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits [..., vocab] from the final norm's output x (gain applied: `model.ln_final(x)`), through
+        the tied embedding; `W_U` is this matrix with the gain folded in, for the gainless stream."""
+        return self.hook_out(linked(self, "head")(x))
 
 
 class Sprout(TLWeights, HookFlags, HookedLM):
@@ -249,6 +295,7 @@ class Sprout(TLWeights, HookFlags, HookedLM):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.norm = RMSNorm(cfg.d_model)
         self.ln_final = NormHooks()
+        link(self.ln_final, norm=self.norm)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.head.weight = self.embed.weight  # weight tying
         self.unembed = UnembedHooks()
@@ -277,9 +324,10 @@ class Sprout(TLWeights, HookFlags, HookedLM):
 
         With padding, `attn_mask` [batch, 1, pos, pos] and each token's RoPE position [batch, pos] (see
         `hooked.padding_masks`). With `start_at_layer=S`, x is the residual stream entering block S.
-        With `stop_at_layer=L` only blocks up to L-1 run, `blocks.L.hook_resid_pre` still fires (as
-        TransformerLens does not: a probe of layer L reads it), and the stream [batch, pos, d_model]
-        is returned: a probe of an early layer does not pay for the rest of the model.
+        With `stop_at_layer=L` only blocks 0..L-1 run and the stream they leave [batch, pos, d_model]
+        is returned, no `blocks.L.*` hook firing (as TransformerLens): a probe of an early layer does
+        not pay for the rest of the model. Both are block indices here (`HookedLM.forward` resolves
+        negative ones).
         """
         T = x.size(1)
         if positions is None:
@@ -294,10 +342,8 @@ class Sprout(TLWeights, HookFlags, HookedLM):
         for block in blocks:
             x = block(x, cos, sin, attn_mask)
         if stop_at_layer is not None:
-            if stop_at_layer < len(self.blocks):
-                x = self.blocks[stop_at_layer].hook_resid_pre(x)
             return x
-        return self.unembed.hook_out(self.head(self.norm(x, self.ln_final)))
+        return self.unembed(self.norm(x, self.ln_final))
 
 
 # The course's names, so code written against model.py runs unchanged.

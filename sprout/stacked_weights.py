@@ -14,12 +14,26 @@ from transformer_lens.FactoredMatrix import FactoredMatrix
 from transformer_lens.utilities.matrix import composition_scores
 
 
+_POSITIONAL = ("W_pos", "W_E_pos", "pos_embed", "hook_pos_embed")
+_ROTARY = ("there is no learned position embedding (positional_embedding_type='rotary': RoPE rotates each "
+           "head's queries and keys, so positions show in blocks.{l}.attn.hook_rot_q / hook_rot_k; see the README, "
+           "'Where Sprout differs from TransformerLens')")
+
+
 class TLWeights:
     """The model-level weights, stacked over blocks, as TransformerLens' HookedTransformer has them.
 
     Needs `blocks[l].attn` and (with an MLP) `blocks[l].mlp` answering the per-module properties,
     `embed` (an `Embed`), `unembed` answering `W_U`/`b_U`, and `cfg`.
     """
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name in _POSITIONAL:
+                raise AttributeError(f"{type(self).__name__} has no {name}: {_ROTARY}") from None
+            raise
 
     def _stack(self, module: str, name: str) -> torch.Tensor:
         parts = []
@@ -41,8 +55,7 @@ class TLWeights:
         """[n_ctx, d_model]: the learned position embedding (the walkthrough GPT; Sprout uses RoPE)."""
         pos_embed = getattr(self, "pos_embed", None)
         if pos_embed is None:
-            raise AttributeError("W_pos: this model has no learned position embedding (Sprout rotates queries and "
-                                 "keys with RoPE; positional_embedding_type='rotary')")
+            raise AttributeError(f"W_pos: {_ROTARY}")
         return pos_embed.W_pos
 
     @property
@@ -149,6 +162,20 @@ class TLWeights:
         layer = torch.arange(self.cfg.n_layers, device=scores.device)
         later = layer[:, None, None, None] < layer[None, None, :, None]
         return torch.where(later, scores, torch.zeros_like(scores))
+
+    def effective_embedding(self, chunk: int = 4096) -> torch.Tensor:
+        """[d_vocab, d_model]: the stream leaving block 0 when each token is the whole input, i.e. `W_E`
+        plus what block 0's attention (which can only attend to the token itself) and MLP write: the
+        "extended embedding" of TransformerLens' and the curriculum's circuit analyses. Read OV and QK
+        circuits of later heads from it (`effective_embedding() @ OV[l, h]`) rather than from `W_E`:
+        token identity often reaches a head through block 0, so W_E-based circuits can mislead. A model
+        with learned positions adds W_pos[0] (the token at position 0); RoPE adds nothing at position 0.
+        Runs block 0 (its hooks fire) on `chunk` tokens at a time."""
+        rows = self.W_E
+        if getattr(self, "pos_embed", None) is not None:
+            rows = rows + self.W_pos[0]
+        return torch.cat([self(part[:, None], start_at_layer=0, stop_at_layer=1, return_type="logits")[:, 0]
+                          for part in rows.split(chunk)])
 
     @property
     def all_head_labels(self) -> list[str]:

@@ -32,6 +32,7 @@ from transformer_lens.hook_points import HookPoint
 from .config import SproutTransformerLensConfig, strict_from_dict
 from .hook_flags import HookFlags, editable, per_head_inputs
 from .hooked import HookedLM, hooked
+from .pattern_attention import hooked_attention
 from .stacked_weights import TLWeights
 from .weights import Embed, PosEmbed, WalkthroughAttentionWeights, WalkthroughMLPWeights, WalkthroughUnembedWeights, link, linked
 
@@ -168,6 +169,10 @@ class LayerNorm(nn.Module):
         """The same LayerNorm, firing no hooks (for each head's own copy of the stream)."""
         return F.layer_norm(x, (x.size(-1),), self.weight, self.bias, self.eps)
 
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        """(x - mean) / scale, without gain and bias (which `W_U`, `W_Q` ... carry folded in)."""
+        return F.layer_norm(x, (x.size(-1),), None, None, self.eps)
+
 
 class Head(nn.Module):
     """One attention head's projections, as the walkthrough keeps them: C -> head_size, no bias."""
@@ -218,9 +223,9 @@ class Attention(WalkthroughAttentionWeights, nn.Module):
             # Materialise scores and pattern only when someone reads or edits them.
             scores = (q @ k.transpose(-2, -1)) * self.d_head ** -0.5
             allowed = torch.ones(T, T, dtype=torch.bool, device=q.device).tril() if attn_mask is None else attn_mask
-            scores = self.hook_attn_scores(scores.masked_fill(~allowed, float("-inf")))
-            pattern = self.hook_pattern(editable(F.softmax(scores, dim=-1), self.hook_pattern))
-            z = self.attn_dropout(pattern) @ v
+            dropout = self.attn_dropout if self.training and self.attn_dropout.p > 0 else None
+            z = hooked_attention(q, k, v, scores.masked_fill(~allowed, float("-inf")), attn_mask,
+                                 self.hook_attn_scores, self.hook_pattern, editable, dropout)
         else:
             p = self.attn_dropout.p if self.training else 0.0
             z = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p, is_causal=attn_mask is None)
@@ -349,7 +354,7 @@ class WalkthroughGPT(TLWeights, HookFlags, HookedLM):
         With padding, `attn_mask` [batch, 1, pos, pos] and each token's position [batch, pos], so left
         padding does not shift the learned positions. With `start_at_layer=S`, x is the stream entering
         block S. With `stop_at_layer=L` only blocks 0..L-1 run and their output [batch, pos, d_model] is
-        returned; `blocks.L.hook_resid_pre` fires when the step has it.
+        returned, no `blocks.L.*` hook firing (as TransformerLens).
         """
         if start_at_layer is None:
             B, T = x.shape
@@ -365,7 +370,5 @@ class WalkthroughGPT(TLWeights, HookFlags, HookedLM):
         for block in blocks:
             x = block(x, attn_mask)
         if stop_at_layer is not None:
-            if stop_at_layer < len(self.blocks) and self.config.residual:
-                x = self.blocks[stop_at_layer].hook_resid_pre(x)
             return x
         return self.unembed(self.ln_final(x))

@@ -81,7 +81,7 @@ def bad_ids_while_caching(model):
 
 def bad_forward_after_hooks_fired(model):
     seen = []
-    # stop_at_layer is checked after hook_embed has fired: the forward fails half way
+    # an impossible stop_at_layer: refused before any hook fires
     model.run_with_hooks(IDS, fwd_hooks=[("hook_embed", lambda x, hook: seen.append(1))], stop_at_layer=99)
 
 

@@ -199,6 +199,8 @@ def test_every_hook_present_with_its_shape(tiny_model):
         getattr(tiny_model, setter)(True)
         _, cache = tiny_model.run_with_cache(tokens, names_filter=lambda name: True)
         want = {**expected, **{k: v for k, v in flagged.items() if k.endswith(names + ("mlp_in",))}}
+        # issue 23.6: the input hooks also under TransformerLens 4's names (blocks.{l}.attn.hook_q_input)
+        want.update({k.replace(".hook_", ".attn.hook_"): v for k, v in flagged.items() if k.endswith(names)})
         assert {k: tuple(v.shape) for k, v in cache.cache_dict.items()} == want
         getattr(tiny_model, setter)(False)
 
@@ -349,11 +351,11 @@ def test_stop_at_layer_runs_only_the_blocks_asked_for(tiny_model):
     _, full = tiny_model.run_with_cache(tokens)
     calls = []
     tiny_model.blocks[1].register_forward_pre_hook(lambda m, a: calls.append(1))
-    resid, cache = tiny_model.run_with_cache(tokens, names_filter="blocks.1.hook_resid_pre", stop_at_layer=1)
+    resid, cache = tiny_model.run_with_cache(tokens, names_filter="blocks.0.hook_resid_post", stop_at_layer=1)
     assert calls == []  # block 1 never ran
     assert torch.allclose(resid, full["blocks.1.hook_resid_pre"], atol=1e-6)
-    assert torch.allclose(cache["blocks.1.hook_resid_pre"], full["blocks.1.hook_resid_pre"], atol=1e-6)
-    with pytest.raises(ValueError, match="stop_at_layer must be in 0..2, got 3"):
+    assert torch.allclose(cache["blocks.0.hook_resid_post"], full["blocks.1.hook_resid_pre"], atol=1e-6)
+    with pytest.raises(ValueError, match=r"stop_at_layer must be in -2..2 \(negative counts from the end\), got 3"):
         tiny_model(tokens, stop_at_layer=3)
 
 

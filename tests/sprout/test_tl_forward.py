@@ -90,7 +90,7 @@ def test_stop_and_start_at_layer(tiny_model):
     assert none is None and torch.equal(x, resid)
     fired = []
     tiny_model.run_with_hooks(ids, stop_at_layer=1, fwd_hooks=[("blocks.1.hook_resid_pre", lambda t, hook: fired.append(1))])
-    assert fired == [1]  # documented: unlike TransformerLens, the stop layer's resid_pre fires
+    assert fired == []  # as TransformerLens: no hook of the stop layer fires
     logits = tiny_model(resid, start_at_layer=1, return_type="logits")
     torch.testing.assert_close(logits, tiny_model(ids, return_type="logits"))
     loss = tiny_model(resid, start_at_layer=1, tokens=ids, return_type="loss")

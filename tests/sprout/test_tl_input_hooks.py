@@ -130,7 +130,9 @@ def test_split_inputs_are_per_head_copies_and_change_nothing_unedited(build):
 def test_flags_are_read_from_cfg_and_exclusive(model):
     model.cfg.use_split_qkv_input = True  # as HookedTransformer code sometimes sets it
     _, cache = model.run_with_cache(tokens_for(model), names_filter=lambda n: n.endswith("q_input"))
-    assert len(cache.keys()) == TINY.n_layer
+    # issue 23.6: each layer's input under its name and TransformerLens 4's (`attn.hook_q_input`), one tensor
+    assert sorted(cache.keys()) == sorted(f"blocks.{l}.{a}hook_q_input" for l in range(TINY.n_layer) for a in ("", "attn."))
+    assert all(cache[f"blocks.{l}.hook_q_input"] is cache[f"blocks.{l}.attn.hook_q_input"] for l in range(TINY.n_layer))
     with pytest.raises(ValueError, match="mutually exclusive"):
         model.set_use_attn_in(True)
     model.set_use_split_qkv_input(False)
