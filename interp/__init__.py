@@ -19,6 +19,7 @@ from .path_patching import path_patch
 from .phase import icl_score, phase_heads, phase_measures, phase_table
 from .residual import LogHistogram, residual_rms
 from .rope import rope_distance_check
+from .saes import run_with_saes, sae_metrics, spliced
 from .texts import HELD_OUT_SEED, held_out_stories
 from .tuned_lens import TunedLens, lens_comparison, load_tuned_lens, tuned_lens
 from .tuned_lens_train import train_tuned_lens
@@ -30,5 +31,6 @@ __all__ = [
     "lens_summary", "load_tuned_lens", "LogHistogram", "logit_attribution", "logit_lens", "mean_loss",
     "ov_copying_scores", "param_table", "patch", "patch_tensor", "path_patch", "pattern_tensor", "phase_heads", "phase_measures",
     "phase_table", "positional_qk_scores", "repeat_loss", "repeated_tokens", "residual_rms", "rope_distance_check",
+    "run_with_saes", "sae_metrics", "spliced",
     "SITES", "story_names", "target_mask", "train_tuned_lens", "tuned_lens", "TunedLens",
 ]
