@@ -1,0 +1,399 @@
+"""SAE files: SAELens' layout (`cfg.json` + `sae_weights.safetensors`), ours and theirs, checked on the way in.
+
+A folder holds
+
+    cfg.json                  SAELens' config (v6: `architecture`, `d_in`, `d_sae`, `dtype`, `device`,
+                              `apply_b_dec_to_input`, `normalize_activations`, `reshape_activations`, `k`
+                              and `rescale_acts_by_decoder_norm` for topk, `d_out` for transcoders,
+                              `metadata` {`model_name`, `hook_name`, `hook_name_out`, `sae_lens_version` ...};
+                              `model_name` and `hook_name` also at the top, where older readers look);
+                              our own record under `metadata.sprout` (kind, k, the model's fingerprint and
+                              config, what training recorded).
+    sae_weights.safetensors   W_enc [d_in, d_sae], b_enc, W_dec [d_sae, d_in], b_dec, threshold, W_skip.
+
+Architectures as SAELens names them: relu -> "standard", topk -> "topk", jumprelu -> "jumprelu", and
+BatchTopK / Matryoshka as "jumprelu" with their inference threshold (as SAELens saves them); transcoders
+"transcoder" (ReLU), "skip_transcoder" (ReLU with W_skip), "jumprelu_transcoder". A transcoder kind
+SAELens has no class for is written as "<kind>_transcoder" / "skip_<kind>_transcoder" (ours only).
+`metadata.sae_lens_version` is "6.0.0": the config format's version, which SAELens reads to pick its parser.
+
+Loading reads both ours and SAELens-saved folders (v6 and the older flat configs), and refuses anything
+else with an error naming the file and the field: files that are not regular files, JSON that is not
+SAELens' (wrong types, unknown architectures, deep nesting), tensors missing, misshapen, integer or not
+finite, and, given a model, an SAE for another model (fingerprint), another hook or another width.
+"""
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Optional
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as load_bytes
+from safetensors.torch import save as save_bytes
+
+from sprout.folders import write_bytes, write_folder
+
+from .._model import model_name, require_hooks
+from ..tuned_lens import fingerprint, model_config
+from .sae import SAE, Transcoder, hook_layer
+
+CFG, WEIGHTS = "cfg.json", "sae_weights.safetensors"
+FORMAT = "sprout-sae"
+SAELENS_VERSION = "6.0.0"
+MAX_JSON_BYTES, MAX_WEIGHT_BYTES, MAX_DEPTH = 4 << 20, 16 << 30, 12
+_SAE_ARCH = {"relu": "standard", "topk": "topk", "jumprelu": "jumprelu", "batchtopk": "jumprelu",
+             "matryoshka": "jumprelu"}
+_KIND_OF = {"standard": "relu", "topk": "topk", "jumprelu": "jumprelu"}
+_TC_ARCH = {("relu", False): "transcoder", ("relu", True): "skip_transcoder", ("jumprelu", False): "jumprelu_transcoder",
+            ("batchtopk", False): "jumprelu_transcoder", ("matryoshka", False): "jumprelu_transcoder"}
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class SAEFileError(ValueError):
+    """An SAE folder that cannot be read as one (the message names the file and the field)."""
+
+
+def architecture(sae: SAE) -> str:
+    if isinstance(sae, Transcoder):
+        return _TC_ARCH.get((sae.kind, sae.skip), f"{'skip_' if sae.skip else ''}{sae.kind}_transcoder")
+    return _SAE_ARCH[sae.kind]
+
+
+def cfg_dict(sae: SAE) -> dict:
+    """The SAE's cfg.json as a dict (SAELens' fields, our record under metadata.sprout)."""
+    dtype = str(sae.W_enc.dtype).removeprefix("torch.")
+    meta = {"model_name": (sae.model_config or {}).get("name") or "sprout", "hook_name": sae.hook_name,
+            "hook_head_index": None, "prepend_bos": False, "sae_lens_version": SAELENS_VERSION,
+            "sae_lens_training_version": None, "sprout": _record(sae)}
+    if isinstance(sae, Transcoder):
+        meta.update(hook_name_out=sae.hook_name_out, hook_layer_out=hook_layer(sae.hook_name_out))
+    cfg = {"architecture": architecture(sae), "d_in": sae.d_in, "d_sae": sae.d_sae, "dtype": dtype, "device": "cpu",
+           "apply_b_dec_to_input": sae.apply_b_dec_to_input, "normalize_activations": "none",
+           "reshape_activations": "none", "model_name": meta["model_name"], "hook_name": sae.hook_name,
+           "hook_layer": hook_layer(sae.hook_name), "metadata": meta}
+    if sae.kind == "topk" and not isinstance(sae, Transcoder):
+        cfg.update(k=sae.k, rescale_acts_by_decoder_norm=False)
+    if isinstance(sae, Transcoder):
+        cfg["d_out"] = sae.d_out
+    return cfg
+
+
+def _record(sae: SAE) -> dict:
+    rec = {"format": FORMAT, "version": 1, "kind": sae.kind, "k": sae.k, "widths": sae.widths,
+           "bandwidth": sae.bandwidth, "transcoder": isinstance(sae, Transcoder), "model_fingerprint": sae.model_fingerprint,
+           "model_config": sae.model_config, "info": sae.info}
+    if isinstance(sae, Transcoder):
+        rec.update(skip=sae.skip, layer=sae.layer, input="ln2.hook_normalized: the stream before the MLP divided by "
+                   "ln2's scale, before ln2's gain" if (sae.hook_name or "").endswith("ln2.hook_normalized") else None)
+    return rec
+
+
+def _tensors(sae: SAE) -> dict:
+    out = {name: p.detach().cpu().contiguous() for name, p in (("W_enc", sae.W_enc), ("b_enc", sae.b_enc),
+                                                                ("W_dec", sae.W_dec), ("b_dec", sae.b_dec))}
+    if sae.threshold is not None:
+        out["threshold"] = sae.threshold.detach().cpu().contiguous().clone()
+    if getattr(sae, "W_skip", None) is not None:
+        out["W_skip"] = sae.W_skip.detach().cpu().contiguous()
+    return out
+
+
+def is_ours(folder: Path) -> bool:
+    """Whether `folder/cfg.json` is one we wrote (metadata.sprout.format)."""
+    try:
+        cfg = json.loads((Path(folder) / CFG).read_text())
+        return cfg["metadata"]["sprout"]["format"] == FORMAT
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return False
+
+
+def save(sae: SAE, folder) -> Path:
+    """Write `sae` into `folder` (created, or replaced only if it holds nothing but an SAE we wrote)."""
+    text = json.dumps(cfg_dict(sae), indent=1, allow_nan=False) + "\n"
+    blob = save_bytes(_tensors(sae), metadata={"format": FORMAT})
+
+    def fill(tmp: Path) -> None:
+        write_bytes(tmp / WEIGHTS, blob)
+        write_bytes(tmp / CFG, text.encode())
+
+    return Path(write_folder(folder, fill, frozenset({CFG, WEIGHTS}), is_ours, "an SAE folder"))
+
+
+def _read(path: Path, limit: int) -> bytes:
+    """The bytes of a regular file (no FIFO, device or folder), at most `limit` of them."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no SAE at {path.parent}: {path.name} is missing") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise SAEFileError(f"{path} is not a regular file (a FIFO, device or folder): refusing to read it")
+    if st.st_size > limit:
+        raise SAEFileError(f"{path} is {st.st_size} bytes, more than an SAE file of this kind holds ({limit})")
+    with open(path, "rb") as f:
+        return f.read(limit + 1)
+
+
+def _depth(v, d: int = 0) -> int:
+    if d > MAX_DEPTH:
+        return d
+    if isinstance(v, dict):
+        return max([_depth(x, d + 1) for x in v.values()], default=d + 1)
+    if isinstance(v, list):
+        return max([_depth(x, d + 1) for x in v], default=d + 1)
+    return d
+
+
+def read_cfg(folder: Path) -> dict:
+    path = folder / CFG
+    raw = _read(path, MAX_JSON_BYTES)
+    try:
+        cfg = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise SAEFileError(f"cannot read {path}: {str(e)[:200]}") from e
+    if not isinstance(cfg, dict):
+        raise SAEFileError(f"{path} must hold a JSON object, got {type(cfg).__name__}")
+    if _depth(cfg) > MAX_DEPTH:
+        raise SAEFileError(f"{path} is nested deeper than {MAX_DEPTH} levels: not an SAE config")
+    return cfg
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _field(cfg: dict, key: str, types, path: Path, default=None, required: bool = False):
+    meta = cfg.get("metadata") if isinstance(cfg.get("metadata"), dict) else {}
+    if key in cfg and cfg[key] is not None:
+        value = cfg[key]
+    elif key in meta and meta[key] is not None:
+        value = meta[key]
+    elif required:
+        raise SAEFileError(f"{path}: field {key!r} is missing")
+    else:
+        return default
+    bad_bool = isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,))
+    if bad_bool or not isinstance(value, types):
+        raise SAEFileError(f"{path}: field {key!r} must be {getattr(types, '__name__', types)}, got {value!r}")
+    return value
+
+
+def _spec(cfg: dict, path: Path) -> dict:
+    """The dictionary a cfg.json describes, its fields type-checked."""
+    meta = cfg.get("metadata", {})
+    if not isinstance(meta, dict):
+        raise SAEFileError(f"{path}: field 'metadata' must be an object, got {type(meta).__name__}")
+    ours = meta.get("sprout") if isinstance(meta.get("sprout"), dict) else None
+    if ours is not None and ours.get("format") != FORMAT:
+        raise SAEFileError(f"{path}: field 'metadata.sprout.format' must be {FORMAT!r}, got {ours.get('format')!r}")
+    arch = _field(cfg, "architecture", str, path, default="standard")
+    spec = {"arch": arch, "ours": ours or {}, "d_in": _pos_int(cfg, "d_in", path), "d_sae": _pos_int(cfg, "d_sae", path),
+            "hook_name": _field(cfg, "hook_name", str, path) or _field(cfg, "hook_point", str, path),
+            "hook_name_out": _field(cfg, "hook_name_out", str, path),
+            "apply_b_dec": _field(cfg, "apply_b_dec_to_input", bool, path, default=True),
+            "dtype": _field(cfg, "dtype", str, path, default="float32")}
+    if spec["dtype"].removeprefix("torch.") not in _DTYPES:
+        raise SAEFileError(f"{path}: field 'dtype' must be one of {sorted(_DTYPES)}, got {spec['dtype']!r}")
+    norm = cfg.get("normalize_activations", "none")
+    if norm not in ("none", "expected_average_only_in", None, False):
+        raise SAEFileError(f"{path}: field 'normalize_activations' is {norm!r}; only SAEs whose inputs are used as "
+                           "they are ('none', or 'expected_average_only_in' with the factor folded in) can be read")
+    if cfg.get("reshape_activations", "none") not in ("none", None):
+        raise SAEFileError(f"{path}: field 'reshape_activations' is {cfg.get('reshape_activations')!r}; only 'none' is read")
+    _kind_of(spec, cfg, path)
+    return spec
+
+
+def _pos_int(cfg: dict, key: str, path: Path) -> int:
+    value = _field(cfg, key, int, path, required=True)
+    if value < 1:
+        raise SAEFileError(f"{path}: field {key!r} must be >= 1, got {value}")
+    return value
+
+
+def _kind_of(spec: dict, cfg: dict, path: Path) -> None:
+    arch, ours = spec["arch"], spec["ours"]
+    transcoder = arch.endswith("transcoder")
+    base = arch.removeprefix("skip_").removesuffix("_transcoder") if transcoder else arch
+    base = {"transcoder": "relu", "jumprelu": "jumprelu"}.get(base, base) if transcoder else _KIND_OF.get(base)
+    if base is None or (transcoder and base not in ("relu", "jumprelu", "topk", "batchtopk", "matryoshka")):
+        raise SAEFileError(f"{path}: field 'architecture' is {arch!r}; readable ones are standard, topk, jumprelu, "
+                           "transcoder, skip_transcoder, jumprelu_transcoder and ours")
+    kind = ours.get("kind", base)
+    if not isinstance(kind, str) or (kind != base and not (base == "jumprelu" and kind in ("batchtopk", "matryoshka"))):
+        raise SAEFileError(f"{path}: field 'metadata.sprout.kind' is {kind!r}, which architecture {arch!r} cannot hold")
+    k = ours.get("k") if kind in ("batchtopk", "matryoshka") else None
+    if kind == "topk":
+        k = _field(cfg, "k", int, path) or (cfg.get("activation_fn_kwargs") or {}).get("k") or ours.get("k")
+    spec.update(transcoder=transcoder, skip=arch.startswith("skip_"), kind=kind, k=k, widths=ours.get("widths"),
+                bandwidth=ours.get("bandwidth") or 0.05, rescale=bool(cfg.get("rescale_acts_by_decoder_norm", False)),
+                d_out=_pos_int(cfg, "d_out", path) if transcoder else spec["d_in"])
+    if not transcoder and kind != "topk" and "activation_fn" in cfg and cfg["activation_fn"] not in ("relu", None):
+        raise SAEFileError(f"{path}: field 'activation_fn' is {cfg['activation_fn']!r}; a {arch} SAE here uses relu")
+
+
+def _build(spec: dict, path: Path) -> SAE:
+    common = dict(kind=spec["kind"], k=spec["k"], widths=spec["widths"], bandwidth=spec["bandwidth"],
+                  dtype=_DTYPES[spec["dtype"].removeprefix("torch.")])
+    try:
+        if spec["transcoder"]:
+            return Transcoder(spec["d_in"], spec["d_sae"], spec["d_out"], skip=spec["skip"], hook_name=spec["hook_name"],
+                              hook_name_out=spec["hook_name_out"], **common)
+        sae = SAE(spec["d_in"], spec["d_sae"], hook_name=spec["hook_name"], **common)
+    except (TypeError, ValueError) as e:
+        raise SAEFileError(f"{path}: {e}") from e
+    sae.apply_b_dec_to_input = spec["apply_b_dec"]
+    return sae
+
+
+def _read_tensors(sae: SAE, path: Path, spec: dict) -> dict:
+    try:
+        tensors = load_bytes(_read(path, MAX_WEIGHT_BYTES))
+    except (SafetensorError, ValueError, RuntimeError) as e:
+        raise SAEFileError(f"cannot read {path}: {str(e)[:200]}") from e
+    if "log_threshold" in tensors and "threshold" not in tensors:  # SAELens' training-time JumpReLU
+        tensors["threshold"] = tensors.pop("log_threshold").double().exp()
+    if "scaling_factor" in tensors:
+        sf = tensors.pop("scaling_factor")
+        if not torch.all(sf == 1):
+            raise SAEFileError(f"{path}: tensor 'scaling_factor' is not all ones (SAELens' finetuning scale): not read")
+    want = {n: tuple(t.shape) for n, t in _tensors(sae).items()}
+    for name, shape in want.items():
+        t = tensors.get(name)
+        if t is None:
+            raise SAEFileError(f"{path}: tensor {name!r} is missing (an SAE of architecture {spec['arch']!r} has "
+                               f"{', '.join(want)})")
+        if not t.is_floating_point():
+            raise SAEFileError(f"{path}: tensor {name!r} has dtype {t.dtype}; SAE weights are floating point")
+        if tuple(t.shape) != shape:
+            raise SAEFileError(f"{path}: tensor {name!r} has shape {list(t.shape)}, cfg.json says {list(shape)}")
+        if not torch.isfinite(t).all():
+            raise SAEFileError(f"{path}: tensor {name!r} holds NaN or infinite values")
+    extra = sorted(set(tensors) - set(want))
+    if extra:
+        raise SAEFileError(f"{path}: unexpected tensors {extra} for architecture {spec['arch']!r}")
+    return tensors
+
+
+def load(folder, model=None, expect: type = SAE) -> SAE:
+    """The SAE or transcoder in `folder` (ours or SAELens'), checked against `model` when given.
+
+    Raises:
+        FileNotFoundError: no cfg.json / sae_weights.safetensors there.
+        SAEFileError (a ValueError): a file that is not a readable SAE, naming the file and the field.
+        ValueError: an SAE for another model, hook or width than `model`'s.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no SAE at {folder}: not a folder")
+    cfg_path, weights_path = folder / CFG, folder / WEIGHTS
+    cfg = read_cfg(cfg_path.parent)
+    spec = _spec(cfg, cfg_path)
+    sae = _build(spec, cfg_path)
+    if expect is Transcoder and not isinstance(sae, Transcoder):
+        raise SAEFileError(f"{cfg_path}: architecture {spec['arch']!r} is an SAE, not a transcoder")
+    tensors = _read_tensors(sae, weights_path, spec)
+    with torch.no_grad():
+        for name, t in tensors.items():
+            getattr(sae, name).copy_(t)
+        if spec["rescale"]:  # SAELens' rescale_acts_by_decoder_norm, folded: the same latents, unit rows
+            norms = sae.W_dec.norm(dim=-1)
+            sae.W_enc.mul_(norms)
+            sae.b_enc.mul_(norms)
+            sae.W_dec.div_(norms[:, None])
+    ours = spec["ours"]
+    sae.model_fingerprint, sae.model_config = ours.get("model_fingerprint"), ours.get("model_config")
+    sae.info = ours.get("info") if isinstance(ours.get("info"), dict) else {}
+    sae.eval()
+    if model is not None:
+        check_model(sae, model, f"the SAE at {folder}")
+    return sae
+
+
+def check_model(sae: SAE, model, source: str = "this SAE") -> None:
+    """Refuse a model this dictionary was not trained on, or one that lacks its hooks or writes another width."""
+    if sae.model_fingerprint is not None:
+        mine = fingerprint(model)
+        if sae.model_config:
+            theirs = model_config(model)
+            diff = [f"{k}: SAE {sae.model_config.get(k)!r}, model {theirs.get(k)!r}"
+                    for k in sorted(set(sae.model_config) | set(theirs)) if sae.model_config.get(k) != theirs.get(k)]
+            if diff:
+                raise ValueError(f"{source} was trained for another model: config differs ({'; '.join(diff[:4])})")
+        if mine != sae.model_fingerprint:
+            raise ValueError(f"{source} was trained for another model: weights fingerprint {sae.model_fingerprint} "
+                             f"(cfg.json metadata.sprout.model_fingerprint), this {model_name(model)}'s is {mine}")
+    hooks = [h for h in (sae.hook_name, getattr(sae, "hook_name_out", None)) if h is not None]
+    if not hooks:
+        raise ValueError(f"{source} has no hook_name: set sae.hook_name to the hook point it reads")
+    require_hooks(model, hooks)
+    widths = hook_widths(model, hooks)
+    for hook, want in zip(hooks, (sae.d_in, sae.d_out)):
+        if widths[hook] != want:
+            raise ValueError(f"{source} reads {want}-wide activations at {hook!r}, but {model_name(model)} "
+                             f"writes {widths[hook]} there")
+
+
+def hook_widths(model, hooks: list[str]) -> dict:
+    """The last axis of each hook's activation, from a one-token forward that stops after the last layer
+    needed."""
+    seen: dict = {}
+
+    def grab(x, hook):
+        seen[hook.name] = int(x.shape[-1])
+
+    layers = [hook_layer(h) for h in hooks]
+    stop = None if any(layer is None for layer in layers) else min(max(layers) + 1, int(model.cfg.n_layers))
+    ids = torch.zeros(1, 1, dtype=torch.long, device=model.cfg.device)
+    with torch.inference_mode():
+        model.run_with_hooks(ids, fwd_hooks=[(h, grab) for h in hooks], stop_at_layer=stop)
+    return seen
+
+
+def shipped_folder(root, hook: Optional[str] = None, layer: Optional[int] = None) -> Path:
+    """Where a demo ships its dictionaries: `<root>/saes/<hook>/` for an SAE, `<root>/saes/transcoder-<layer>/`
+    for the transcoder of block `layer` (root: the demo's folder, e.g. sprout/demo/gpt-4)."""
+    if (hook is None) == (layer is None):
+        raise ValueError("give one of hook= (an SAE) or layer= (a transcoder)")
+    return Path(root) / "saes" / (hook if hook is not None else f"transcoder-{int(layer)}")
+
+
+def _find(model, root, name_of, what: str, expect: type) -> SAE:
+    from sprout.checkpoint import demo_dir
+
+    roots = [Path(root)] if root is not None else sorted(p for p in demo_dir().iterdir() if p.is_dir())
+    mine = fingerprint(model)
+    for r in roots:
+        folder = name_of(r)
+        if (folder / CFG).is_file() and is_ours(folder):
+            fp = json.loads((folder / CFG).read_text())["metadata"]["sprout"].get("model_fingerprint")
+            if fp == mine:
+                return load(folder, model=model, expect=expect)
+    where = root if root is not None else f"{demo_dir()}/*"
+    raise FileNotFoundError(f"no shipped {what} for this {model_name(model)} (fingerprint {mine}) in {where}: none of "
+                            f"the folders {name_of(Path(str(where)))} matches; train one with interp.train_sae / "
+                            "interp.train_transcoder")
+
+
+def load_sae(model, hook: str, root=None) -> SAE:
+    """The SAE shipped for this model (found by its weights' fingerprint) at hook point `hook`.
+
+    Looks in every demo folder (or in `root`, a demo-like folder) for `saes/<hook>/`.
+
+    Raises:
+        FileNotFoundError: none shipped for these weights at this hook (the message says where it looked).
+    """
+    if not isinstance(hook, str):
+        raise TypeError(f"hook must be a hook name such as 'blocks.0.hook_resid_post', got {hook!r}")
+    require_hooks(model, [hook])
+    return _find(model, root, lambda r: shipped_folder(r, hook=hook), f"SAE at {hook!r}", SAE)
+
+
+def load_transcoder(model, layer: int, root=None) -> Transcoder:
+    """The transcoder shipped for this model's MLP in block `layer` (`saes/transcoder-<layer>/`)."""
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < int(model.cfg.n_layers):
+        raise ValueError(f"layer must be a block of {model_name(model)} (0..{int(model.cfg.n_layers) - 1}), got {layer!r}")
+    return _find(model, root, lambda r: shipped_folder(r, layer=layer), f"transcoder for layer {layer}", Transcoder)

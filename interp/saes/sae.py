@@ -1,0 +1,258 @@
+"""Sparse autoencoders and transcoders: one dictionary class, its kind's sparsity rule beside it.
+
+An SAE reads an activation x [..., d_in] at one hook point and writes it as a sparse sum of learned
+directions (the rows of W_dec):
+
+    pre    = (x - b_dec) @ W_enc + b_enc          [..., d_sae]   (b_dec subtracted: apply_b_dec_to_input)
+    acts   = kind.encode(pre)                      [..., d_sae]   (ReLU, TopK, JumpReLU ...: `kinds`)
+    x_hat  = acts @ W_dec + b_dec                  [..., d_in]
+
+Parameters carry SAELens' names and shapes, so the files are SAELens' (`files`). Decoder rows are kept at
+unit norm for every kind (the L1 and L0 penalties and AuxK need it; for TopK it makes latents comparable).
+A transcoder (Dunefsky et al. 2024, "Transcoders Find Interpretable LLM Feature Circuits") is the same
+dictionary whose decoder writes to another place: it reads an MLP's input and predicts the MLP's output.
+Training is in `train`.
+"""
+from __future__ import annotations
+
+import re
+from typing import Optional, Sequence
+
+import torch
+import torch.nn as nn
+
+from .kinds import KIND_NAMES, THRESHOLD_KINDS, TOPK_KINDS, make_kind
+
+_LAYER = re.compile(r"^blocks\.(\d+)\.")
+
+
+def hook_layer(hook_name: Optional[str]) -> Optional[int]:
+    """The block a hook name belongs to (`blocks.3.hook_resid_post` -> 3), None for others."""
+    m = _LAYER.match(hook_name or "")
+    return int(m.group(1)) if m else None
+
+
+def _check_dim(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return value
+
+
+class SAE(nn.Module):
+    """A sparse dictionary of one kind for the activations at one hook point.
+
+    Args:
+        d_in: the activation's width (d_model for the residual stream).
+        d_sae: the number of latents.
+        kind: "relu", "topk", "batchtopk", "jumprelu" or "matryoshka" (see `interp.saes.kinds` for the
+            papers: Bricken et al. 2023 / Conerly et al. 2024; Gao et al. 2024; Bussmann et al. 2024;
+            Rajamanoharan et al. 2024; Bussmann, Nabeshima et al. 2025).
+        k: latents per row, for the TopK kinds (an int in 1..d_sae); None for the others.
+        hook_name: the hook point it reads, e.g. "blocks.2.hook_resid_post" (None: not yet known).
+        widths: Matryoshka's nested prefix sizes, increasing to d_sae (default d_sae/8, /4, /2, d_sae).
+        bandwidth: JumpReLU's kernel width for the straight-through estimator.
+        seed: the initialisation's seed (decoder rows random unit vectors, W_enc = W_dec^T, biases 0).
+
+    Attributes:
+        W_enc [d_in, d_sae], b_enc [d_sae], W_dec [d_sae, d_in], b_dec [d_in]; threshold [d_sae]
+        (JumpReLU's learned thresholds; BatchTopK's and Matryoshka's one inference threshold, repeated;
+        None for the other kinds); k; hook_name; kind (the name); model_fingerprint / model_config (the
+        model it was trained on, None if not known); info (what training recorded).
+
+    Example:
+        >>> import torch, interp
+        >>> sae = interp.SAE(16, 64, kind="topk", k=4, hook_name="blocks.0.hook_resid_post")
+        >>> acts = sae.encode(torch.randn(3, 16))
+        >>> tuple(acts.shape), int((acts != 0).sum(-1).max()), tuple(sae(torch.randn(3, 16)).shape)
+        ((3, 64), 4, (3, 16))
+    """
+
+    apply_b_dec_to_input = True
+    tied_init = True  # W_enc starts as W_dec^T (Gao et al.; Conerly et al.), where both live in one space
+
+    def __init__(self, d_in: int, d_sae: int, kind: str = "topk", k: Optional[int] = None,
+                 hook_name: Optional[str] = None, widths: Optional[Sequence[int]] = None, bandwidth: float = 0.05,
+                 seed: int = 0, dtype: torch.dtype = torch.float32, device=None, d_out: Optional[int] = None):
+        super().__init__()
+        self.d_in, self.d_sae = _check_dim(d_in, "d_in"), _check_dim(d_sae, "d_sae")
+        self.d_out = self.d_in if d_out is None else _check_dim(d_out, "d_out")
+        if not isinstance(kind, str):
+            raise TypeError(f"kind must be one of {', '.join(KIND_NAMES)}, got {kind!r}")
+        self.rule = make_kind(kind, k, self.d_sae, widths, bandwidth)
+        self.kind, self.k = kind, (k if kind in TOPK_KINDS else None)
+        self.hook_name = hook_name
+        g = torch.Generator().manual_seed(int(seed))
+        w_dec = torch.randn(self.d_sae, self.d_out, generator=g, dtype=torch.float64)
+        w_dec /= w_dec.norm(dim=-1, keepdim=True)
+        w_enc = w_dec.T.clone() if self.tied_init else torch.randn(self.d_in, self.d_sae, generator=g,
+                                                                             dtype=torch.float64) / self.d_in ** 0.5
+        self.W_enc = nn.Parameter(w_enc.to(dtype=dtype, device=device))
+        self.b_enc = nn.Parameter(torch.zeros(self.d_sae, dtype=dtype, device=device))
+        self.W_dec = nn.Parameter(w_dec.to(dtype=dtype, device=device))
+        self.b_dec = nn.Parameter(torch.zeros(self.d_out, dtype=dtype, device=device))
+        if kind == "jumprelu":
+            self.threshold = nn.Parameter(torch.full((self.d_sae,), 0.01, dtype=dtype, device=device))
+        elif kind in THRESHOLD_KINDS:
+            self.register_buffer("threshold", torch.zeros(self.d_sae, dtype=dtype, device=device))
+        else:
+            self.threshold = None
+        self.model_fingerprint: Optional[str] = None
+        self.model_config: Optional[dict] = None
+        self.info: dict = {}
+
+    @property
+    def widths(self) -> Optional[list[int]]:
+        return list(self.rule.widths) if self.kind == "matryoshka" else None
+
+    @property
+    def bandwidth(self) -> Optional[float]:
+        return self.rule.bandwidth if self.kind == "jumprelu" else None
+
+    def _check_input(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"expected activations as a torch.Tensor [..., {self.d_in}], got {type(x).__name__}")
+        if x.dim() == 0 or x.shape[-1] != self.d_in:
+            where = f" (hook {self.hook_name})" if self.hook_name else ""
+            raise ValueError(f"this SAE reads activations of width d_in={self.d_in}{where}; got shape {list(x.shape)}")
+        return x.to(self.W_enc.dtype)
+
+    def pre_acts(self, x: torch.Tensor) -> torch.Tensor:
+        """The pre-activations (x - b_dec) @ W_enc + b_enc (b_dec only where it is applied to the input)."""
+        x = self._check_input(x)
+        if self.apply_b_dec_to_input:
+            x = x - self.b_dec
+        return x @ self.W_enc + self.b_enc
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """The latents of activations x [..., d_in]: [..., d_sae], sparse (the kind's inference rule)."""
+        return self.rule.encode(self.pre_acts(x), self)
+
+    def decode(self, acts: torch.Tensor) -> torch.Tensor:
+        """The reconstruction acts @ W_dec + b_dec of latents [..., d_sae]."""
+        if not isinstance(acts, torch.Tensor) or acts.dim() == 0 or acts.shape[-1] != self.d_sae:
+            raise ValueError(f"decode takes latents [..., d_sae={self.d_sae}], got "
+                             f"{list(acts.shape) if isinstance(acts, torch.Tensor) else type(acts).__name__}")
+        return acts.to(self.W_dec.dtype) @ self.W_dec + self.b_dec
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """decode(encode(x)): the reconstruction of x [..., d_in]."""
+        return self.decode(self.encode(x))
+
+    @torch.no_grad()
+    def normalize_decoder_(self) -> None:
+        """Decoder rows back to unit norm (after an optimizer step)."""
+        self.W_dec.div_(self.W_dec.norm(dim=-1, keepdim=True).clamp_min(1e-12))
+
+    @torch.no_grad()
+    def project_decoder_grad_(self) -> None:
+        """Remove from W_dec's gradient the part along each row, which would only change the row's norm
+        (Bricken et al. 2023; sparsify)."""
+        if self.W_dec.grad is None:
+            return
+        w, g = self.W_dec, self.W_dec.grad
+        g.sub_((g * w).sum(-1, keepdim=True) * w)
+
+    @torch.no_grad()
+    def fold_scale_(self, scale_in: float, scale_out: float) -> None:
+        """Turn a dictionary trained on (scale_in x, scale_out y) into one for (x, y), same latents up to
+        the factor 1 / scale_out (decoder rows keep unit norm, TopK's choice is unchanged)."""
+        self.W_enc.mul_(scale_in / scale_out)
+        self.b_enc.div_(scale_out)
+        self.b_dec.div_(scale_out)
+        if self.threshold is not None:
+            self.threshold.div_(scale_out)
+        if getattr(self, "W_skip", None) is not None:
+            self.W_skip.mul_(scale_in / scale_out)
+
+    def check_model(self, model, source: str = "this SAE") -> None:
+        """Raise a ValueError if `model` is not the one this dictionary was trained on (its fingerprint and
+        config), lacks its hook point(s), or writes another width there."""
+        from .files import check_model  # files imports this module
+        check_model(self, model, source)
+
+    def extra_repr(self) -> str:
+        k = f", k={self.k}" if self.k is not None else ""
+        return f"kind={self.kind!r}, d_in={self.d_in}, d_sae={self.d_sae}{k}, hook_name={self.hook_name!r}"
+
+    def save(self, folder):
+        """Write SAELens' layout (cfg.json + sae_weights.safetensors) into `folder`, atomically; see `files`."""
+        from .files import save
+        return save(self, folder)
+
+    @classmethod
+    def load(cls, folder, model=None):
+        """An SAE (or transcoder) saved by us or by SAELens at `folder`, checked against `model` if given."""
+        from .files import load
+        return load(folder, model=model, expect=cls)
+
+
+class Transcoder(SAE):
+    """A sparse replacement of one MLP: reads the MLP's input, predicts its output `blocks.{l}.hook_mlp_out`.
+
+    The input is `blocks.{l}.ln2.hook_normalized`: the stream before the MLP, divided by ln2's scale and
+    before ln2's gain (and bias), which the model exposes for Sprout and the walkthrough GPT. Reading it
+    rather than `hook_resid_mid` makes the transcoder blind to the stream's norm, which the MLP is blind
+    to as well. Both hook names are kept (`hook_name`, `hook_name_out`) in the saved cfg, as SAELens'
+    transcoder configs do. With `skip=True` a linear term x @ W_skip^T is added to the output (skip
+    transcoders, Paulo et al. 2025, "Transcoders Beat Sparse Autoencoders for Interpretability").
+
+    Args:
+        d_in: the width of the input (d_model); d_sae: latents; d_out: the output's width (d_model).
+        kind, k, widths, bandwidth, seed: as for `SAE`.
+        skip: add the linear skip W_skip [d_out, d_in] (SAELens' shape), zero at the start.
+        layer: the MLP's block; sets hook_name and hook_name_out unless they are given.
+
+    Attributes:
+        as SAE's, with W_dec [d_sae, d_out], b_dec [d_out], W_skip (or None), layer, hook_name_out.
+        b_dec is not subtracted from the input (it lives in the output space).
+
+    Example:
+        >>> import torch, interp
+        >>> tc = interp.Transcoder(16, 64, 16, kind="topk", k=4, skip=True, layer=1)
+        >>> tc.hook_name, tc.hook_name_out, tuple(tc(torch.randn(2, 5, 16)).shape)
+        ('blocks.1.ln2.hook_normalized', 'blocks.1.hook_mlp_out', (2, 5, 16))
+    """
+
+    apply_b_dec_to_input = False
+    tied_init = False
+
+    def __init__(self, d_in: int, d_sae: int, d_out: Optional[int] = None, kind: str = "topk", k: Optional[int] = None,
+                 skip: bool = False, layer: Optional[int] = None, hook_name: Optional[str] = None,
+                 hook_name_out: Optional[str] = None, widths: Optional[Sequence[int]] = None, bandwidth: float = 0.05,
+                 seed: int = 0, dtype: torch.dtype = torch.float32, device=None):
+        if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int) or layer < 0):
+            raise ValueError(f"layer must be a block number (an int >= 0), got {layer!r}")
+        hook_name = hook_name or (input_hook(layer) if layer is not None else None)
+        super().__init__(d_in, d_sae, kind=kind, k=k, hook_name=hook_name, widths=widths, bandwidth=bandwidth,
+                         seed=seed, dtype=dtype, device=device, d_out=d_in if d_out is None else d_out)
+        self.hook_name_out = hook_name_out or (output_hook(layer) if layer is not None else None)
+        self.layer = layer if layer is not None else hook_layer(hook_name)
+        if not isinstance(skip, bool):
+            raise TypeError(f"skip must be True or False, got {skip!r}")
+        self.W_skip = nn.Parameter(torch.zeros(self.d_out, self.d_in, dtype=dtype, device=device)) if skip else None
+
+    @property
+    def skip(self) -> bool:
+        return self.W_skip is not None
+
+    def skip_term(self, x: torch.Tensor) -> Optional[torch.Tensor]:
+        """x @ W_skip^T [..., d_out], or None without a skip."""
+        return None if self.W_skip is None else self._check_input(x) @ self.W_skip.T
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The predicted MLP output [..., d_out] of the MLP input x [..., d_in]."""
+        out = self.decode(self.encode(x))
+        return out if self.W_skip is None else out + self.skip_term(x)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", d_out={self.d_out}, skip={self.skip}, hook_name_out={self.hook_name_out!r}"
+
+
+def input_hook(layer: int) -> str:
+    return f"blocks.{layer}.ln2.hook_normalized"
+
+
+def output_hook(layer: int) -> str:
+    return f"blocks.{layer}.hook_mlp_out"
