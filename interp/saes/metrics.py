@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from .._batching import TextOrTokens, batches, token_rows
 from .._model import require_hooks
-from .splice import is_transcoder, latent_name, spliced
+from .splice import _as_list, _spliced, is_transcoder, latent_name
 
 
 def _chunks(model, data: TextOrTokens, batch_size: int, seq_len: Optional[int], attention_mask):
@@ -122,7 +122,7 @@ def _batch(model, sae, ids, mask, sums: _Sums) -> None:
 
     clean = model.run_with_hooks(ids, fwd_hooks=[(target, keep("target"))], **forward)
     _check_finite(seen["target"], f"the activation at {target}")
-    with spliced(model, [sae]):
+    with _spliced(model, [sae], use_error_term=False):
         fwd = [(latent_name(sae, "hook_sae_acts_post"), keep("acts")), (latent_name(sae, "hook_sae_recons"), keep("recons"))]
         spliced_logits = model.run_with_hooks(ids, fwd_hooks=fwd, **forward)
     zero = model.run_with_hooks(ids, fwd_hooks=[(target, lambda x, hook: torch.zeros_like(x))], **forward)
@@ -154,7 +154,10 @@ def sae_metrics(model, sae, data: TextOrTokens, batch_size: int = 8, seq_len: Op
     """
     if not 0 <= dense_threshold < 1:
         raise ValueError(f"dense_threshold is a fraction of tokens in [0, 1), got {dense_threshold}")
+    (sae,) = _as_list([sae])
     require_hooks(model, [sae.hook_name, _target_name(sae)])
+    if hasattr(sae, "check_model"):
+        sae.check_model(model, f"the {type(sae).__name__} at {sae.hook_name!r}")
     sums = _Sums(int(sae.W_enc.shape[1]))
     for ids, mask in _chunks(model, data, batch_size, seq_len, attention_mask):
         if mask.any():

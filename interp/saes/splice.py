@@ -7,6 +7,7 @@ points of the model under SAELens' names, so any analysis that addresses activat
 (caches, `run_with_hooks`, patching, attribution) reaches the latents:
 
     {hook_name}.hook_sae_input       what the dictionary reads        [batch, pos, d_in]
+    {hook_name}.hook_sae_acts_pre    its pre-activations              [batch, pos, d_sae]
     {hook_name}.hook_sae_acts_post   its latents                      [batch, pos, d_sae]
     {hook_name}.hook_sae_recons      its reconstruction / prediction  [batch, pos, d_out]
     {hook_name}.hook_sae_error       target - clean reconstruction    (with the error term only)
@@ -32,7 +33,7 @@ from typing import Callable, Iterator, Optional, Sequence
 import torch
 from transformer_lens.hook_points import HookPoint
 
-POINTS = ("hook_sae_input", "hook_sae_acts_post", "hook_sae_recons", "hook_sae_error", "hook_sae_output")
+POINTS = ("hook_sae_input", "hook_sae_acts_pre", "hook_sae_acts_post", "hook_sae_recons", "hook_sae_error", "hook_sae_output")
 
 
 def is_transcoder(sae) -> bool:
@@ -67,12 +68,14 @@ def _has_hooks(*points: HookPoint) -> bool:
 def _predict(sae, x: torch.Tensor, points: Optional[dict]) -> torch.Tensor:
     """The dictionary's output for input x, through its hook points when given (None: no hooks fire)."""
     hp = points or {}
-    acts = sae.encode(x)
-    acts = hp["hook_sae_acts_post"](acts) if hp else acts
-    if is_transcoder(sae):
-        recons = sae.decode(acts, x) if getattr(sae, "W_skip", None) is not None else sae.decode(acts)
+    if hp and hasattr(sae, "pre_acts") and hasattr(sae, "rule"):  # interp.SAE: its pre-activations are a point too
+        acts = sae.rule.encode(hp["hook_sae_acts_pre"](sae.pre_acts(x)), sae)
     else:
-        recons = sae.decode(acts)
+        acts = sae.encode(x)
+    acts = hp["hook_sae_acts_post"](acts) if hp else acts
+    recons = sae.decode(acts)
+    skip = sae.skip_term(x) if hasattr(sae, "skip_term") else None
+    recons = recons if skip is None else recons + skip
     return hp["hook_sae_recons"](recons) if hp else recons
 
 
@@ -148,7 +151,7 @@ class _Splice:
         """recons + (target - the clean prediction from x, the unedited input)."""
         p = self.points
         target = target.to(recons.dtype)
-        if _has_hooks(p["hook_sae_input"], p["hook_sae_acts_post"], p["hook_sae_recons"]):
+        if _has_hooks(p["hook_sae_input"], p["hook_sae_acts_pre"], p["hook_sae_acts_post"], p["hook_sae_recons"]):
             with torch.no_grad():
                 clean = _predict(self.sae, self._input(x), None)
         else:
@@ -175,6 +178,16 @@ def spliced(model, saes, use_error_term: bool = False) -> Iterator:
         ...     model.run_with_hooks(tokens, fwd_hooks=[(f"{sae.hook_name}.hook_sae_acts_post", clamp)])
     """
     saes = _as_list(saes)
+    for sae in saes:
+        if hasattr(sae, "check_model"):  # an interp.SAE knows the model it was trained on
+            sae.check_model(model, f"the {type(sae).__name__} at {sae.hook_name!r}")
+    with _spliced(model, saes, use_error_term):
+        yield model
+
+
+@contextmanager
+def _spliced(model, saes: list, use_error_term: bool) -> Iterator:
+    """`spliced` without the checks against the model (made once by a caller that splices per batch)."""
     lock = getattr(model, "_lock", None)
     with ExitStack() as stack:
         if lock is not None:

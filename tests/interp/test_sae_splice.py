@@ -173,3 +173,36 @@ def test_bad_splices_are_refused(tiny_model, sae, ids, tiny_cfg):
     with pytest.raises(ValueError, match="d_in=32"):
         interp.run_with_saes(tiny_model, ids, HandSAE(32, 8, RESID))
     assert list(tiny_model.hook_dict) == [n for n in tiny_model.hook_dict if "sae" not in n]
+
+
+def topk_by_hand(pre, k):
+    values, idx = pre.topk(k, dim=-1)
+    return torch.zeros_like(pre).scatter(-1, idx, values.relu())
+
+
+def test_interp_sae_and_skip_transcoder_splice_as_written_by_hand(tiny_model, tiny_cfg, ids):
+    d = tiny_cfg.d_model
+    sae = interp.SAE(d, 128, kind="topk", k=8, hook_name=RESID, seed=2)
+    tc = interp.Transcoder(d, 128, kind="topk", k=8, skip=True, layer=1, seed=3)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in (sae.b_enc, sae.b_dec, tc.b_enc, tc.b_dec, tc.W_skip):
+            p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    seen = {}
+
+    def resid(x, hook):
+        return topk_by_hand((x - sae.b_dec) @ sae.W_enc + sae.b_enc, 8) @ sae.W_dec + sae.b_dec
+
+    def read(x, hook):
+        seen["x"] = x
+
+    def write(out, hook):
+        x = seen["x"]
+        return topk_by_hand(x @ tc.W_enc + tc.b_enc, 8) @ tc.W_dec + tc.b_dec + x @ tc.W_skip.T
+
+    with torch.no_grad():
+        hand = logits(tiny_model, ids, fwd_hooks=[(RESID, resid), (LN2, read), (MLP_OUT, write)])
+        ours, cache = interp.run_with_saes(tiny_model, ids, [sae, tc])
+    torch.testing.assert_close(ours, hand, rtol=0, atol=1e-5)
+    assert (cache[f"{RESID}.hook_sae_acts_post"] != 0).sum(-1).max() == 8
+    torch.testing.assert_close(cache[f"{LN2}.hook_sae_acts_pre"], cache[LN2] @ tc.W_enc + tc.b_enc)
