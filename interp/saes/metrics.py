@@ -1,0 +1,169 @@
+"""How good a dictionary is: reconstruction, sparsity, and what splicing it in does to the model's loss.
+
+`sae_metrics(model, sae, data)` streams the data through the model in batches, three forwards per
+batch (clean, spliced, zero-ablated), and returns one row:
+
+- `fvu` (fraction of variance unexplained) = sum_i ||x_i - x̂_i||^2 / sum_i ||x_i - mean(x)||^2 over
+  every real token (x the dictionary's target: the hook's activation for an SAE, the MLP's output
+  `hook_mlp_out` for a transcoder), `explained_variance` = 1 - fvu, `mse` per element;
+- `l0`: mean number of nonzero latents per token;
+- `dead_fraction`: latents that never fire on any of the `n_tokens` tokens measured (the window is the
+  whole sample); `dense_fraction`: latents firing on more than `dense_threshold` (default 10%) of them;
+- `ce_clean`, `ce_spliced` (the activation replaced by the reconstruction, no error term), `ce_zero`
+  (the activation replaced by zeros: for a transcoder, the MLP's output zeroed): mean next-token
+  cross-entropy in nats over every prediction of a real token from a real token;
+- `ce_loss_recovered` = (ce_zero - ce_spliced) / (ce_zero - ce_clean), 1 for a perfect dictionary;
+- `kl_spliced`, `kl_zero`: mean KL(clean || spliced) and KL(clean || zero-ablated) of the next-token
+  distributions, over every real token.
+
+Padding: ids [batch, pos] with an `attention_mask` [batch, pos] (1 token, 0 padding) run with that
+mask, and padded positions count in nothing; a list of texts is tokenized text by text (no padding).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from .._batching import TextOrTokens, batches, token_rows
+from .._model import require_hooks
+from .splice import _as_list, _spliced, is_transcoder, latent_name
+
+
+def _chunks(model, data: TextOrTokens, batch_size: int, seq_len: Optional[int], attention_mask):
+    """Yields (ids [batch, pos], mask [batch, pos] bool)."""
+    device = model.cfg.device
+    if attention_mask is None:
+        for _, ids in batches(token_rows(model, data, seq_len), batch_size, device=device):
+            yield ids, torch.ones_like(ids, dtype=torch.bool)
+        return
+    if not isinstance(data, torch.Tensor) or data.dim() != 2:
+        raise ValueError("attention_mask goes with token ids [batch, pos] (padded); a list of texts needs none: "
+                         "each text is tokenized on its own")
+    mask = torch.as_tensor(attention_mask)
+    if mask.shape != data.shape:
+        raise ValueError(f"attention_mask has shape {list(mask.shape)} but the ids have shape {list(data.shape)}")
+    if data.shape[1] > int(model.cfg.n_ctx):
+        raise ValueError(f"padded ids of {data.shape[1]} positions exceed the model's context of {model.cfg.n_ctx}: "
+                         "pass shorter rows (or a list of texts, which is cut into windows)")
+    for start in range(0, data.shape[0], batch_size):
+        yield data[start:start + batch_size].to(device), mask[start:start + batch_size].to(device).bool()
+
+
+class _Sums:
+    """Running float64 sums over batches (memory does not grow with the data)."""
+
+    def __init__(self, d_sae: int):
+        self.n = 0
+        self.sse = self.sq = self.l0 = 0.0
+        self.sum_x = None
+        self.fires = torch.zeros(d_sae, dtype=torch.float64)
+        self.ce = {"clean": 0.0, "spliced": 0.0, "zero": 0.0}
+        self.kl = {"spliced": 0.0, "zero": 0.0}
+        self.n_pred = 0
+
+    def add_recons(self, x, recons, acts):
+        x, recons = x.double(), recons.double()
+        self.n += x.shape[0]
+        self.sse += (x - recons).pow(2).sum().item()
+        self.sq += x.pow(2).sum().item()
+        s = x.sum(0)
+        self.sum_x = s if self.sum_x is None else self.sum_x + s
+        on = acts != 0
+        self.l0 += on.sum().item()
+        self.fires += on.sum(0).double().cpu()
+
+    def add_logits(self, ids, mask, clean, spliced, zero):
+        pred = mask[:, :-1] & mask[:, 1:]  # predictions of a real token from a real token
+        targets = ids[:, 1:][pred]
+        log_p = F.log_softmax(clean.float(), -1)
+        for name, logits in (("clean", clean), ("spliced", spliced), ("zero", zero)):
+            log_q = F.log_softmax(logits.float(), -1) if name != "clean" else log_p
+            self.ce[name] += F.nll_loss(log_q[:, :-1][pred], targets, reduction="sum").item()
+            if name != "clean":
+                self.kl[name] += (log_p.exp() * (log_p - log_q)).sum(-1)[mask].double().sum().item()
+        self.n_pred += int(pred.sum())
+
+    def row(self, dense_threshold: float) -> dict:
+        tss = self.sq - self.sum_x.pow(2).sum().item() / self.n
+        fvu = self.sse / tss if tss > 0 else float("nan")
+        freq = self.fires / self.n
+        ce = {k: v / self.n_pred for k, v in self.ce.items()} if self.n_pred else dict.fromkeys(self.ce, float("nan"))
+        gap = ce["zero"] - ce["clean"]
+        return dict(n_tokens=self.n, fvu=fvu, explained_variance=1 - fvu, mse=self.sse / (self.n * self.sum_x.numel()),
+                    l0=self.l0 / self.n, dead_fraction=float((freq == 0).double().mean()),
+                    dense_fraction=float((freq > dense_threshold).double().mean()),
+                    ce_clean=ce["clean"], ce_spliced=ce["spliced"], ce_zero=ce["zero"],
+                    ce_loss_recovered=(ce["zero"] - ce["spliced"]) / gap if gap != 0 else float("nan"),
+                    kl_spliced=self.kl["spliced"] / self.n, kl_zero=self.kl["zero"] / self.n, n_predictions=self.n_pred)
+
+
+def _target_name(sae) -> str:
+    return sae.hook_name_out if is_transcoder(sae) else sae.hook_name
+
+
+def _check_finite(t: torch.Tensor, what: str) -> None:
+    if not torch.isfinite(t).all():
+        raise ValueError(f"{what} holds NaN or infinite values; the metrics would be meaningless")
+
+
+@torch.inference_mode()
+def _batch(model, sae, ids, mask, sums: _Sums) -> None:
+    target = _target_name(sae)
+    forward = dict(attention_mask=mask.long()) if not mask.all() else {}
+    seen = {}
+
+    def keep(name):
+        def hook(x, hook):
+            seen[name] = x
+        return hook
+
+    clean = model.run_with_hooks(ids, fwd_hooks=[(target, keep("target"))], **forward)
+    _check_finite(seen["target"], f"the activation at {target}")
+    with _spliced(model, [sae], use_error_term=False):
+        fwd = [(latent_name(sae, "hook_sae_acts_post"), keep("acts")), (latent_name(sae, "hook_sae_recons"), keep("recons"))]
+        spliced_logits = model.run_with_hooks(ids, fwd_hooks=fwd, **forward)
+    zero = model.run_with_hooks(ids, fwd_hooks=[(target, lambda x, hook: torch.zeros_like(x))], **forward)
+    _check_finite(seen["acts"], f"the latents of the dictionary at {sae.hook_name}")
+    sums.add_recons(seen["target"][mask], seen["recons"][mask], seen["acts"][mask])
+    sums.add_logits(ids, mask, clean, spliced_logits, zero)
+
+
+def sae_metrics(model, sae, data: TextOrTokens, batch_size: int = 8, seq_len: Optional[int] = None,
+                attention_mask: Optional[torch.Tensor] = None, dense_threshold: float = 0.1) -> pd.DataFrame:
+    """Reconstruction, sparsity and spliced-model loss of an SAE or a transcoder on `data` (one row).
+
+    Args:
+        model: the hooked model the dictionary was trained on.
+        sae: an `interp.SAE` (replaces `sae.hook_name`) or `interp.Transcoder` (replaces `hook_name_out`
+            by its prediction from `hook_name`).
+        data: text, a list of texts, or ids [pos] / [batch, pos]; cut into windows of `seq_len`
+            (default the model's context) and streamed `batch_size` windows at a time.
+        attention_mask: [batch, pos] for padded ids (1 token, 0 padding); padding counts in nothing.
+        dense_threshold: a latent firing on more than this fraction of tokens counts as dense.
+
+    Returns:
+        One row: `hook`, `hook_out`, `kind`, `d_sae`, `n_tokens`, `fvu`, `explained_variance`, `mse`, `l0`,
+        `dead_fraction`, `dense_fraction`, `ce_clean`, `ce_spliced`, `ce_zero`, `ce_loss_recovered`,
+        `kl_spliced`, `kl_zero`, `n_predictions` (definitions in the module docstring).
+
+    Example:
+        >>> interp.sae_metrics(model, sae, interp.held_out_stories(20_000))[["explained_variance", "l0"]]  # doctest: +SKIP
+    """
+    if not 0 <= dense_threshold < 1:
+        raise ValueError(f"dense_threshold is a fraction of tokens in [0, 1), got {dense_threshold}")
+    (sae,) = _as_list([sae])
+    require_hooks(model, [sae.hook_name, _target_name(sae)])
+    if hasattr(sae, "check_model"):
+        sae.check_model(model, f"the {type(sae).__name__} at {sae.hook_name!r}")
+    sums = _Sums(int(sae.W_enc.shape[1]))
+    for ids, mask in _chunks(model, data, batch_size, seq_len, attention_mask):
+        if mask.any():
+            _batch(model, sae, ids, mask, sums)
+    if sums.n == 0:
+        raise ValueError("the data has no real (unmasked) token: nothing to measure")
+    kind = "transcoder" if is_transcoder(sae) else "sae"
+    head = dict(hook=sae.hook_name, hook_out=_target_name(sae), kind=kind, d_sae=int(sae.W_enc.shape[1]))
+    return pd.DataFrame([{**head, **sums.row(dense_threshold)}])
