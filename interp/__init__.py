@@ -13,7 +13,7 @@ from .composition import composition_scores, ov_copying_scores, positional_qk_sc
 from .heads import KINDS, head_score_tensor, head_scores, repeated_tokens, target_mask
 from .induction import induction_stories, induction_table, story_names
 from .lens import first_top1_layer, lens_dataset_summary, lens_summary, logit_lens
-from .loss import mean_loss, repeat_loss
+from .loss import loss_table, mean_loss, repeat_loss, unigram_log_probs
 from .params import param_table
 from .patching import SITES, patch, patch_tensor
 from .path_patching import path_patch
@@ -21,18 +21,18 @@ from .phase import icl_score, phase_heads, phase_measures, phase_table
 from .residual import LogHistogram, residual_rms
 from .rope import rope_distance_check
 from .saes import SAE, Transcoder, load_sae, load_transcoder, run_with_saes, sae_metrics, spliced
-from .texts import HELD_OUT_SEED, held_out_stories
+from .texts import HELD_OUT_SEED, everyday_english, held_out_stories
 from .tuned_lens import TunedLens, lens_comparison, load_tuned_lens, tuned_lens
 from .tuned_lens_train import train_tuned_lens
 
 __all__ = [
     "ablate_heads", "attention_patterns", "Component", "Head", "attribution_patch", "attribution_summary", "composition_scores",
-    "first_top1_layer", "head_score_tensor", "head_scores", "HELD_OUT_SEED", "held_out_stories", "icl_score",
+    "everyday_english", "first_top1_layer", "head_score_tensor", "head_scores", "HELD_OUT_SEED", "held_out_stories", "icl_score",
     "induction_circuit", "induction_stories", "induction_table", "KINDS", "lens_comparison", "lens_dataset_summary",
-    "lens_summary", "load_tuned_lens", "LogHistogram", "logit_attribution", "logit_lens", "mean_loss",
+    "lens_summary", "load_tuned_lens", "LogHistogram", "logit_attribution", "logit_lens", "loss_table", "mean_loss",
     "ov_copying_scores", "param_table", "patch", "patch_tensor", "path_patch", "pattern_tensor", "phase_heads", "phase_measures",
     "phase_table", "positional_qk_scores", "repeat_loss", "repeated_tokens", "residual_rms", "rope_distance_check",
     "SAE", "SITES", "story_names", "Transcoder", "load_sae",
     "load_transcoder", "target_mask", "train_tuned_lens", "tuned_lens", "TunedLens",
-    "run_with_saes", "sae_metrics", "spliced",
+    "run_with_saes", "sae_metrics", "spliced", "unigram_log_probs",
 ]

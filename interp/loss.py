@@ -1,4 +1,5 @@
-"""Next-token loss: on any text, and on repeated random tokens beside the uniform baseline.
+"""Next-token loss: on any text, and on repeated random tokens beside the uniform baseline; per source
+beside the uniform and unigram baselines (`loss_table`).
 
 On seeded random tokens followed by the same tokens again (`repeated_tokens`), the first copy cannot be
 predicted better than uniformly: the loss of guessing uniformly among the ids drawn from is
@@ -10,7 +11,7 @@ above the uniform baseline: it confidently predicts story text instead.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Mapping, Optional
 
 import pandas as pd
 import torch
@@ -77,3 +78,55 @@ def repeat_loss(model, *, half_len: int = 32, n_seqs: int = 16, token_range: Opt
     first = sums["first"][0] / sums["first"][1]
     return pd.DataFrame([dict(copy=k, loss=t / n, uniform=math.log(high - low), ratio=(t / n) / first, n=n)
                          for k, (t, n) in sums.items()])
+
+
+def unigram_log_probs(model, train: TextOrTokens, smoothing: float = 1.0) -> torch.Tensor:
+    """log p(token), [d_vocab], of the unigram model fitted on `train` (tokenised by the model's tokenizer): each id's
+    count plus `smoothing` (add-one by default, so an id `train` lacks keeps a finite cost), normalised."""
+    if not smoothing > 0:
+        raise ValueError(f"smoothing must be > 0 (an unseen token would cost infinitely much), got {smoothing}")
+    ids = torch.cat(token_rows(model, train))
+    d_vocab = int(model.cfg.d_vocab)
+    if int(ids.max()) >= d_vocab:
+        raise ValueError(f"train holds id {int(ids.max())}, outside the model's vocabulary of {d_vocab}")
+    counts = torch.bincount(ids, minlength=d_vocab).double() + smoothing
+    return (counts / counts.sum()).log()
+
+
+def loss_table(model, texts: Mapping[str, TextOrTokens], train: TextOrTokens, *, smoothing: float = 1.0,
+               batch_size: int = 8) -> pd.DataFrame:
+    """The model's loss on each text beside two baselines that know nothing of context.
+
+    Args:
+        model: a hooked model with a tokenizer (or give ids).
+        texts: source name -> text (or ids); each is cut into windows of the model's context, and each
+            window predicts its tokens 2..T, as in `mean_loss`.
+        train: text (or ids) from the model's training distribution, on which the unigram baseline's
+            token frequencies are fitted (e.g. its training corpus, regenerated from its recipe).
+        smoothing: added to every id's count (`unigram_log_probs`).
+
+    Returns:
+        One row per source: `source`, `loss` (the model's nats per token), `uniform` (ln d_vocab, a uniform
+        guess), `unigram` (the nats per token of predicting every target from the training frequencies
+        alone, on the same targets) and `n` (targets). A model that has learned anything of a text's
+        language costs less than `unigram` on it.
+
+    Example:
+        >>> import torch, interp
+        >>> from sprout import Sprout, SproutConfig
+        >>> model = Sprout(SproutConfig(vocab_size=64, context=16, n_layer=1, n_head=2, d_model=32, d_ff=64))
+        >>> t = interp.loss_table(model, {"a": torch.randint(0, 64, (2, 16))}, torch.arange(64))
+        >>> round(float(t.loc[0, "unigram"]), 4) == round(math.log(64), 4)  # every id once: the uniform guess
+        True
+    """
+    log_p = unigram_log_probs(model, train, smoothing)
+    out = []
+    for source, text in texts.items():
+        rows = [r for r in token_rows(model, text) if len(r) > 1]
+        if not rows:
+            raise ValueError(f"texts[{source!r}]: no window has two tokens: nothing to predict")
+        (total, n), = _nll_sums(model, rows, batch_size, {"all": (0, None)}).values()
+        targets = torch.cat([r[1:] for r in rows])
+        out.append(dict(source=source, loss=total / n, uniform=math.log(int(model.cfg.d_vocab)),
+                        unigram=-log_p[targets].mean().item(), n=n))
+    return pd.DataFrame(out, columns=["source", "loss", "uniform", "unigram", "n"])

@@ -24,6 +24,7 @@ from ..folders import remove_ours
 from ..synthetic import generate_corpus
 from ..tokenizer import char_tokenizer, encode, is_char_level, load_tokenizer, save_tokenizer, train_bpe
 from ..weightfiles import file_in, regular_file
+from .english import english_corpus, english_stamp, is_english, package_files, parse_data
 from .recipes import Recipe
 
 MAX_TEXT_BYTES = 1 << 30  # the most text a run reads into memory (1 GiB): BPE training holds it all
@@ -144,7 +145,11 @@ def data_stamp(recipe: Recipe) -> dict:
     stamp = {k: getattr(recipe, k) for k in ("data", "tokenizer", "corpus_chars", "corpus_seed", "val_fraction")}
     if recipe.tokenizer == "bpe":
         stamp["vocab_size"] = recipe.vocab_size
-    if recipe.data:
+    if is_english(recipe.data):  # the stories' size follows from story_fraction; the seed also shuffles
+        del stamp["corpus_chars"]
+        stamp["story_fraction"] = recipe.story_fraction
+        stamp["files"] = english_stamp(parse_data(recipe.data))
+    elif recipe.data:
         root = Path(recipe.data)
         del stamp["corpus_chars"], stamp["corpus_seed"]
         stamp["files"] = [{"name": str(f.relative_to(root)) if root.is_dir() else f.name,
@@ -191,7 +196,8 @@ def prepare_data(recipe: Recipe, cache_root: Union[str, Path], stamp: Optional[d
     cache_root = Path(cache_root)
     stamp = stamp or data_stamp(recipe)
     digest = hashlib.sha1(json.dumps(stamp, sort_keys=True).encode()).hexdigest()[:12]
-    folder = cache_root / f"{'text' if recipe.data else 'stories'}-{recipe.tokenizer}-{digest}"
+    kind = "english" if is_english(recipe.data) else "text" if recipe.data else "stories"
+    folder = cache_root / f"{kind}-{recipe.tokenizer}-{digest}"
     if not (folder / "done.json").is_file():
         _build_cache(recipe, stamp, cache_root, folder)
     return TokenData(load_tokenizer(folder / "tokenizer.json"),
@@ -202,12 +208,37 @@ def prepare_data(recipe: Recipe, cache_root: Union[str, Path], stamp: Optional[d
 CACHE_FILES = frozenset({"train.bin", "val.bin", "tokenizer.json", "done.json"})
 
 
+def check_data(recipe: Recipe) -> None:
+    """Fails fast, before a run directory is made: a missing, endless or huge --data file, or an English
+    source whose package is not installed (saying what to install)."""
+    if is_english(recipe.data):
+        for source in parse_data(recipe.data):
+            package_files(source)
+    elif recipe.data:
+        input_files(recipe.data)
+
+
+def _english_token_files(recipe: Recipe, tmp: Path):
+    """The packaged English corpus: each source held out on its own (`english_corpus`); BPE learns the train text."""
+    corpus = english_corpus(parse_data(recipe.data), recipe.story_fraction, recipe.val_fraction, recipe.corpus_seed)
+    val = "\n\n".join(corpus.val.values())
+    tok = train_bpe(corpus.train, recipe.vocab_size) if recipe.tokenizer == "bpe" else \
+        char_tokenizer(corpus.train + val)
+    tmp.mkdir(parents=True, exist_ok=True)
+    _write_tokens(corpus.train, tok, tmp / "train.bin", 1 << 20)
+    _write_tokens(val, tok, tmp / "val.bin", 1 << 20)
+    return tok
+
+
 def _build_cache(recipe: Recipe, stamp: dict, cache_root: Path, folder: Path) -> None:
-    text = read_text(recipe.data) if recipe.data else generate_corpus(recipe.corpus_chars, recipe.corpus_seed)
-    tok = train_bpe(text, recipe.vocab_size) if recipe.tokenizer == "bpe" else char_tokenizer(text)
     tmp = cache_root / f".{folder.name}.tmp-{os.getpid()}"
     remove_ours(tmp, CACHE_FILES)
-    build_token_files(text, tok, tmp, val_fraction=recipe.val_fraction)
+    if is_english(recipe.data):
+        tok = _english_token_files(recipe, tmp)
+    else:
+        text = read_text(recipe.data) if recipe.data else generate_corpus(recipe.corpus_chars, recipe.corpus_seed)
+        tok = train_bpe(text, recipe.vocab_size) if recipe.tokenizer == "bpe" else char_tokenizer(text)
+        build_token_files(text, tok, tmp, val_fraction=recipe.val_fraction)
     save_tokenizer(tok, tmp / "tokenizer.json")
     (tmp / "done.json").write_text(json.dumps(stamp, indent=2) + "\n")
     if folder.exists():  # a half-built folder from a crash: replace it (only the files a cache holds)

@@ -28,7 +28,7 @@ from ..model import Sprout
 from ..synthetic import repeated_random_tokens
 from ..walkthrough import build_step
 from . import rundir
-from .corpus import TokenData, check_windows, data_stamp, get_batch, input_files, prepare_data, stamp_changes
+from .corpus import TokenData, check_data, check_windows, data_stamp, get_batch, prepare_data, stamp_changes
 from .curriculum import get_train_batch, uses_mask
 from .recipes import Recipe
 from .rundir import RunDir, RunDirError
@@ -188,8 +188,7 @@ def _check_same_tokenizer(data: TokenData, last: Path) -> None:
 
 def _prepare_main(recipe: Recipe, run_dir: RunDir, cache: Path, resume: bool) -> TokenData:
     """Rank 0: check and lock the run directory, check a resume against the run, build the data cache."""
-    if recipe.data:
-        input_files(recipe.data)  # a missing, endless or huge --data fails before the run directory is made
+    check_data(recipe)  # a missing, endless or huge --data, or a missing package, fails before the run directory
     run_dir.open(resume)
     stamp = data_stamp(recipe)
     if resume:

