@@ -115,6 +115,12 @@ def test_walkthrough_components_compute(walk, ids):
     logits, cache = walk.run_with_cache(ids)
     final = cache["blocks.2.hook_resid_post"]
     torch.testing.assert_close(walk.unembed(walk.ln_final(final)), logits, atol=1e-5, rtol=0)
+    for l, block in enumerate(walk.blocks):
+        x = block.ln1(cache[f"blocks.{l}.hook_resid_pre"])
+        torch.testing.assert_close(block.attn(x), cache[f"blocks.{l}.hook_attn_out"], atol=1e-6, rtol=0)
+        torch.testing.assert_close(block.attn(x, x, x.clone()), cache[f"blocks.{l}.hook_attn_out"], atol=1e-5, rtol=0)
+        torch.testing.assert_close(block.mlp(block.ln2(cache[f"blocks.{l}.hook_resid_mid"])),
+                                   cache[f"blocks.{l}.hook_mlp_out"], atol=1e-6, rtol=0)
     stack = cache.accumulated_resid(apply_ln=True)
     torch.testing.assert_close(stack[-1] @ walk.W_U + walk.b_U, logits, atol=1e-5, rtol=0)
 
