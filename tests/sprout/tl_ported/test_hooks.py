@@ -261,3 +261,28 @@ def test_identity_pattern_hook_leaves_the_logits_allclose(model):
     edited = model.run_with_hooks(ids, return_type="logits",
                                   fwd_hooks=[("blocks.0.attn.hook_pattern", lambda p, hook: p.flip(1))])
     assert not torch.allclose(edited, plain, atol=1e-3)  # an edit still takes effect
+
+
+# --- tests/unit/test_hook_introspection.py: list_hooks on the model ------------------------------------------
+
+def _my_named_hook(x, hook):
+    return None
+
+
+def _other_hook(x, hook):
+    return None
+
+
+def test_list_hooks_reports_the_users_callables(model):
+    assert model.list_hooks() == {}
+    model.add_hook("blocks.0.hook_resid_pre", _my_named_hook)
+    model.add_hook("blocks.1.hook_resid_pre", _other_hook, dir="bwd", is_permanent=True)
+    result = model.list_hooks()
+    assert set(result) == {"blocks.0.hook_resid_pre", "blocks.1.hook_resid_pre"}
+    assert [h.user_hook for h in result["blocks.0.hook_resid_pre"]] == [_my_named_hook]
+    assert set(model.list_hooks(name_filter="blocks.0.hook_resid_pre")) == {"blocks.0.hook_resid_pre"}
+    assert set(model.list_hooks(name_filter=lambda n: n.startswith("blocks.1"))) == {"blocks.1.hook_resid_pre"}
+    assert set(model.list_hooks(dir="bwd")) == {"blocks.1.hook_resid_pre"}
+    assert set(model.list_hooks(including_permanent=False)) == {"blocks.0.hook_resid_pre"}
+    with model.hooks(fwd_hooks=[("hook_embed", _other_hook)]):
+        assert [h.user_hook for h in model.list_hooks()["hook_embed"]] == [_other_hook]
