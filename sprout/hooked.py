@@ -176,8 +176,7 @@ class HookedLM(HookedRootModule):
             tokens, padded = text.tokens_and_mask(self, input, prepend_bos, padding_side)
             attention_mask = padded if attention_mask is None else attention_mask
         else:
-            text.check_prepend_bos(self, prepend_bos)
-            tokens = text.check_tokens(self, input)
+            tokens = text.check_tokens(self, input)  # ids in: prepend_bos does not apply, as in TransformerLens
         residual = self(tokens, stop_at_layer=0, attention_mask=attention_mask, return_type="logits")
         return residual, tokens, None, attention_mask
 
