@@ -6,12 +6,12 @@ Ported (file here <- TL file):
   prepending), integration/test_main_demo_pattern_hooks.py, unit/test_hook_introspection.py (list_hooks)
 - test_stop_start_at_layer.py <- integration/test_stop_at_layer.py, integration/test_start_at_layer.py
 - test_masks_and_cache.py <- integration/test_attention_mask.py, test_left_padding.py, test_cache_pos_slice.py,
-  test_cache_hook_names.py
+  test_cache_hook_names.py, and acceptance/test_activation_cache.py's final-norm recomputation tests
 - test_tools.py <- unit/test_patching.py, unit/test_svd_interpreter.py, unit/test_split_qkv.py,
   unit/test_use_attn_result.py, integration/test_cross_entropy_loss.py, integration/test_head_detector.py,
   and TL 4.3's tools.analysis.attribution_patching (edge granularity)
 - test_differences.py: the README's "Where Sprout differs from TransformerLens", and issues 21.4/21.5/23.3-23.8
-Earlier ports: ../test_tl_bridge.py (ActivationCache helpers), ../test_tl_forward.py, ../test_tl_weights.py.
+Earlier ports: ../test_tl_bridge.py (the rest of the ActivationCache helpers), ../test_tl_forward.py, ../test_tl_weights.py.
 
 Not ported, and why:
 - grouped-query halves of test_split_qkv / test_use_attn_result, test_grouped_query_attention.py: Sprout has

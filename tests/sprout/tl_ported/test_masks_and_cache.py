@@ -109,3 +109,24 @@ def test_cache_hook_names_in_forward_order():
     want = ["hook_embed"] + [f"blocks.0.{n}" for n in block] + ["ln_final.hook_scale", "ln_final.hook_normalized",
                                                                   "unembed.hook_out"]
     assert list(cache.keys()) == want
+
+
+# --- tests/acceptance/test_activation_cache.py: the final norm's recomputation ---------------------------------
+
+def test_accumulated_resid_layer_variants_and_apply_ln(model):
+    from transformer_lens.utilities.slice import Slice
+
+    tokens = torch.randint(0, 50, (3, 8), generator=torch.Generator().manual_seed(8))
+    logits, cache = model.run_with_cache(tokens)
+    stack = cache.accumulated_resid(layer=-1, incl_mid=True, pos_slice=-1)
+    assert torch.equal(stack, cache.accumulated_resid(layer=model.cfg.n_layers, incl_mid=True, pos_slice=-1))
+    assert torch.equal(stack, cache.accumulated_resid(layer=None, incl_mid=True, pos_slice=-1))
+    ref = cache.apply_ln_to_stack(stack, layer=-1, pos_slice=-1, recompute_ln=True)
+    scaled, labels = cache.accumulated_resid(layer=None, incl_mid=True, pos_slice=Slice(-1), apply_ln=True,
+                                             return_labels=True)
+    assert torch.isclose(ref, scaled, atol=1e-7).all()
+    assert labels == [f"{l}_{k}" for l in range(model.cfg.n_layers) for k in ("pre", "mid")] + ["final_post"]
+    cached = cache.apply_ln_to_stack(stack, layer=-1, pos_slice=-1, recompute_ln=False)
+    assert not torch.isclose(ref, cached, atol=1e-7).all()
+    # the last entry, read out with the folded W_U (and b_U), is the logits at the last position
+    torch.testing.assert_close(scaled[-1] @ model.W_U + model.b_U, logits[:, -1], atol=1e-5, rtol=0)
