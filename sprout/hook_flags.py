@@ -128,9 +128,7 @@ class HookFlags:
 
     def check_hooks_to_add(self, hook_point, hook_point_name: str, hook, dir="fwd", is_permanent=False, prepend=False):
         """`model.add_hook` on a hook whose flag is off: a HookFlagError (TransformerLens' AssertionError)."""
-        flag = gated_flag(self.cfg, hook_point_name)
-        if flag is None and hook_point_name.endswith("attn.hook_result") and not self.cfg.use_attn_result:
-            flag = "use_attn_result"
+        flag = self._add_hook_flag(hook_point_name)
         if flag is not None:
             raise flag_error(hook_point_name, flag)
 
@@ -138,8 +136,15 @@ class HookFlags:
         """TransformerLens' add_hook; a names filter skips the hook points whose flag is off (with a warning)."""
         if isinstance(name, str):
             return super().add_hook(name, hook, dir=dir, is_permanent=is_permanent, level=level, prepend=prepend)
-        for point_name in self._filter_points(name, "add_hook"):
+        for point_name in self._filter_points(name, "add_hook", self._add_hook_flag):
             super().add_hook(point_name, hook, dir=dir, is_permanent=is_permanent, level=level, prepend=prepend)
+
+    def _add_hook_flag(self, name: str) -> Optional[str]:
+        """The flag add_hook needs for `name` and lacks: the input hooks' and, as TransformerLens, use_attn_result."""
+        flag = gated_flag(self.cfg, name)
+        if flag is None and name.endswith("attn.hook_result") and not self.cfg.use_attn_result:
+            flag = "use_attn_result"
+        return flag
 
     def _enable_hook(self, name, hook, dir):
         # hooks(), run_with_hooks, run_with_cache: a named hook that would never fire is refused
@@ -152,15 +157,16 @@ class HookFlags:
         for point_name in self._filter_points(name, "hooks"):
             super()._enable_hook(point_name, hook, dir)
 
-    def _filter_points(self, names_filter: Callable, api: str) -> list:
+    def _filter_points(self, names_filter: Callable, api: str, needs: Optional[Callable] = None) -> list:
         """The hook points a names filter selects, once each (an alias and its point are one), less those
-        whose flag is off: they would never fire (TransformerLens skips them too, with a warning)."""
+        whose flag is off (`needs(name)`): they would never fire (TransformerLens skips them too, with a warning)."""
+        needs = needs or self._gated_flag
         chosen, seen, skipped = [], set(), []
         for point_name, point in list(self.hook_dict.items()):
             if not names_filter(point_name) or id(point) in seen:
                 continue
             seen.add(id(point))
-            if gated_flag(self.cfg, point_name) is not None:
+            if needs(point_name) is not None:
                 skipped.append(point_name)
             else:
                 chosen.append(point.name or point_name)

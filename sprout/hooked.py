@@ -63,6 +63,14 @@ def padding_masks(attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return positions, (causal & (keep[:, None, :] | diagonal))[:, None]
 
 
+def _show_user_hook(points, checked, hook) -> None:
+    """`list_hooks()` reports the user's own function, not the shape-checking wrapper around it."""
+    for point in points:
+        for handle in point.fwd_hooks + point.bwd_hooks:
+            if handle.user_hook is checked:
+                handle.user_hook = hook
+
+
 class HookedLM(HookedRootModule):
     """A HookedRootModule with the course's and TransformerLens' forward (see `sprout.forward`).
 
@@ -168,8 +176,7 @@ class HookedLM(HookedRootModule):
             tokens, padded = text.tokens_and_mask(self, input, prepend_bos, padding_side)
             attention_mask = padded if attention_mask is None else attention_mask
         else:
-            text.check_prepend_bos(self, prepend_bos)
-            tokens = text.check_tokens(self, input)
+            tokens = text.check_tokens(self, input)  # ids in: prepend_bos does not apply, as in TransformerLens
         residual = self(tokens, stop_at_layer=0, attention_mask=attention_mask, return_type="logits")
         return residual, tokens, None, attention_mask
 
@@ -252,7 +259,10 @@ class HookedLM(HookedRootModule):
     def _enable_hook(self, name, hook, dir):
         if isinstance(name, str):
             self._known_hook(name)
-        super()._enable_hook(name, checked_hook(hook, dir), dir)
+        checked = checked_hook(hook, dir)
+        super()._enable_hook(name, checked, dir)
+        points = [self.mod_dict[name]] if isinstance(name, str) else self.hook_dict.values()
+        _show_user_hook(points, checked, hook)
 
     def _known_hook(self, name: str) -> None:
         if name not in self.mod_dict or not isinstance(self.mod_dict[name], HookPoint):
@@ -265,7 +275,9 @@ class HookedLM(HookedRootModule):
 
     def check_and_add_hook(self, hook_point, hook_point_name, hook, dir="fwd", is_permanent=False, level=None,
                            prepend=False):
-        super().check_and_add_hook(hook_point, hook_point_name, checked_hook(hook, dir), dir, is_permanent, level, prepend)
+        checked = checked_hook(hook, dir)
+        super().check_and_add_hook(hook_point, hook_point_name, checked, dir, is_permanent, level, prepend)
+        _show_user_hook([hook_point], checked, hook)
 
     def get_caching_hooks(self, names_filter=None, incl_bwd: bool = False, device=None, remove_batch_dim: bool = False,
                           cache: Optional[dict] = None, pos_slice=None):

@@ -6,12 +6,13 @@ Without a hook on `hook_attn_scores` or `hook_pattern` the attention runs PyTorc
 pattern must exist, and `softmax(scores) @ v` differs from the fused kernel by float32 rounding (about
 1e-7 per attention, 1e-5 in the logits of a small model), so an identity or caching hook would move the
 logits past `torch.allclose`'s defaults. So when the hooks leave scores and pattern as they were (the
-hook returned None or the tensor unchanged; checked exactly, `torch.equal`), z is the fused kernel's
+hook returned None or the tensor unchanged: no in-place edit, and `torch.equal` for a returned tensor), z is the fused kernel's
 result, bit for bit the unhooked forward's. Gradients still flow through the materialised pattern, so
 backward hooks on it fire and gradients are those of `pattern @ v`: z = fused + (p - p.detach()) @ v +
 p.detach() @ (v - v.detach()), whose added terms are exactly zero in value. A hook that edits either
-tensor gets `pattern @ v` of its edit, as before. The price, only while such a hook is on: a copy and a
-comparison of each hooked [batch, head, pos, pos] tensor and one fused attention.
+tensor gets `pattern @ v` of its edit, as before. The price, only while such a hook is on: one fused
+attention, a comparison where a hook returns a new tensor, and under `torch.inference_mode` (whose tensors
+keep no version counter) a copy of each hooked [batch, head, pos, pos] tensor.
 """
 from __future__ import annotations
 
@@ -22,13 +23,23 @@ import torch.nn.functional as F
 from transformer_lens.hook_points import HookPoint
 
 
-def _watched(x: torch.Tensor, point: HookPoint) -> Optional[torch.Tensor]:
-    """A copy of x to compare with after `point`'s forward hooks, or None when it has none."""
-    return x.clone() if point._forward_hooks else None
+def _through(point: HookPoint, x: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """point(x), and whether its hooks left x's values as they were.
 
-
-def _unchanged(after: torch.Tensor, before: Optional[torch.Tensor]) -> bool:
-    return before is None or after is before or torch.equal(after, before)
+    An in-place edit bumps x's version counter, so a hook that returns x (or None) untouched costs no
+    copy; a returned tensor is compared with x. Inference-mode tensors keep no version counter: there
+    a copy of x is compared instead."""
+    if not point._forward_hooks:
+        return point(x), True
+    if x.is_inference():
+        before = x.clone()
+        out = point(x)
+        return out, torch.equal(out, before)
+    version = x._version
+    out = point(x)
+    if x._version != version:
+        return out, False
+    return out, out is x or torch.equal(out, x)
 
 
 def hooked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scores: torch.Tensor,
@@ -37,12 +48,10 @@ def hooked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scores: 
     """z [batch, head, pos, d_head] from q, k, v [batch, head, pos, d_head] and the masked scores
     [batch, head, query, key], firing both hooks. `attn_mask`: None (causal) or bool [batch, 1, query,
     key], True = may attend, as the fused call takes it; `dropout`: on the pattern while training."""
-    scores_before = _watched(scores, hook_scores)
-    scores = hook_scores(scores)
-    pattern = F.softmax(scores, dim=-1)
-    pattern_before = _watched(pattern, hook_pattern)
-    pattern = hook_pattern(editable(pattern, hook_pattern))  # softmax keeps its output for backward
-    if dropout is not None or not (_unchanged(scores, scores_before) and _unchanged(pattern, pattern_before)):
+    scores, same_scores = _through(hook_scores, scores)
+    pattern = editable(F.softmax(scores, dim=-1), hook_pattern)  # softmax keeps its output for backward
+    pattern, same_pattern = _through(hook_pattern, pattern)
+    if dropout is not None or not (same_scores and same_pattern):
         return (pattern if dropout is None else dropout(pattern)) @ v
     with torch.no_grad():
         z = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None)

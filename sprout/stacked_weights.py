@@ -13,7 +13,6 @@ import torch.nn as nn
 from transformer_lens.FactoredMatrix import FactoredMatrix
 from transformer_lens.utilities.matrix import composition_scores
 
-
 _POSITIONAL = ("W_pos", "W_E_pos", "pos_embed", "hook_pos_embed")
 _ROTARY = ("there is no learned position embedding (positional_embedding_type='rotary': RoPE rotates each "
            "head's queries and keys, so positions show in blocks.{l}.attn.hook_rot_q / hook_rot_k; see the README, "

@@ -31,7 +31,7 @@ from transformer_lens.hook_points import HookPoint
 
 from .config import SproutTransformerLensConfig, strict_from_dict
 from .hook_flags import HookFlags, editable, per_head_inputs
-from .hooked import HookedLM, hooked
+from .hooked import HookedLM, hooked, padding_masks
 from .pattern_attention import hooked_attention
 from .stacked_weights import TLWeights
 from .weights import Embed, PosEmbed, WalkthroughAttentionWeights, WalkthroughMLPWeights, WalkthroughUnembedWeights, link, linked
@@ -209,9 +209,28 @@ class Attention(WalkthroughAttentionWeights, nn.Module):
             return torch.einsum("bphm,hdm->bphd", x, W.view(self.n_head, self.d_head, -1))
         return F.linear(x, W).view(*x.shape[:2], self.n_head, self.d_head)
 
-    def forward(self, x, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """x [batch, pos, C], or a tuple of each head's own input for Q, K and V, each [batch, pos, head, C];
-        attn_mask None (causal) or bool [batch, 1, query, key], True = may attend."""
+    def forward(self, query_input: torch.Tensor, key_input: Optional[torch.Tensor] = None,
+                value_input: Optional[torch.Tensor] = None, past_kv_cache_entry=None,
+                additive_attention_mask: Optional[torch.Tensor] = None, attention_mask: Optional[torch.Tensor] = None,
+                position_bias=None) -> torch.Tensor:
+        """TransformerLens' Attention call on ln1's output ([batch, pos, C] each, or each head's own
+        [batch, pos, head, C]; key and value default to the query's); attention_mask [batch, pos] of 1 and
+        0, or the additive [batch, 1, 1, pos]. Positions are already in the stream (learned)."""
+        if past_kv_cache_entry is not None or position_bias is not None:
+            what = "past_kv_cache_entry" if past_kv_cache_entry is not None else "position_bias"
+            raise ValueError(f"{what} is not taken by a direct call of the walkthrough's attention")
+        x = tuple(query_input if t is None else t for t in (query_input, key_input, value_input))
+        x = x[0] if all(t is x[0] for t in x) else x
+        mask = None
+        if additive_attention_mask is not None:
+            attention_mask = (additive_attention_mask.reshape(query_input.size(0), -1)[:, -query_input.size(1):] == 0).long()
+        if attention_mask is not None:
+            mask = padding_masks(attention_mask.to(query_input.device))[1]
+        return self.attend(x, mask)
+
+    def attend(self, x, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The block's call. x [batch, pos, C], or a tuple of each head's own input for Q, K and V, each
+        [batch, pos, head, C]; attn_mask None (causal) or bool [batch, 1, query, key], True = may attend."""
         xq, xk, xv = x if isinstance(x, tuple) else (x, x, x)
         q = self.hook_q(self._project(xq, "query"))
         k = self.hook_k(self._project(xk, "key"))
@@ -294,7 +313,7 @@ class Block(nn.Module):
         if self.residual:
             x = self.hook_resid_pre(x)
         flags = linked(self, "lens")
-        a = self.hook_attn_out(self.dropout(self.attention_projection(self.attn(self._attn_input(x, flags), attn_mask))))
+        a = self.hook_attn_out(self.dropout(self.attention_projection(self.attn.attend(self._attn_input(x, flags), attn_mask))))
         if self.mlp is None:
             return self.hook_resid_post(x + a) if self.residual else a
         x = self.hook_resid_mid(x + a) if self.residual else a
