@@ -57,12 +57,16 @@ def _pad_id(model) -> int:
     return getattr(getattr(model, "tokenizer", None), "pad_token_id", None) or 0
 
 
+def _padding_side(model) -> str:
+    return getattr(getattr(model, "tokenizer", None), "padding_side", None) or "right"
+
+
 def _pad_rows(model, rows: list[torch.Tensor], padding_side: Optional[str]) -> TokenBatch:
     """1-D id rows of any lengths -> ids [batch, longest] and a mask (None when all are equal)."""
     longest = max(len(r) for r in rows)
     if all(len(r) == longest for r in rows):
         return TokenBatch(check_tokens(model, torch.stack(rows)), None)
-    side = padding_side or getattr(getattr(model, "tokenizer", None), "padding_side", "right")
+    side = padding_side or _padding_side(model)
     if side not in ("left", "right"):
         raise ValueError(f"padding_side must be 'left' or 'right', got {side!r}")
     ids = torch.full((len(rows), longest), _pad_id(model), dtype=torch.long)

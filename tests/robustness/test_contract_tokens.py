@@ -218,6 +218,8 @@ def test_every_reader_honours_the_mask_of_unequal_rows_or_refuses_them(model, na
     g = torch.Generator().manual_seed(1)
     rows = [torch.randint(1, V, (n,), generator=g) for n in (5, 9)]
     results = []
+    # left padding: real tokens come after the padded slots (with right padding a causal model never sees them)
+    monkeypatch.setattr(_inputs, "_padding_side", lambda model: "left")
     for pad in (0, 17):  # what sits in the padded slots must not matter
         monkeypatch.setattr(_inputs, "_pad_id", lambda model, pad=pad: pad)
         try:
@@ -238,7 +240,9 @@ def test_a_text_model_takes_texts_of_unequal_length(text_model):
     assert per_seq == [n - 1 for n in lengths]  # every real token that has a real next token, no padding
 
 
-def test_logit_attribution_of_a_padded_row_equals_the_row_alone(model):
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_logit_attribution_of_a_padded_row_equals_the_row_alone(model, side, monkeypatch):
+    monkeypatch.setattr(_inputs, "_padding_side", lambda model: side)
     g = torch.Generator().manual_seed(2)
     rows = [torch.randint(1, V, (n,), generator=g) for n in (4, 7)]
     frame = interp.logit_attribution(model, rows)  # the first row is padded to 7
@@ -251,7 +255,9 @@ def test_logit_attribution_of_a_padded_row_equals_the_row_alone(model):
         assert mine.component.tolist() == alone.component.tolist()
 
 
-def test_patching_a_padded_batch_is_the_mean_of_patching_each_row_alone(model):
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_patching_a_padded_batch_is_the_mean_of_patching_each_row_alone(model, side, monkeypatch):
+    monkeypatch.setattr(_inputs, "_padding_side", lambda model: side)
     g = torch.Generator().manual_seed(3)
     rows = [torch.randint(1, V, (n,), generator=g) for n in (5, 8)]
     bad = [r.clone() for r in rows]
@@ -259,8 +265,10 @@ def test_patching_a_padded_batch_is_the_mean_of_patching_each_row_alone(model):
         r[1] = (r[1] + 7) % V
     lengths = torch.tensor([len(r) for r in rows])
 
+    last = lengths - 1 if side == "right" else torch.full((2,), int(lengths.max()) - 1)
+
     def last_real(logits):  # each row's logit 3 at its own last real token
-        return logits[torch.arange(logits.shape[0]), lengths[:logits.shape[0]] - 1, 3]
+        return logits[torch.arange(2), last, 3]
 
     joint = interp.patch(model, rows, bad, last_real, site="resid_pre", by="layer")
     alone = []
