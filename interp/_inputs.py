@@ -36,7 +36,7 @@ class TokenBatch(NamedTuple):
         if self.mask is None:
             return self.ids
         lengths = self.mask.sum(1).tolist()
-        raise ValueError(f"{what} cannot honour padding: the texts have {lengths} tokens, so the shorter ones "
+        raise ValueError(f"{what} cannot honour padding: the rows have {lengths} real tokens, so the shorter ones "
                          f"would be padded to {self.ids.shape[1]}; pass texts of equal token length (or ids [batch, pos])")
 
 

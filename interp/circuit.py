@@ -21,6 +21,8 @@ more than 1 (they overlap) or less (the rest goes through MLPs, the embedding an
 """
 from __future__ import annotations
 
+import math
+import numbers
 import random
 from typing import Optional
 
@@ -133,6 +135,9 @@ def induction_circuit(model, data=None, min_score: float = 0.3, min_share: float
         >>> frame, summary = interp.induction_circuit(sprout.load("gpt-4")); print(summary)
     """
     require_hooks(model, ["hook_embed"])
+    for name, value in (("min_score", min_score), ("min_share", min_share), ("relative", relative)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise ValueError(f"induction_circuit: {name} must be a finite number, got {value!r}")
     pair = repeated_pair(model) if data is None else checked_pair(model, data, "data")  # checked before any work
     inductions = find_induction_heads(model, min_score)
     if inductions.empty:

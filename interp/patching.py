@@ -156,11 +156,11 @@ def batched_forward_from(model, resid: torch.Tensor, layer: int, hooks: list, n:
     return model.run_with_hooks(resid.repeat(n, 1, 1), start_at_layer=layer, fwd_hooks=hooks, **masked(mask, n))
 
 
-def chunk_size(model, tokens: torch.Tensor, limit: Optional[int]) -> int:
+def chunk_size(model, tokens: torch.Tensor, limit: Optional[int], what: str = "patches_per_forward") -> int:
     if limit is not None:
-        if limit < 1:
-            raise ValueError(f"patches_per_forward must be >= 1, got {limit}")
-        return int(limit)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"{what} must be None or an integer >= 1, got {limit!r}")
+        return limit
     return max(1, LOGIT_BUDGET // (tokens.numel() * int(model.cfg.d_vocab)))
 
 

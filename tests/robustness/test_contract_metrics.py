@@ -145,3 +145,18 @@ def test_an_induction_circuit_whose_metric_cannot_move_is_reported_undefined():
     text = summarize(frame)
     assert "no single head above the threshold" not in text
     assert text.count("undefined (the metric is the same on the clean and the corrupted tokens)") == 3
+
+
+@pytest.mark.parametrize("bad", [0, 2.5, True, "4"])
+def test_chunk_sizes_are_positive_integers(model, bad):
+    with pytest.raises(ValueError, match=rf"patches_per_forward must be None or an integer >= 1, got {bad!r}"):
+        interp.patch(model, *pair(), logit_diff, site="z", by="head", patches_per_forward=bad)
+    with pytest.raises(ValueError, match=rf"pairs_per_forward must be None or an integer >= 1, got {bad!r}"):
+        interp.path_patch(model, *pair(), logit_diff, ["L0H0"], ["L1H0"], pairs_per_forward=bad)
+
+
+@pytest.mark.parametrize("field", ["min_score", "min_share", "relative"])
+def test_induction_circuit_thresholds_are_finite_numbers(model, field):
+    for bad in (float("nan"), "0.3", True):
+        with pytest.raises(ValueError, match=f"induction_circuit: {field} must be a finite number"):
+            interp.induction_circuit(model, stories=False, **{field: bad})

@@ -58,7 +58,7 @@ def test_rows_of_unequal_length_are_padded_with_a_mask(model):
     left = token_batch(model, rows, padding_side="left")
     assert left.ids.tolist() == [[0, 0, 5, 6, 7], [1, 2, 3, 4, 9]]
     assert left.mask.tolist() == [[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]]
-    with pytest.raises(ValueError, match=r"patch cannot honour padding: the texts have \[3, 5\] tokens"):
+    with pytest.raises(ValueError, match=r"patch cannot honour padding: the rows have \[3, 5\] real tokens"):
         right.unpadded("patch")
 
 
