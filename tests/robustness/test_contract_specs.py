@@ -138,3 +138,11 @@ def test_frames_label_heads_from_their_integer_columns(model):
     assert (heads.component == [head_label(l, h) for l, h in zip(heads.layer, heads["head"])]).all()
     z = interp.patch(model, *pair(), metric, site="z", by="head")
     assert (z.label == [head_label(l, h) for l, h in zip(z.layer, z["head"])]).all()
+
+
+def test_the_induction_circuit_frame_carries_integer_heads(model):
+    frame, _ = interp.induction_circuit(model, stories=False, min_score=0.0)
+    for role in ("receiver", "sender"):
+        assert frame[f"{role}_layer"].dtype.kind == "i" and frame[f"{role}_head"].dtype.kind == "i"
+        assert (frame[role] == [head_label(l, h) for l, h in zip(frame[f"{role}_layer"], frame[f"{role}_head"])]).all()
+    assert (frame.sender_layer < frame.receiver_layer).all()
