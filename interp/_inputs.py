@@ -135,8 +135,7 @@ def token_rows(model, data: TextOrTokens, seq_len: Optional[int] = None) -> list
     seq_len = int(seq_len)
     rows = []
     for row in _sequences(model, data):
-        rows.extend(check_tokens(model, row[i:i + seq_len][None].to(model.cfg.device))[0]
-                    for i in range(0, len(row), seq_len))
+        rows.extend(check_tokens(model, row[i:i + seq_len][None])[0] for i in range(0, len(row), seq_len))
     return rows
 
 
