@@ -145,3 +145,13 @@ def test_a_saved_lens_restarts_the_schedule_and_says_so(model, tmp_path):
     assert again.step == 6
     for a, b in zip(again.parameters(), expected.parameters()):
         assert torch.equal(a, b)
+
+
+def test_held_out_data_is_checked_before_training(model, monkeypatch):
+    import interp.tuned_lens_train as trainer
+
+    def no_step(*args, **kwargs):
+        raise AssertionError("trained before checking held_out")
+    monkeypatch.setattr(trainer, "lens_step", no_step)
+    with pytest.raises(TypeError, match="token ids must be an integer tensor"):
+        train(model, held_out=ids().float())
