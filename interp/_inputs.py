@@ -134,13 +134,14 @@ def token_rows(model, data: TextOrTokens, seq_len: Optional[int] = None) -> list
         raise ValueError(f"seq_len must be an integer in 1..{n_ctx} (the model's context), got {seq_len!r}")
     seq_len = int(seq_len)
     rows = []
-    for row in _sequences(model, data):
+    for row in sequences(model, data):
         rows.extend(check_tokens(model, row[i:i + seq_len][None])[0] for i in range(0, len(row), seq_len))
     return rows
 
 
-def _sequences(model, data) -> list[torch.Tensor]:
-    """The data as whole 1-D id sequences (a text may be longer than the context here)."""
+def sequences(model, data) -> list[torch.Tensor]:
+    """The data as whole 1-D id sequences, integer-checked; a text may be longer than the context here (the
+    caller cuts it and passes each piece through `check_tokens`)."""
     if isinstance(data, torch.Tensor):
         check_integer_ids(data)
         if data.dim() not in (1, 2) or data.numel() == 0:

@@ -217,6 +217,11 @@ def same(a, b) -> None:
 def test_every_reader_honours_the_mask_of_unequal_rows_or_refuses_them(model, name, monkeypatch):
     g = torch.Generator().manual_seed(1)
     rows = [torch.randint(1, V, (n,), generator=g) for n in (5, 9)]
+    try:  # an analysis that cannot run on these rows even when they are of equal length refuses them anyway
+        call(name, model, [r[:5] for r in rows])
+        unrelated = None
+    except ValueError as e:
+        unrelated = str(e)
     results = []
     # left padding: real tokens come after the padded slots (with right padding a causal model never sees them)
     monkeypatch.setattr(_inputs, "_padding_side", lambda model: "left")
@@ -227,7 +232,8 @@ def test_every_reader_honours_the_mask_of_unequal_rows_or_refuses_them(model, na
             results.append(call(name, model, rows))
         except ValueError as e:
             # refused, saying why: it cannot honour padding, or it reads one sequence only
-            assert "padding" in str(e) or "one sequence" in str(e), f"interp.{name} refused unequal rows unclearly: {e}"
+            clear = "padding" in str(e) or "one sequence" in str(e) or str(e) == unrelated
+            assert clear, f"interp.{name} refused unequal rows unclearly: {e}"
             return
     same(*results)
 
@@ -288,3 +294,18 @@ def test_a_metric_that_reads_padded_positions_is_refused(model):
         interp.patch(model, rows, bad, lambda logits: logits[:, -1, 3].mean(), site="z", by="head")
     with pytest.raises(ValueError, match="padded differently"):
         interp.patch(model, rows, [bad[1][:4], bad[1]], nan_safe, site="z", by="head")
+
+
+def test_the_in_context_score_reads_129_ids_of_each_row_of_any_length():
+    torch.manual_seed(0)
+    m = Sprout(SproutConfig(vocab_size=64, context=128, n_layer=1, n_head=2, d_model=32, d_ff=64)).eval()
+    ids = torch.randint(0, 64, (2, 129), generator=torch.Generator().manual_seed(0))
+    expected = interp.icl_score(m, ids)  # 129 ids on a 128-token context: the last one is only a target
+    assert interp.icl_score(m, [ids[0], torch.cat([ids[1], ids[1][:7]])]) == expected  # cut, never padded
+    assert interp.phase_measures(m, ids)["in-context score (late - early loss)"] == expected
+    with pytest.raises(ValueError, match=r"needs ids \[batch, >= 129\], got a row of 100 tokens"):
+        interp.icl_score(m, [ids[0], ids[1][:100]])
+    late = ids.clone()
+    late[1, 128] = 64  # a target outside the vocabulary
+    with pytest.raises(ValueError, match="token id 64 is out of range for a vocabulary of 64"):
+        interp.icl_score(m, late)
