@@ -290,8 +290,11 @@ def test_patching_a_padded_batch_is_the_mean_of_patching_each_row_alone(model, s
 def test_a_metric_that_reads_padded_positions_is_refused(model):
     rows = [torch.tensor([3, 4, 5]), torch.tensor([3, 4, 5, 6, 7])]
     bad = [torch.tensor([3, 9, 5]), torch.tensor([3, 9, 5, 6, 7])]
+    for analysis in (interp.patch, interp.attribution_patch):
+        with pytest.raises(ValueError, match="reads logits at padded positions"):
+            analysis(model, rows, bad, lambda logits: logits[:, -1, 3].mean(), site="z", by="head")
     with pytest.raises(ValueError, match="reads logits at padded positions"):
-        interp.patch(model, rows, bad, lambda logits: logits[:, -1, 3].mean(), site="z", by="head")
+        interp.path_patch(model, rows, bad, lambda logits: logits[:, -1, 3].mean(), ["L0H0"], ["L1H0"])
     with pytest.raises(ValueError, match="padded differently"):
         interp.patch(model, rows, [bad[1][:4], bad[1]], nan_safe, site="z", by="head")
 
