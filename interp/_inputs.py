@@ -112,7 +112,8 @@ def token_batch(model, data, *, attention_mask: Optional[torch.Tensor] = None,
         batch = _pad_rows(model, [_row(t) for t in data], padding_side)
     else:
         _refuse_mixed(data)
-        batch = TokenBatch(check_tokens(model, data), None)  # the forward's checks and words, for every other type
+        # the forward's checks and words, for every other type; ids go where the model is
+        batch = TokenBatch(check_tokens(model, data).to(model.cfg.device), None)
     if attention_mask is not None:
         batch = TokenBatch(batch.ids, check_attention_mask(attention_mask, batch.ids).long())
     if batch.mask is not None and bool(batch.mask.bool().all()):
