@@ -66,6 +66,10 @@ def test_one_spec_or_a_list(model):
     assert as_heads(model, "L1H2") == [Head(1, 2)]
     assert as_heads(model, [(0, 1), "L1H2"]) == [Head(0, 1), Head(1, 2)]
     assert as_heads(model, ((0, 1), (1, 2))) == [Head(0, 1), Head(1, 2)]
+    assert as_heads(model, ("L0H1", "L1H2")) == [Head(0, 1), Head(1, 2)]  # a tuple of two labels is two heads
+    assert as_components(model, ("embed", "MLP1")) == [Component("embed"), Component("mlp", 1)]
+    with pytest.raises(TypeError, match="head must be an integer"):
+        as_heads(model, (0, 1.5))  # one head with a float in it, not two specs
     with pytest.raises(ValueError, match="no heads given"):
         as_heads(model, [])
     with pytest.raises(TypeError, match="one spec or a list"):
