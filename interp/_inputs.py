@@ -36,7 +36,7 @@ class TokenBatch(NamedTuple):
         if self.mask is None:
             return self.ids
         lengths = self.mask.sum(1).tolist()
-        raise ValueError(f"{what} cannot honour padding: the texts have {lengths} tokens, so the shorter ones "
+        raise ValueError(f"{what} cannot honour padding: the rows have {lengths} real tokens, so the shorter ones "
                          f"would be padded to {self.ids.shape[1]}; pass texts of equal token length (or ids [batch, pos])")
 
 
@@ -57,12 +57,16 @@ def _pad_id(model) -> int:
     return getattr(getattr(model, "tokenizer", None), "pad_token_id", None) or 0
 
 
+def _padding_side(model) -> str:
+    return getattr(getattr(model, "tokenizer", None), "padding_side", None) or "right"
+
+
 def _pad_rows(model, rows: list[torch.Tensor], padding_side: Optional[str]) -> TokenBatch:
     """1-D id rows of any lengths -> ids [batch, longest] and a mask (None when all are equal)."""
     longest = max(len(r) for r in rows)
     if all(len(r) == longest for r in rows):
         return TokenBatch(check_tokens(model, torch.stack(rows)), None)
-    side = padding_side or getattr(getattr(model, "tokenizer", None), "padding_side", "right")
+    side = padding_side or _padding_side(model)
     if side not in ("left", "right"):
         raise ValueError(f"padding_side must be 'left' or 'right', got {side!r}")
     ids = torch.full((len(rows), longest), _pad_id(model), dtype=torch.long)
@@ -108,7 +112,8 @@ def token_batch(model, data, *, attention_mask: Optional[torch.Tensor] = None,
         batch = _pad_rows(model, [_row(t) for t in data], padding_side)
     else:
         _refuse_mixed(data)
-        batch = TokenBatch(check_tokens(model, data), None)  # the forward's checks and words, for every other type
+        # the forward's checks and words, for every other type; ids go where the model is
+        batch = TokenBatch(check_tokens(model, data).to(model.cfg.device), None)
     if attention_mask is not None:
         batch = TokenBatch(batch.ids, check_attention_mask(attention_mask, batch.ids).long())
     if batch.mask is not None and bool(batch.mask.bool().all()):
@@ -130,14 +135,14 @@ def token_rows(model, data: TextOrTokens, seq_len: Optional[int] = None) -> list
         raise ValueError(f"seq_len must be an integer in 1..{n_ctx} (the model's context), got {seq_len!r}")
     seq_len = int(seq_len)
     rows = []
-    for row in _sequences(model, data):
-        rows.extend(check_tokens(model, row[i:i + seq_len][None].to(model.cfg.device))[0]
-                    for i in range(0, len(row), seq_len))
+    for row in sequences(model, data):
+        rows.extend(check_tokens(model, row[i:i + seq_len][None])[0] for i in range(0, len(row), seq_len))
     return rows
 
 
-def _sequences(model, data) -> list[torch.Tensor]:
-    """The data as whole 1-D id sequences (a text may be longer than the context here)."""
+def sequences(model, data) -> list[torch.Tensor]:
+    """The data as whole 1-D id sequences, integer-checked; a text may be longer than the context here (the
+    caller cuts it and passes each piece through `check_tokens`)."""
     if isinstance(data, torch.Tensor):
         check_integer_ids(data)
         if data.dim() not in (1, 2) or data.numel() == 0:

@@ -116,9 +116,9 @@ def as_component(model, spec) -> Component:
 
 
 def _many(specs, what: str) -> list:
-    if isinstance(specs, (str, Head, Component)) or (isinstance(specs, tuple) and len(specs) == 2
-                                                     and not any(_is_pair(s) for s in specs)):
-        return [specs]  # one spec: "L1H0", Head(1, 0), (1, 0)
+    if isinstance(specs, (str, Head, Component)) or (isinstance(specs, tuple) and len(specs) == 2 and not any(
+            isinstance(s, (str, bytes)) or _is_pair(s) for s in specs)):
+        return [specs]  # one spec: "L1H0", Head(1, 0), (1, 0); ("L1H0", "L2H1") is two
     if not hasattr(specs, "__iter__"):
         raise TypeError(f"{what} must be one spec or a list of them, got {specs!r}")
     specs = list(specs)

@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 
 from ._inputs import token_batch
-from ._metrics import Metric, check_metric, differentiable_value, hide
+from ._metrics import Metric, check_metric, differentiable_value, hide, refuse_nan
 from ._model import model_name, n_heads, n_layers, require_hooks, str_tokens
 from ._specs import Component
 from .patching import (
@@ -176,6 +176,7 @@ def _grad_run(model, tokens: torch.Tensor, metric: Metric, names: list[str], mas
         logits = model.run_with_hooks(tokens, fwd_hooks=[("hook_embed", start_graph)] + [(n, keep) for n in names],
                                       **masked(mask))
         out = differentiable_value(metric, hide(logits, mask))
+        refuse_nan([float(out.detach())], mask=mask)  # before a backward through NaN
         # gradients down to the embedding only: the hooks above read them on the way, and no parameter's
         # .grad is touched (the analysis leaves the model as it found it)
         torch.autograd.grad(out, leaves)

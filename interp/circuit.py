@@ -21,6 +21,8 @@ more than 1 (they overlap) or less (the rest goes through MLPs, the embedding an
 """
 from __future__ import annotations
 
+import math
+import numbers
 import random
 from typing import Optional
 
@@ -126,13 +128,17 @@ def induction_circuit(model, data=None, min_score: float = 0.3, min_share: float
     Returns:
         (frame, summary). The frame has one row per (receiver, sender, via): `receiver`,
         `induction_score`, `sender`, `via`, `share_repeated`, `share_stories` (NaN without stories),
-        `composition`, `baseline`, `ablation_delta` (loss rise when the sender is zeroed), `feeds`.
+        `composition`, `baseline`, `ablation_delta` (loss rise when the sender is zeroed), `feeds`, and the
+        heads as integers: `receiver_layer`, `receiver_head`, `sender_layer`, `sender_head`.
         The summary names, per induction head and input, the feeding heads with their numbers.
 
     Example:
         >>> frame, summary = interp.induction_circuit(sprout.load("gpt-4")); print(summary)
     """
     require_hooks(model, ["hook_embed"])
+    for name, value in (("min_score", min_score), ("min_share", min_share), ("relative", relative)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise ValueError(f"induction_circuit: {name} must be a finite number, got {value!r}")
     pair = repeated_pair(model) if data is None else checked_pair(model, data, "data")  # checked before any work
     inductions = find_induction_heads(model, min_score)
     if inductions.empty:
@@ -141,11 +147,14 @@ def induction_circuit(model, data=None, min_score: float = 0.3, min_share: float
     frame = _add_weights_and_ablation(model, _edge_rows(model, inductions, pair, story))
     best = frame.groupby(["receiver", "via"])["share_repeated"].transform("max")
     frame["feeds"] = (frame["share_repeated"] >= min_share) & (frame["share_repeated"] >= relative * best)
+    for role in ("receiver", "sender"):
+        heads = [as_head(model, label) for label in frame[role]]
+        frame[f"{role}_layer"], frame[f"{role}_head"] = [h.layer for h in heads], [h.head for h in heads]
     return frame[COLUMNS], summarize(frame)
 
 
 COLUMNS = ["receiver", "induction_score", "sender", "via", "share_repeated", "share_stories", "composition",
-           "baseline", "ablation_delta", "feeds"]
+           "baseline", "ablation_delta", "feeds", "receiver_layer", "receiver_head", "sender_layer", "sender_head"]
 
 
 def _edge_rows(model, inductions: pd.DataFrame, pair, story) -> pd.DataFrame:

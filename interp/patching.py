@@ -156,11 +156,11 @@ def batched_forward_from(model, resid: torch.Tensor, layer: int, hooks: list, n:
     return model.run_with_hooks(resid.repeat(n, 1, 1), start_at_layer=layer, fwd_hooks=hooks, **masked(mask, n))
 
 
-def chunk_size(model, tokens: torch.Tensor, limit: Optional[int]) -> int:
+def chunk_size(model, tokens: torch.Tensor, limit: Optional[int], what: str = "patches_per_forward") -> int:
     if limit is not None:
-        if limit < 1:
-            raise ValueError(f"patches_per_forward must be >= 1, got {limit}")
-        return int(limit)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"{what} must be None or an integer >= 1, got {limit!r}")
+        return limit
     return max(1, LOGIT_BUDGET // (tokens.numel() * int(model.cfg.d_vocab)))
 
 
@@ -184,7 +184,10 @@ def check_logit_positions(logit_positions, n_pos: int) -> Optional[list[int]]:
     """`logit_positions` (None, an int or ints, negative counting from the end) as sorted positions."""
     if logit_positions is None:
         return None
-    raw = [logit_positions] if isinstance(logit_positions, int) else list(logit_positions)
+    if isinstance(logit_positions, int) and not isinstance(logit_positions, bool):
+        raw = [logit_positions]
+    else:  # ints only: a float, a str, a bool or a tensor is refused below
+        raw = list(logit_positions) if isinstance(logit_positions, (list, tuple, range)) else None
     if not raw or not all(isinstance(p, int) and not isinstance(p, bool) and -n_pos <= p < n_pos for p in raw):
         raise ValueError(f"logit_positions must be positions in -{n_pos}..{n_pos - 1} (an int or a list of them), "
                          f"got {logit_positions!r}")

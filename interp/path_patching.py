@@ -195,7 +195,7 @@ def path_patch(model, clean, corrupted, metric: Metric, senders, receivers, via=
 
 def _patched_values(model, base, metric, pairs, recorded, senders, via, limit, mask) -> list[float]:
     sender_index = {s: i for i, s in enumerate(senders)}
-    n_max, B, values = chunk_size(model, base, limit), base.shape[0], {}
+    n_max, B, values = chunk_size(model, base, limit, "pairs_per_forward"), base.shape[0], {}
     grouped = by_layer([_Pair(s, r) for s, r in pairs])
     for layer, group in grouped.items():
         for start in range(0, len(group), n_max):

@@ -17,7 +17,9 @@ from typing import Optional
 import pandas as pd
 import torch
 
-from ._inputs import token_batch
+from sprout.text import check_tokens
+
+from ._inputs import sequences
 from ._model import logits_of
 from ._specs import Head, as_heads
 from .composition import composition_scores
@@ -26,16 +28,27 @@ from .heads import head_scores
 EARLY, LATE = range(8, 24), range(112, 128)
 
 
-@torch.inference_mode()
-def icl_score(model, tokens: torch.Tensor) -> float:
-    """Mean loss at positions LATE minus mean loss at positions EARLY, over ids [batch, 129+] (nats).
+def icl_tokens(model, tokens) -> torch.Tensor:
+    """The first LATE.stop + 1 = 129 ids of every row: ids [batch, 129] (the model reads the first 128; the
+    last is only a target). Takes ids [batch, pos] / [pos], a text or a list of texts (each cut to 129
+    tokens, so texts of unequal length need no padding); float ids and ids outside the vocabulary are
+    refused as the forward refuses them."""
+    rows = sequences(model, tokens)
+    short = [len(r) for r in rows if len(r) < LATE.stop + 1]
+    if short:
+        raise ValueError(f"the in-context-learning score needs ids [batch, >= {LATE.stop + 1}], got a row of "
+                         f"{short[0]} tokens")
+    ids = torch.stack([r[:LATE.stop + 1] for r in rows])
+    check_tokens(model, ids[:, :-1])  # what the model reads: the forward's checks and words
+    check_tokens(model, ids[:, 1:])  # the targets: the last one too must be in the vocabulary
+    return ids.long().to(model.cfg.device)
 
-    `tokens` is ids [batch, pos] (or [pos], or text); rows of unequal length are refused (the score
-    reads the same positions of every row)."""
-    tokens = token_batch(model, tokens).unpadded("icl_score (it reads positions 8..23 and 112..127 of every row)")
-    if tokens.shape[1] < LATE.stop + 1:
-        raise ValueError(f"the in-context-learning score needs ids [batch, >= {LATE.stop + 1}], got {tuple(tokens.shape)}")
-    ids = tokens[:, :LATE.stop + 1]
+
+@torch.inference_mode()
+def icl_score(model, tokens) -> float:
+    """Mean loss at positions LATE minus mean loss at positions EARLY, over ids [batch, 129+] (nats);
+    `tokens` as `icl_tokens` takes them."""
+    ids = icl_tokens(model, tokens)
     logits = logits_of(model, ids[:, :-1])
     loss = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), ids[:, 1:], reduction="none")  # [batch, pos]
     return float(loss[:, LATE].mean() - loss[:, EARLY].mean())
@@ -89,7 +102,7 @@ def phase_measures(model, tokens=None, heads: Optional[tuple[str, str]] = None) 
     snapshots (`phase_heads` of the final model picks it); by default each snapshot's best heads."""
     prev, ind = _followed(model, heads)
     if tokens is not None:
-        tokens = token_batch(model, tokens).unpadded("phase_measures' in-context score")
+        tokens = icl_tokens(model, tokens)  # checked before any work
     prev, prev_score = _score(head_scores(model, "previous_token"), prev)
     ind, ind_score = _score(head_scores(model, "induction"), ind)
     out = {"previous-token score": prev_score, "induction score": ind_score}

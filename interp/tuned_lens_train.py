@@ -249,6 +249,8 @@ def _start(model, data, s: TunedLensSettings, lens: Optional[TunedLens], world: 
 def _train(model, data: TextOrTokens, s: TunedLensSettings, lens: Optional[TunedLens], held_out, progress: bool,
            data_name: Optional[str]) -> TunedLens:
     world, rank = _world()
+    if held_out is not None:
+        token_rows(model, held_out)  # checked before training, not after it
     lens, opt, rows, start = _start(model, data, s, lens, world)
     steps, batch_size, lr, momentum, seed = s.steps, s.batch_size, s.lr, s.momentum, s.seed
     lens.train()

@@ -13,6 +13,7 @@ for low and high ("[)": low <= value < high).
 from __future__ import annotations
 
 import math
+import typing
 from dataclasses import asdict, fields
 from typing import Any, Optional
 
@@ -24,8 +25,20 @@ _TYPES = {
 }
 
 
-def type_error(kind: str, value) -> Optional[str]:
-    """What a value of annotation `kind` must be, or None when `value` is one."""
+def _name(kind) -> str:
+    """An annotation as the text `from __future__ import annotations` leaves: int -> "int", Optional[int] -> "Optional[int]"."""
+    if isinstance(kind, str):
+        return kind
+    args = typing.get_args(kind)
+    if len(args) == 2 and type(None) in args:
+        return f"Optional[{_name(next(a for a in args if a is not type(None)))}]"
+    return getattr(kind, "__name__", str(kind))
+
+
+def type_error(kind, value) -> Optional[str]:
+    """What a value of annotation `kind` ("int", "Optional[float]", or the type itself) must be, or None when
+    `value` is one."""
+    kind = _name(kind)
     optional = kind.startswith("Optional[") and kind.endswith("]")
     base = kind[len("Optional["):-1] if optional else kind
     if optional and value is None:

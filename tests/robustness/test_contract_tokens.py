@@ -58,7 +58,7 @@ def test_rows_of_unequal_length_are_padded_with_a_mask(model):
     left = token_batch(model, rows, padding_side="left")
     assert left.ids.tolist() == [[0, 0, 5, 6, 7], [1, 2, 3, 4, 9]]
     assert left.mask.tolist() == [[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]]
-    with pytest.raises(ValueError, match=r"patch cannot honour padding: the texts have \[3, 5\] tokens"):
+    with pytest.raises(ValueError, match=r"patch cannot honour padding: the rows have \[3, 5\] real tokens"):
         right.unpadded("patch")
 
 
@@ -217,7 +217,14 @@ def same(a, b) -> None:
 def test_every_reader_honours_the_mask_of_unequal_rows_or_refuses_them(model, name, monkeypatch):
     g = torch.Generator().manual_seed(1)
     rows = [torch.randint(1, V, (n,), generator=g) for n in (5, 9)]
+    try:  # an analysis that cannot run on these rows even when they are of equal length refuses them anyway
+        call(name, model, [r[:5] for r in rows])
+        unrelated = None
+    except ValueError as e:
+        unrelated = str(e)
     results = []
+    # left padding: real tokens come after the padded slots (with right padding a causal model never sees them)
+    monkeypatch.setattr(_inputs, "_padding_side", lambda model: "left")
     for pad in (0, 17):  # what sits in the padded slots must not matter
         monkeypatch.setattr(_inputs, "_pad_id", lambda model, pad=pad: pad)
         try:
@@ -225,7 +232,8 @@ def test_every_reader_honours_the_mask_of_unequal_rows_or_refuses_them(model, na
             results.append(call(name, model, rows))
         except ValueError as e:
             # refused, saying why: it cannot honour padding, or it reads one sequence only
-            assert "padding" in str(e) or "one sequence" in str(e), f"interp.{name} refused unequal rows unclearly: {e}"
+            clear = "padding" in str(e) or "one sequence" in str(e) or str(e) == unrelated
+            assert clear, f"interp.{name} refused unequal rows unclearly: {e}"
             return
     same(*results)
 
@@ -238,7 +246,9 @@ def test_a_text_model_takes_texts_of_unequal_length(text_model):
     assert per_seq == [n - 1 for n in lengths]  # every real token that has a real next token, no padding
 
 
-def test_logit_attribution_of_a_padded_row_equals_the_row_alone(model):
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_logit_attribution_of_a_padded_row_equals_the_row_alone(model, side, monkeypatch):
+    monkeypatch.setattr(_inputs, "_padding_side", lambda model: side)
     g = torch.Generator().manual_seed(2)
     rows = [torch.randint(1, V, (n,), generator=g) for n in (4, 7)]
     frame = interp.logit_attribution(model, rows)  # the first row is padded to 7
@@ -251,7 +261,9 @@ def test_logit_attribution_of_a_padded_row_equals_the_row_alone(model):
         assert mine.component.tolist() == alone.component.tolist()
 
 
-def test_patching_a_padded_batch_is_the_mean_of_patching_each_row_alone(model):
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_patching_a_padded_batch_is_the_mean_of_patching_each_row_alone(model, side, monkeypatch):
+    monkeypatch.setattr(_inputs, "_padding_side", lambda model: side)
     g = torch.Generator().manual_seed(3)
     rows = [torch.randint(1, V, (n,), generator=g) for n in (5, 8)]
     bad = [r.clone() for r in rows]
@@ -259,8 +271,10 @@ def test_patching_a_padded_batch_is_the_mean_of_patching_each_row_alone(model):
         r[1] = (r[1] + 7) % V
     lengths = torch.tensor([len(r) for r in rows])
 
+    last = lengths - 1 if side == "right" else torch.full((2,), int(lengths.max()) - 1)
+
     def last_real(logits):  # each row's logit 3 at its own last real token
-        return logits[torch.arange(logits.shape[0]), lengths[:logits.shape[0]] - 1, 3]
+        return logits[torch.arange(2), last, 3]
 
     joint = interp.patch(model, rows, bad, last_real, site="resid_pre", by="layer")
     alone = []
@@ -276,7 +290,25 @@ def test_patching_a_padded_batch_is_the_mean_of_patching_each_row_alone(model):
 def test_a_metric_that_reads_padded_positions_is_refused(model):
     rows = [torch.tensor([3, 4, 5]), torch.tensor([3, 4, 5, 6, 7])]
     bad = [torch.tensor([3, 9, 5]), torch.tensor([3, 9, 5, 6, 7])]
+    for analysis in (interp.patch, interp.attribution_patch):
+        with pytest.raises(ValueError, match="reads logits at padded positions"):
+            analysis(model, rows, bad, lambda logits: logits[:, -1, 3].mean(), site="z", by="head")
     with pytest.raises(ValueError, match="reads logits at padded positions"):
-        interp.patch(model, rows, bad, lambda logits: logits[:, -1, 3].mean(), site="z", by="head")
+        interp.path_patch(model, rows, bad, lambda logits: logits[:, -1, 3].mean(), ["L0H0"], ["L1H0"])
     with pytest.raises(ValueError, match="padded differently"):
         interp.patch(model, rows, [bad[1][:4], bad[1]], nan_safe, site="z", by="head")
+
+
+def test_the_in_context_score_reads_129_ids_of_each_row_of_any_length():
+    torch.manual_seed(0)
+    m = Sprout(SproutConfig(vocab_size=64, context=128, n_layer=1, n_head=2, d_model=32, d_ff=64)).eval()
+    ids = torch.randint(0, 64, (2, 129), generator=torch.Generator().manual_seed(0))
+    expected = interp.icl_score(m, ids)  # 129 ids on a 128-token context: the last one is only a target
+    assert interp.icl_score(m, [ids[0], torch.cat([ids[1], ids[1][:7]])]) == expected  # cut, never padded
+    assert interp.phase_measures(m, ids)["in-context score (late - early loss)"] == expected
+    with pytest.raises(ValueError, match=r"needs ids \[batch, >= 129\], got a row of 100 tokens"):
+        interp.icl_score(m, [ids[0], ids[1][:100]])
+    late = ids.clone()
+    late[1, 128] = 64  # a target outside the vocabulary
+    with pytest.raises(ValueError, match="token id 64 is out of range for a vocabulary of 64"):
+        interp.icl_score(m, late)
