@@ -240,7 +240,7 @@ def claim_out(out: Path, create: bool = True) -> Path:
         raise FileExistsError(f"--out {out} is a file, not a folder: choose a folder for the results")
     if out.is_dir() and not _ours(out) and any(out.iterdir()):
         found = sorted(os.listdir(out))
-        raise FileExistsError(f"--out {out} is not empty and was not written by the experiments (no {MARKER} in it; "
+        raise FileExistsError(f"--out {out} is not empty and was not written by run_all or an experiment (no {MARKER} in it; "
                               f"it holds {', '.join(found[:8])}{' ...' if len(found) > 8 else ''}): choose a new or "
                               "empty folder, so that nothing of yours is overwritten")
     if not create:
