@@ -16,8 +16,8 @@ from safetensors.torch import load_file, save_file
 import interp
 from sprout import Sprout, checkpoint
 from sprout.hf import export, import_
-from sprout.tokenizer import char_tokenizer
-from sprout.training.corpus import input_files
+from sprout.tokenizer import char_tokenizer, load_tokenizer
+from sprout.training.corpus import TokenDataset, input_files
 from sprout.walkthrough_keys import from_walkthrough_state_dict
 from sprout.weightfiles import file_in, read_json_file, regular_file
 from tests.conftest import TINY
@@ -171,6 +171,13 @@ def test_tuned_lens_files_and_data_that_are_pipes_are_refused(tmp_path, model, p
     (data / "a.txt").write_text("hello")
     q = pipes(data / "b.txt")
     refused(q, lambda: input_files(data), "--data")
+
+
+def test_token_and_tokenizer_files_that_are_pipes_are_refused(tmp_path, pipes):
+    p = pipes(tmp_path / "train.bin")
+    refused(p, lambda: TokenDataset(p.path, context=8), "token file")
+    q = pipes(tmp_path / "tokenizer.json")
+    refused(q, lambda: load_tokenizer(q.path), "tokenizer file")
 
 
 def test_a_device_is_refused_by_name():
