@@ -302,6 +302,7 @@ def test_tampered_checkpoint_config_names_the_file_and_field(ckpt):
     ("rope_parameters", [1], "field 'rope_parameters' is list [1], expected an object or null"),
     ("rope_scaling", "linear", "field 'rope_scaling' is str 'linear'"),
     ("layer_types", 3, "field 'layer_types' is int 3, expected a list"),
+    ("layer_types", ["full_attention", {}], "layer_types is ['full_attention', {}]; expected a list of strings"),
     ("rms_norm_eps", "1e-6", "field 'rms_norm_eps' is str '1e-6', expected a finite number"),
     ("tie_word_embeddings", "yes", "field 'tie_word_embeddings' is str 'yes', expected true or false"),
 ])
