@@ -10,6 +10,8 @@ import torch
 
 import figures
 import interp
+from sprout.folders import replace_file
+from sprout.weightfiles import read_bounded
 
 from .common import ZORBIN, held_out_text, number, positive, standalone
 from .training_dynamics import run_dirs, snapshot_dirs
@@ -76,13 +78,13 @@ def write_readme(path: Path, label: str, summary: str) -> None:
     """Replace what lies between `<!-- circuit:{label} -->` and `<!-- /circuit:{label} -->` in `path` with
     the summary as a code block; nothing else in the file changes, and without both markers nothing does."""
     start, end = f"<!-- circuit:{label} -->", f"<!-- /circuit:{label} -->"
-    text = path.read_text(encoding="utf-8")
+    text = read_bounded(path, "README").decode("utf-8")
     if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
         raise ValueError(f"{path} needs exactly one {start} ... {end} block for --readme; nothing was written")
     head, rest = text.split(start)
     _, tail = rest.split(end)
     block = f"{start}\n```text\n{summary}\n```\n{end}"
-    path.write_text(head + block + tail, encoding="utf-8")
+    replace_file(path.resolve(), (head + block + tail).encode())
 
 
 def _composition(model, label, out) -> list[dict]:

@@ -24,6 +24,7 @@ import sprout
 from interp.cli import positive
 from sprout.checkpoint import demo_dir, demo_names
 from sprout.tokenizer import encode
+from sprout.weightfiles import file_in, read_bounded
 
 from . import EXPERIMENTS
 
@@ -122,8 +123,8 @@ def held_out_text(model, n_chars: int = SETTINGS.held_out_chars) -> str:
     (generated stories whose names are drawn at random, so no model has seen them)."""
     d = model_dir(model)
     for name in ("val.txt", "held_out.txt"):
-        if d is not None and (d / name).is_file():
-            return (d / name).read_text(encoding="utf-8")[:n_chars]
+        if d is not None and os.path.lexists(d / name):
+            return read_bounded(file_in(d, name, "held-out text"), "held-out text", 1 << 30).decode("utf-8")[:n_chars]
     return interp.held_out_stories(n_chars)
 
 
@@ -240,7 +241,7 @@ def claim_out(out: Path, create: bool = True) -> Path:
         raise FileExistsError(f"--out {out} is a file, not a folder: choose a folder for the results")
     if out.is_dir() and not _ours(out) and any(out.iterdir()):
         found = sorted(os.listdir(out))
-        raise FileExistsError(f"--out {out} is not empty and was not written by the experiments (no {MARKER} in it; "
+        raise FileExistsError(f"--out {out} is not empty and was not written by run_all or an experiment (no {MARKER} in it; "
                               f"it holds {', '.join(found[:8])}{' ...' if len(found) > 8 else ''}): choose a new or "
                               "empty folder, so that nothing of yours is overwritten")
     if not create:

@@ -17,7 +17,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from . import EXPERIMENTS
-from .common import DEMOS, Output, args_for, claim_out, format_numbers, load_models, positive
+from .common import DEMOS, MARKER, Output, args_for, claim_out, format_numbers, load_models, positive  # noqa: F401 (MARKER)
 
 
 def parse_args(argv=None):

@@ -252,7 +252,7 @@ def load_tuned_lens(model, path: Optional[PathLike] = None) -> TunedLens:
             last = latest_checkpoint(path)
             places += [] if last is None else [last]
         for place in places:
-            if all(f.is_file() for f in _paths(place)):
+            if all(os.path.lexists(f) for f in _paths(place)):  # then `load` names a pipe or a link out
                 return TunedLens.load(place, model)
         raise FileNotFoundError(f"no tuned lens beside {path} (looked for {WEIGHTS} + {META} in "
                                 f"{', '.join(str(p) for p in places)})")

@@ -239,7 +239,10 @@ def _check_attention(hf: dict[str, Any], refuse) -> None:
                "Sprout's heads split the residual stream exactly")
     if hf.get("attention_bias", False):
         refuse("attention_bias=true; Sprout has no biases")
-    types = set(hf.get("layer_types") or ["full_attention"])
+    types = hf.get("layer_types") or ["full_attention"]
+    if not all(isinstance(t, str) for t in types):
+        refuse(f"layer_types is {types!r:.80}; expected a list of strings such as 'full_attention'")
+    types = set(types)
     if hf.get("use_sliding_window", False) or types != {"full_attention"}:
         refuse(f"sliding-window attention (use_sliding_window={hf.get('use_sliding_window')}, "
                f"layer_types {sorted(types)}); Sprout attends to the whole context")

@@ -235,7 +235,7 @@ def read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
     """All tensors of a folder: model.safetensors, or the shards named in model.safetensors.index.json
     (each tensor in the shard its index names, and in no other)."""
     tensors, where = {}, {}
-    for f, names in shard_files(Path(directory)).items():
+    for f, names in sorted(shard_files(Path(directory)).items()):
         try:
             with safe_open(str(f), framework="pt") as sf:
                 keys = list(sf.keys())

@@ -358,9 +358,9 @@ class TokenDataset:
 
     def __init__(self, path: Union[str, Path], context: int):
         self.path, self.context = Path(path), context
-        if not self.path.is_file():
+        if not os.path.lexists(self.path):
             raise ValueError(f"no token file at {self.path}")
-        n = self.path.stat().st_size // 2
+        n = regular_file(self.path, "token file").stat().st_size // 2
         _check_length(n, context, str(self.path))  # also keeps np.memmap off an empty file
         self.data = np.memmap(self.path, dtype=np.uint16, mode="r", shape=(n,))
 
