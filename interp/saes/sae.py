@@ -51,7 +51,7 @@ class SAE(nn.Module):
             Rajamanoharan et al. 2024; Bussmann, Nabeshima et al. 2025).
         k: latents per row, for the TopK kinds (an int in 1..d_sae); None for the others.
         hook_name: the hook point it reads, e.g. "blocks.2.hook_resid_post" (None: not yet known).
-        widths: Matryoshka's nested prefix sizes, increasing to d_sae (default d_sae/8, /4, /2, d_sae).
+        widths: Matryoshka's nested prefix sizes, increasing to d_sae (default d_sae/4, d_sae/2, d_sae).
         bandwidth: JumpReLU's kernel width for the straight-through estimator.
         seed: the initialisation's seed (decoder rows random unit vectors, W_enc = W_dec^T, biases 0).
 

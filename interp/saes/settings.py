@@ -40,7 +40,7 @@ class TrainSettings:
     dead_tokens: Optional[int] = None       # a latent unfired for this many tokens is dead; None: max(10 batches, 100k)
     threshold_lr: float = 0.01              # BatchTopK: the inference threshold's moving-average rate
     bandwidth: float = 0.05                 # JumpReLU: the straight-through kernel's width
-    widths: Optional[tuple] = None          # Matryoshka's prefix sizes; None: d_sae/8, /4, /2, d_sae
+    widths: Optional[tuple] = None          # Matryoshka's prefix sizes; None: d_sae/4, d_sae/2, d_sae
     grad_clip: float = 1.0                  # gradient norm clip; 0 means no clipping
     b_dec_init: str = "geometric_median"    # geometric_median | mean | zeros (of the first batch)
     normalize: bool = True                  # scale inputs to mean norm sqrt(d_in) while training

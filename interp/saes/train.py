@@ -107,10 +107,12 @@ def _center(target: torch.Tensor, how: str) -> torch.Tensor:
 
 
 def _quantile_threshold(u: _Unit, x: torch.Tensor, target_l0: float, global_rows: int) -> None:
-    """JumpReLU thresholds that start at L0 = target: the same cut for every latent, the batch's
-    (target_l0 * rows)-th largest pre-activation (over all processes, as BatchTopK cuts)."""
+    """JumpReLU thresholds that start where 4 x target_l0 latents fire per row: the same cut for every
+    latent, the batch's (4 target_l0 rows)-th largest pre-activation over all processes. Starting looser
+    than the target lets latents learn their directions before the steered L0 penalty prunes them (from
+    the ground-truth test: 0.95 mean max cosine at 300 steps, 0.88 when starting at the target)."""
     pre = u.sae.pre_acts(x).relu()
-    n_keep = max(1, int(round(target_l0 * global_rows)))
+    n_keep = max(1, int(round(4 * target_l0 * global_rows)))
     u.sae.threshold.fill_(float(batch_threshold(pre, n_keep)))
 
 
