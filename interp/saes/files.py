@@ -193,7 +193,10 @@ def _spec(cfg: dict, path: Path) -> dict:
     ours = meta.get("sprout") if isinstance(meta.get("sprout"), dict) else None
     if ours is not None and ours.get("format") != FORMAT:
         raise SAEFileError(f"{path}: field 'metadata.sprout.format' must be {FORMAT!r}, got {ours.get('format')!r}")
-    arch = _field(cfg, "architecture", str, path, default="standard")
+    act_fn = cfg.get("activation_fn", cfg.get("activation_fn_str"))  # SAELens before 6.0 named TopK here
+    arch = _field(cfg, "architecture", str, path, default="topk" if act_fn == "topk" else "standard")
+    if arch == "standard" and act_fn == "topk":
+        arch = "topk"
     spec = {"arch": arch, "ours": ours or {}, "d_in": _pos_int(cfg, "d_in", path), "d_sae": _pos_int(cfg, "d_sae", path),
             "hook_name": _field(cfg, "hook_name", str, path) or _field(cfg, "hook_point", str, path),
             "hook_name_out": _field(cfg, "hook_name_out", str, path),
@@ -235,8 +238,9 @@ def _kind_of(spec: dict, cfg: dict, path: Path) -> None:
     spec.update(transcoder=transcoder, skip=arch.startswith("skip_"), kind=kind, k=k, widths=ours.get("widths"),
                 bandwidth=ours.get("bandwidth") or 0.05, rescale=bool(cfg.get("rescale_acts_by_decoder_norm", False)),
                 d_out=_pos_int(cfg, "d_out", path) if transcoder else spec["d_in"])
-    if not transcoder and kind != "topk" and "activation_fn" in cfg and cfg["activation_fn"] not in ("relu", None):
-        raise SAEFileError(f"{path}: field 'activation_fn' is {cfg['activation_fn']!r}; a {arch} SAE here uses relu")
+    act_fn = cfg.get("activation_fn", cfg.get("activation_fn_str"))
+    if not transcoder and kind != "topk" and act_fn not in ("relu", None):
+        raise SAEFileError(f"{path}: field 'activation_fn' is {act_fn!r}; a {arch} SAE here uses relu")
 
 
 def _build(spec: dict, path: Path) -> SAE:
