@@ -42,7 +42,7 @@ def write(folder, units: list, s: TrainSettings, meta: dict, step: int) -> None:
         for i, u in enumerate(units):
             tensors.update({f"{i}.sae.{n}": t.detach().cpu().contiguous().clone() for n, t in u.sae.state_dict().items()})
             for j, (m, v) in enumerate(zip(u.opt.m, u.opt.v)):
-                tensors[f"{i}.opt.{j}.exp_avg"], tensors[f"{i}.opt.{j}.exp_avg_sq"] = m.clone(), v.clone()
+                tensors[f"{i}.opt.{j}.exp_avg"], tensors[f"{i}.opt.{j}.exp_avg_sq"] = m.contiguous().clone(), v.contiguous().clone()
             tensors[f"{i}.since_fired"] = u.since_fired.clone()
             scalars.append({"scale_in": u.scale_in, "scale_out": u.scale_out, "coef": u.coef, "adam_t": u.opt.t})
         record = {"format": FORMAT, "version": 1, "step": step, "settings": s.to_dict(), **meta, "units": scalars}

@@ -134,7 +134,10 @@ def _read(path: Path, limit: int) -> bytes:
     if st.st_size > limit:
         raise SAEFileError(f"{path} is {st.st_size} bytes, more than an SAE file of this kind holds ({limit})")
     with open(path, "rb") as f:
-        return f.read(limit + 1)
+        data = f.read(st.st_size + 1)
+    if len(data) > limit:
+        raise SAEFileError(f"{path} grew past {limit} bytes while being read")
+    return data
 
 
 def _depth(v, d: int = 0) -> int:

@@ -86,7 +86,7 @@ class SAE(nn.Module):
         g = torch.Generator().manual_seed(int(seed))
         w_dec = torch.randn(self.d_sae, self.d_out, generator=g, dtype=torch.float64)
         w_dec /= w_dec.norm(dim=-1, keepdim=True)
-        w_enc = w_dec.T.clone() if self.tied_init else torch.randn(self.d_in, self.d_sae, generator=g,
+        w_enc = w_dec.T.contiguous() if self.tied_init else torch.randn(self.d_in, self.d_sae, generator=g,
                                                                              dtype=torch.float64) / self.d_in ** 0.5
         self.W_enc = nn.Parameter(w_enc.to(dtype=dtype, device=device))
         self.b_enc = nn.Parameter(torch.zeros(self.d_sae, dtype=dtype, device=device))
