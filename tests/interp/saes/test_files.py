@@ -9,8 +9,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import interp
-from interp.saes.files import SAEFileError, shipped_folder
+from interp.saes.files import SAEFileError
 from interp.saes.kinds import KIND_NAMES
+from interp.saes.shipped import shipped_folder
 from sprout import Sprout
 from tests.conftest import TINY, randomize_gains
 

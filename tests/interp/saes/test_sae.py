@@ -91,7 +91,7 @@ def test_batchtopk_threshold_moves_toward_smallest_kept_latent():
     acts = sae.rule.train_acts(_pre(sae, torch.randn(30, D_IN)), sae, 30)
     smallest = acts[acts > 0].min()
     sae.rule.after_step(acts, sae, 0.25)
-    assert torch.allclose(sae.threshold, torch.full((D_SAE,), 0.25 * float(smallest)))
+    assert torch.allclose(sae.threshold, torch.full((D_SAE,), 0.25 * float(smallest.detach())))
 
 
 def test_matryoshka_loss_is_the_mean_of_its_prefix_losses():
@@ -167,3 +167,12 @@ def test_wrong_width_is_refused_naming_the_hook():
     sae = interp.SAE(D_IN, D_SAE, kind="relu", hook_name="blocks.0.hook_resid_post")
     with pytest.raises(ValueError, match="d_in=12.*blocks.0.hook_resid_post"):
         sae.encode(torch.randn(3, D_IN + 1))
+
+
+@pytest.mark.parametrize("name", ["sae", "train"])
+def test_docstring_examples(name):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(f"interp.saes.{name}"), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
