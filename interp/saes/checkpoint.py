@@ -57,6 +57,13 @@ def write(folder, units: list, s: TrainSettings, meta: dict, step: int) -> None:
         dist.barrier()
 
 
+def refuse_existing(folder) -> None:
+    """A new run does not overwrite another run's checkpoint (as `sprout train` refuses without --resume)."""
+    if (Path(folder) / META).exists():
+        raise FileExistsError(f"{folder} already holds an SAE training checkpoint: pass resume=True to continue it, "
+                              "or use another checkpoint folder")
+
+
 def restore(folder, units: list, s: TrainSettings, meta: dict) -> int:
     """Load the checkpoint in `folder` into `units`; returns its step (0 when there is none yet).
 

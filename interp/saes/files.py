@@ -25,6 +25,7 @@ finite, and, given a model, an SAE for another model (fingerprint), another hook
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 from pathlib import Path
@@ -62,6 +63,17 @@ def architecture(sae: SAE) -> str:
     return _SAE_ARCH[sae.kind]
 
 
+def _plain(v):
+    """JSON's values: NaN and infinities (a run stopped before any step) become null."""
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
 def cfg_dict(sae: SAE) -> dict:
     """The SAE's cfg.json as a dict (SAELens' fields, our record under metadata.sprout)."""
     dtype = str(sae.W_enc.dtype).removeprefix("torch.")
@@ -84,7 +96,7 @@ def cfg_dict(sae: SAE) -> dict:
 def _record(sae: SAE) -> dict:
     rec = {"format": FORMAT, "version": 1, "kind": sae.kind, "k": sae.k, "widths": sae.widths,
            "bandwidth": sae.bandwidth, "transcoder": isinstance(sae, Transcoder), "model_fingerprint": sae.model_fingerprint,
-           "model_config": sae.model_config, "info": sae.info}
+           "model_config": sae.model_config, "info": _plain(sae.info)}
     if isinstance(sae, Transcoder):
         rec.update(skip=sae.skip, layer=sae.layer, input="ln2.hook_normalized: the stream before the MLP divided by "
                    "ln2's scale, before ln2's gain" if (sae.hook_name or "").endswith("ln2.hook_normalized") else None)
@@ -349,10 +361,13 @@ def check_model(sae: SAE, model, source: str = "this SAE") -> None:
 
 def hook_widths(model, hooks: list[str]) -> dict:
     """The last axis of each hook's activation, from a one-token forward that stops after the last layer
-    needed."""
+    needed. A hook that does not fire, or whose activation is not [batch, pos, d], is refused by name."""
     seen: dict = {}
 
     def grab(x, hook):
+        if x.dim() != 3:
+            raise ValueError(f"the activation at {hook.name!r} has shape {list(x.shape)}; dictionaries here read "
+                             "[batch, pos, d] activations (the residual stream, MLP and attention outputs, norms)")
         seen[hook.name] = int(x.shape[-1])
 
     layers = [hook_layer(h) for h in hooks]
@@ -360,4 +375,7 @@ def hook_widths(model, hooks: list[str]) -> dict:
     ids = torch.zeros(1, 1, dtype=torch.long, device=model.cfg.device)
     with torch.inference_mode():
         model.run_with_hooks(ids, fwd_hooks=[(h, grab) for h in hooks], stop_at_layer=stop)
+    missing = [h for h in hooks if h not in seen]
+    if missing:
+        raise ValueError(f"{model_name(model)}'s hook {missing[0]!r} did not fire in a forward: nothing to read there")
     return seen

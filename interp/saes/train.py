@@ -313,6 +313,8 @@ def _run(src, units: list, s: TrainSettings, checkpoint, every, resume, stop_at,
     model = src.model
     meta = {"data": src.fingerprint(), "model": fingerprint(model) if model is not None else None,
             "hooks": [[u.hook_in, u.hook_out] for u in units]}
+    if checkpoint is not None and not resume:
+        ckpt.refuse_existing(checkpoint)
     start = ckpt.restore(checkpoint, units, s, meta) if resume else 0
     end = s.steps if stop_at is None else min(int(stop_at), s.steps)
     if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):

@@ -30,6 +30,8 @@ class BatchTopK(Kind):
         if dist.is_initialized():
             dist.all_reduce(smallest, op=dist.ReduceOp.MIN)
         if torch.isfinite(smallest):
+            if not sae.threshold.any():  # the first update: start at the first batch's value
+                threshold_lr = 1.0
             with torch.no_grad():
                 sae.threshold.mul_(1 - threshold_lr).add_(threshold_lr * smallest.to(sae.threshold.dtype))
 

@@ -88,10 +88,12 @@ def test_batchtopk_threshold_moves_toward_smallest_kept_latent():
     sae = _random("batchtopk")
     with torch.no_grad():
         sae.threshold.zero_()
-    acts = sae.rule.train_acts(_pre(sae, torch.randn(30, D_IN)), sae, 30)
-    smallest = acts[acts > 0].min()
-    sae.rule.after_step(acts, sae, 0.25)
-    assert torch.allclose(sae.threshold, torch.full((D_SAE,), 0.25 * float(smallest.detach())))
+    first, second = (sae.rule.train_acts(_pre(sae, torch.randn(30, D_IN)), sae, 30).detach() for _ in range(2))
+    sae.rule.after_step(first, sae, 0.25)  # the first update starts at the batch's value
+    assert torch.allclose(sae.threshold, torch.full((D_SAE,), float(first[first > 0].min())))
+    sae.rule.after_step(second, sae, 0.25)
+    want = 0.75 * float(first[first > 0].min()) + 0.25 * float(second[second > 0].min())
+    assert torch.allclose(sae.threshold, torch.full((D_SAE,), want))
 
 
 def test_matryoshka_loss_is_the_mean_of_its_prefix_losses():

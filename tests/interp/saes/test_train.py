@@ -78,6 +78,8 @@ def test_resume_equals_uninterrupted(tmp_path, model, ids, kind):
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
     with pytest.raises(ValueError, match="resume.*lr: checkpoint None, now 0.001"):
         interp.train_sae(model, H1, data=ids, checkpoint=tmp_path / "ck", resume=True, **{**run, "lr": 1e-3})
+    with pytest.raises(FileExistsError, match="resume=True"):
+        interp.train_sae(model, H1, data=ids, checkpoint=tmp_path / "ck", **run)
     with pytest.raises(ValueError, match="resume.*data fingerprint"):
         interp.train_sae(model, H1, data=ids[:6], checkpoint=tmp_path / "ck", resume=True, **run)
 
@@ -135,3 +137,5 @@ def test_bad_data_refused(model, ids):
         interp.train_sae(torch.ones(256, 8, dtype=torch.long), kind="topk", k=4, **QUICK)
     with pytest.raises(ValueError, match="layer"):
         interp.train_transcoder(model, ids, 2, kind="topk", k=4, **QUICK)
+    with pytest.raises(ValueError, match="blocks.0.attn.hook_z.*batch, pos, d"):
+        interp.train_sae(model, "blocks.0.attn.hook_z", data=ids, kind="topk", k=4, **QUICK)
