@@ -25,10 +25,10 @@ finite, and, given a model, an SAE for another model (fingerprint), another hook
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 from pathlib import Path
-from typing import Optional
 
 import torch
 from safetensors import SafetensorError
@@ -63,6 +63,17 @@ def architecture(sae: SAE) -> str:
     return _SAE_ARCH[sae.kind]
 
 
+def _plain(v):
+    """JSON's values: NaN and infinities (a run stopped before any step) become null."""
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
 def cfg_dict(sae: SAE) -> dict:
     """The SAE's cfg.json as a dict (SAELens' fields, our record under metadata.sprout)."""
     dtype = str(sae.W_enc.dtype).removeprefix("torch.")
@@ -85,7 +96,7 @@ def cfg_dict(sae: SAE) -> dict:
 def _record(sae: SAE) -> dict:
     rec = {"format": FORMAT, "version": 1, "kind": sae.kind, "k": sae.k, "widths": sae.widths,
            "bandwidth": sae.bandwidth, "transcoder": isinstance(sae, Transcoder), "model_fingerprint": sae.model_fingerprint,
-           "model_config": sae.model_config, "info": sae.info}
+           "model_config": sae.model_config, "info": _plain(sae.info)}
     if isinstance(sae, Transcoder):
         rec.update(skip=sae.skip, layer=sae.layer, input="ln2.hook_normalized: the stream before the MLP divided by "
                    "ln2's scale, before ln2's gain" if (sae.hook_name or "").endswith("ln2.hook_normalized") else None)
@@ -134,7 +145,10 @@ def _read(path: Path, limit: int) -> bytes:
     if st.st_size > limit:
         raise SAEFileError(f"{path} is {st.st_size} bytes, more than an SAE file of this kind holds ({limit})")
     with open(path, "rb") as f:
-        return f.read(limit + 1)
+        data = f.read(st.st_size + 1)
+    if len(data) > limit:
+        raise SAEFileError(f"{path} grew past {limit} bytes while being read")
+    return data
 
 
 def _depth(v, d: int = 0) -> int:
@@ -147,18 +161,22 @@ def _depth(v, d: int = 0) -> int:
     return d
 
 
-def read_cfg(folder: Path) -> dict:
-    path = folder / CFG
+def read_json(path: Path) -> dict:
+    """A JSON object from a regular file of bounded size and nesting (no NaN / Infinity constants)."""
     raw = _read(path, MAX_JSON_BYTES)
     try:
-        cfg = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+        value = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise SAEFileError(f"cannot read {path}: {str(e)[:200]}") from e
-    if not isinstance(cfg, dict):
-        raise SAEFileError(f"{path} must hold a JSON object, got {type(cfg).__name__}")
-    if _depth(cfg) > MAX_DEPTH:
-        raise SAEFileError(f"{path} is nested deeper than {MAX_DEPTH} levels: not an SAE config")
-    return cfg
+    if not isinstance(value, dict):
+        raise SAEFileError(f"{path} must hold a JSON object, got {type(value).__name__}")
+    if _depth(value) > MAX_DEPTH:
+        raise SAEFileError(f"{path} is nested deeper than {MAX_DEPTH} levels: not a file of ours or SAELens'")
+    return value
+
+
+def read_cfg(folder: Path) -> dict:
+    return read_json(Path(folder) / CFG)
 
 
 def _no_constant(name: str):
@@ -189,7 +207,10 @@ def _spec(cfg: dict, path: Path) -> dict:
     ours = meta.get("sprout") if isinstance(meta.get("sprout"), dict) else None
     if ours is not None and ours.get("format") != FORMAT:
         raise SAEFileError(f"{path}: field 'metadata.sprout.format' must be {FORMAT!r}, got {ours.get('format')!r}")
-    arch = _field(cfg, "architecture", str, path, default="standard")
+    act_fn = cfg.get("activation_fn", cfg.get("activation_fn_str"))  # SAELens before 6.0 named TopK here
+    arch = _field(cfg, "architecture", str, path, default="topk" if act_fn == "topk" else "standard")
+    if arch == "standard" and act_fn == "topk":
+        arch = "topk"
     spec = {"arch": arch, "ours": ours or {}, "d_in": _pos_int(cfg, "d_in", path), "d_sae": _pos_int(cfg, "d_sae", path),
             "hook_name": _field(cfg, "hook_name", str, path) or _field(cfg, "hook_point", str, path),
             "hook_name_out": _field(cfg, "hook_name_out", str, path),
@@ -231,8 +252,9 @@ def _kind_of(spec: dict, cfg: dict, path: Path) -> None:
     spec.update(transcoder=transcoder, skip=arch.startswith("skip_"), kind=kind, k=k, widths=ours.get("widths"),
                 bandwidth=ours.get("bandwidth") or 0.05, rescale=bool(cfg.get("rescale_acts_by_decoder_norm", False)),
                 d_out=_pos_int(cfg, "d_out", path) if transcoder else spec["d_in"])
-    if not transcoder and kind != "topk" and "activation_fn" in cfg and cfg["activation_fn"] not in ("relu", None):
-        raise SAEFileError(f"{path}: field 'activation_fn' is {cfg['activation_fn']!r}; a {arch} SAE here uses relu")
+    act_fn = cfg.get("activation_fn", cfg.get("activation_fn_str"))
+    if not transcoder and kind != "topk" and act_fn not in ("relu", None):
+        raise SAEFileError(f"{path}: field 'activation_fn' is {act_fn!r}; a {arch} SAE here uses relu")
 
 
 def _build(spec: dict, path: Path) -> SAE:
@@ -339,10 +361,13 @@ def check_model(sae: SAE, model, source: str = "this SAE") -> None:
 
 def hook_widths(model, hooks: list[str]) -> dict:
     """The last axis of each hook's activation, from a one-token forward that stops after the last layer
-    needed."""
+    needed. A hook that does not fire, or whose activation is not [batch, pos, d], is refused by name."""
     seen: dict = {}
 
     def grab(x, hook):
+        if x.dim() != 3:
+            raise ValueError(f"the activation at {hook.name!r} has shape {list(x.shape)}; dictionaries here read "
+                             "[batch, pos, d] activations (the residual stream, MLP and attention outputs, norms)")
         seen[hook.name] = int(x.shape[-1])
 
     layers = [hook_layer(h) for h in hooks]
@@ -350,50 +375,7 @@ def hook_widths(model, hooks: list[str]) -> dict:
     ids = torch.zeros(1, 1, dtype=torch.long, device=model.cfg.device)
     with torch.inference_mode():
         model.run_with_hooks(ids, fwd_hooks=[(h, grab) for h in hooks], stop_at_layer=stop)
+    missing = [h for h in hooks if h not in seen]
+    if missing:
+        raise ValueError(f"{model_name(model)}'s hook {missing[0]!r} did not fire in a forward: nothing to read there")
     return seen
-
-
-def shipped_folder(root, hook: Optional[str] = None, layer: Optional[int] = None) -> Path:
-    """Where a demo ships its dictionaries: `<root>/saes/<hook>/` for an SAE, `<root>/saes/transcoder-<layer>/`
-    for the transcoder of block `layer` (root: the demo's folder, e.g. sprout/demo/gpt-4)."""
-    if (hook is None) == (layer is None):
-        raise ValueError("give one of hook= (an SAE) or layer= (a transcoder)")
-    return Path(root) / "saes" / (hook if hook is not None else f"transcoder-{int(layer)}")
-
-
-def _find(model, root, name_of, what: str, expect: type) -> SAE:
-    from sprout.checkpoint import demo_dir
-
-    roots = [Path(root)] if root is not None else sorted(p for p in demo_dir().iterdir() if p.is_dir())
-    mine = fingerprint(model)
-    for r in roots:
-        folder = name_of(r)
-        if (folder / CFG).is_file() and is_ours(folder):
-            fp = json.loads((folder / CFG).read_text())["metadata"]["sprout"].get("model_fingerprint")
-            if fp == mine:
-                return load(folder, model=model, expect=expect)
-    where = root if root is not None else f"{demo_dir()}/*"
-    raise FileNotFoundError(f"no shipped {what} for this {model_name(model)} (fingerprint {mine}) in {where}: none of "
-                            f"the folders {name_of(Path(str(where)))} matches; train one with interp.train_sae / "
-                            "interp.train_transcoder")
-
-
-def load_sae(model, hook: str, root=None) -> SAE:
-    """The SAE shipped for this model (found by its weights' fingerprint) at hook point `hook`.
-
-    Looks in every demo folder (or in `root`, a demo-like folder) for `saes/<hook>/`.
-
-    Raises:
-        FileNotFoundError: none shipped for these weights at this hook (the message says where it looked).
-    """
-    if not isinstance(hook, str):
-        raise TypeError(f"hook must be a hook name such as 'blocks.0.hook_resid_post', got {hook!r}")
-    require_hooks(model, [hook])
-    return _find(model, root, lambda r: shipped_folder(r, hook=hook), f"SAE at {hook!r}", SAE)
-
-
-def load_transcoder(model, layer: int, root=None) -> Transcoder:
-    """The transcoder shipped for this model's MLP in block `layer` (`saes/transcoder-<layer>/`)."""
-    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < int(model.cfg.n_layers):
-        raise ValueError(f"layer must be a block of {model_name(model)} (0..{int(model.cfg.n_layers) - 1}), got {layer!r}")
-    return _find(model, root, lambda r: shipped_folder(r, layer=layer), f"transcoder for layer {layer}", Transcoder)

@@ -51,7 +51,7 @@ class SAE(nn.Module):
             Rajamanoharan et al. 2024; Bussmann, Nabeshima et al. 2025).
         k: latents per row, for the TopK kinds (an int in 1..d_sae); None for the others.
         hook_name: the hook point it reads, e.g. "blocks.2.hook_resid_post" (None: not yet known).
-        widths: Matryoshka's nested prefix sizes, increasing to d_sae (default d_sae/8, /4, /2, d_sae).
+        widths: Matryoshka's nested prefix sizes, increasing to d_sae (default d_sae/4, d_sae/2, d_sae).
         bandwidth: JumpReLU's kernel width for the straight-through estimator.
         seed: the initialisation's seed (decoder rows random unit vectors, W_enc = W_dec^T, biases 0).
 
@@ -86,7 +86,7 @@ class SAE(nn.Module):
         g = torch.Generator().manual_seed(int(seed))
         w_dec = torch.randn(self.d_sae, self.d_out, generator=g, dtype=torch.float64)
         w_dec /= w_dec.norm(dim=-1, keepdim=True)
-        w_enc = w_dec.T.clone() if self.tied_init else torch.randn(self.d_in, self.d_sae, generator=g,
+        w_enc = w_dec.T.contiguous() if self.tied_init else torch.randn(self.d_in, self.d_sae, generator=g,
                                                                              dtype=torch.float64) / self.d_in ** 0.5
         self.W_enc = nn.Parameter(w_enc.to(dtype=dtype, device=device))
         self.b_enc = nn.Parameter(torch.zeros(self.d_sae, dtype=dtype, device=device))

@@ -1,0 +1,59 @@
+"""The dictionaries shipped with the demo models, found by the weights' fingerprint (as `load_tuned_lens`
+finds a demo's tuned lens): `sprout/demo/<name>/saes/<hook>/` for an SAE, `.../saes/transcoder-<layer>/`
+for the transcoder of block `layer`, each a folder of `files`' layout."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+from .._model import model_name, require_hooks
+from ..tuned_lens import fingerprint
+from .files import CFG, is_ours, load
+from .sae import SAE, Transcoder
+
+
+def shipped_folder(root, hook: Optional[str] = None, layer: Optional[int] = None) -> Path:
+    """Where a demo ships its dictionaries: `<root>/saes/<hook>/` for an SAE, `<root>/saes/transcoder-<layer>/`
+    for the transcoder of block `layer` (root: the demo's folder, e.g. sprout/demo/gpt-4)."""
+    if (hook is None) == (layer is None):
+        raise ValueError("give one of hook= (an SAE) or layer= (a transcoder)")
+    return Path(root) / "saes" / (hook if hook is not None else f"transcoder-{int(layer)}")
+
+
+def _find(model, root, name_of, what: str, expect: type) -> SAE:
+    from sprout.checkpoint import demo_dir
+
+    roots = [Path(root)] if root is not None else sorted(p for p in demo_dir().iterdir() if p.is_dir())
+    mine = fingerprint(model)
+    for r in roots:
+        folder = name_of(r)
+        if (folder / CFG).is_file() and is_ours(folder):
+            fp = json.loads((folder / CFG).read_text())["metadata"]["sprout"].get("model_fingerprint")
+            if fp == mine:
+                return load(folder, model=model, expect=expect)
+    where = root if root is not None else f"{demo_dir()}/*"
+    raise FileNotFoundError(f"no shipped {what} for this {model_name(model)} (fingerprint {mine}) in {where}: none of "
+                            f"the folders {name_of(Path(str(where)))} matches; train one with interp.train_sae / "
+                            "interp.train_transcoder")
+
+
+def load_sae(model, hook: str, root=None) -> SAE:
+    """The SAE shipped for this model (found by its weights' fingerprint) at hook point `hook`.
+
+    Looks in every demo folder (or in `root`, a demo-like folder) for `saes/<hook>/`.
+
+    Raises:
+        FileNotFoundError: none shipped for these weights at this hook (the message says where it looked).
+    """
+    if not isinstance(hook, str):
+        raise TypeError(f"hook must be a hook name such as 'blocks.0.hook_resid_post', got {hook!r}")
+    require_hooks(model, [hook])
+    return _find(model, root, lambda r: shipped_folder(r, hook=hook), f"SAE at {hook!r}", SAE)
+
+
+def load_transcoder(model, layer: int, root=None) -> Transcoder:
+    """The transcoder shipped for this model's MLP in block `layer` (`saes/transcoder-<layer>/`)."""
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < int(model.cfg.n_layers):
+        raise ValueError(f"layer must be a block of {model_name(model)} (0..{int(model.cfg.n_layers) - 1}), got {layer!r}")
+    return _find(model, root, lambda r: shipped_folder(r, layer=layer), f"transcoder for layer {layer}", Transcoder)
