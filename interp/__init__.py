@@ -19,7 +19,7 @@ from .path_patching import path_patch
 from .phase import icl_score, phase_heads, phase_measures, phase_table
 from .residual import LogHistogram, residual_rms
 from .rope import rope_distance_check
-from .saes import SAE, Transcoder, load_sae, load_transcoder, run_with_saes, sae_metrics, spliced
+from .saes import SAE, Transcoder, load_sae, load_transcoder, run_with_saes, sae_metrics, spliced, train_sae, train_transcoder
 from .texts import HELD_OUT_SEED, held_out_stories
 from .tuned_lens import TunedLens, lens_comparison, load_tuned_lens, tuned_lens
 from .tuned_lens_train import train_tuned_lens
@@ -32,6 +32,6 @@ __all__ = [
     "ov_copying_scores", "param_table", "patch", "patch_tensor", "path_patch", "pattern_tensor", "phase_heads", "phase_measures",
     "phase_table", "positional_qk_scores", "repeat_loss", "repeated_tokens", "residual_rms", "rope_distance_check",
     "SAE", "SITES", "story_names", "Transcoder", "load_sae",
-    "load_transcoder", "target_mask", "train_tuned_lens", "tuned_lens", "TunedLens",
+    "load_transcoder", "train_sae", "train_transcoder", "target_mask", "train_tuned_lens", "tuned_lens", "TunedLens",
     "run_with_saes", "sae_metrics", "spliced",
 ]

@@ -147,18 +147,22 @@ def _depth(v, d: int = 0) -> int:
     return d
 
 
-def read_cfg(folder: Path) -> dict:
-    path = folder / CFG
+def read_json(path: Path) -> dict:
+    """A JSON object from a regular file of bounded size and nesting (no NaN / Infinity constants)."""
     raw = _read(path, MAX_JSON_BYTES)
     try:
-        cfg = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+        value = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise SAEFileError(f"cannot read {path}: {str(e)[:200]}") from e
-    if not isinstance(cfg, dict):
-        raise SAEFileError(f"{path} must hold a JSON object, got {type(cfg).__name__}")
-    if _depth(cfg) > MAX_DEPTH:
-        raise SAEFileError(f"{path} is nested deeper than {MAX_DEPTH} levels: not an SAE config")
-    return cfg
+    if not isinstance(value, dict):
+        raise SAEFileError(f"{path} must hold a JSON object, got {type(value).__name__}")
+    if _depth(value) > MAX_DEPTH:
+        raise SAEFileError(f"{path} is nested deeper than {MAX_DEPTH} levels: not a file of ours or SAELens'")
+    return value
+
+
+def read_cfg(folder: Path) -> dict:
+    return read_json(Path(folder) / CFG)
 
 
 def _no_constant(name: str):

@@ -98,8 +98,8 @@ class BatchTopK(Kind):
     def after_step(self, acts, sae, threshold_lr):
         """threshold <- (1 - lr) threshold + lr * (the smallest positive latent of the batch, over all
         processes): the running estimate of the cut BatchTopK makes, used alone at inference."""
-        pos = acts.detach()[acts.detach() > 0]
-        smallest = pos.min() if pos.numel() else acts.new_tensor(float("inf"))
+        a = acts.detach()
+        smallest = torch.where(a > 0, a, torch.full_like(a, float("inf"))).min()
         if dist.is_initialized():
             dist.all_reduce(smallest, op=dist.ReduceOp.MIN)
         if torch.isfinite(smallest):
@@ -132,11 +132,11 @@ class Matryoshka(BatchTopK):
     def reconstruction(self, target, acts, sae, extra):
         """The mean over prefixes m of |x - (acts[:, :m] @ W_dec[:m] + b_dec)|^2 (the last prefix is every
         latent: the plain BatchTopK loss)."""
-        base = sae.b_dec if extra is None else sae.b_dec + extra
-        total = 0.0
+        out = (sae.b_dec if extra is None else sae.b_dec + extra) - target  # minus the residual so far
+        total, start = 0.0, 0
         for m in self.widths:
-            out = acts[:, :m] @ sae.W_dec[:m] + base
-            total = total + (out - target).pow(2).sum(-1)
+            out = out + acts[:, start:m] @ sae.W_dec[start:m]
+            total, start = total + out.pow(2).sum(-1), m
         return total / len(self.widths)
 
 
