@@ -13,12 +13,20 @@ from __future__ import annotations
 
 import html
 import os
+import random
 import re
 import sys
+from pathlib import Path
+
+import torch
 
 import figures.features as ff
 import interp
+import interp.saes.features as interp_features
+import sprout
 from interp.saes.features import feature_report
+from sprout.synthetic import generate_story
+from sprout.tokenizer import raw
 
 from .common import held_out_text, model_dir, number, standalone
 
@@ -144,11 +152,108 @@ def run(models, out, args) -> list[dict]:
     return rows
 
 
+# --- the README's Features section: three gpt-4 latents, each checked by clamping it ------------------
+
+BEGIN, END = "<!-- features -->", "<!-- /features -->"
+README_MODEL, N_STORIES, CLAMP_CHARS = "gpt-4", 60, 6_000
+
+
+def name_pieces(model, n_stories: int = N_STORIES, seed: int = 1):
+    """(rows, masks) of generated held-out stories: True on the later pieces (2nd token on) of a name's
+    repeated occurrences, the tokens the chapter's induction circuit predicts."""
+    tok = raw(model.tokenizer)
+    rows, masks = [], []
+    for i in range(n_stories):
+        story = generate_story(random.Random(f"features-{seed}-{i}"))
+        enc = tok.encode(story, add_special_tokens=False)
+        n = min(len(enc.ids), int(model.cfg.n_ctx))
+        mask = torch.zeros(n, dtype=torch.bool)
+        for spans in interp.story_names(story).values():
+            for start, end in spans[1:]:
+                toks = [t for t in range(n) if enc.offsets[t][0] < end and enc.offsets[t][1] > start]
+                mask[toks[1:]] = True
+        rows.append(torch.tensor(enc.ids[:n]))
+        masks.append(mask)
+    return rows, masks
+
+
+def _token_latents(model, sae, text: str, n: int) -> list[tuple[int, str]]:
+    """Latents whose top examples nearly all peak on one token (>= 80%), with that token, most selective first."""
+    rep = feature_report(model, sae, text, n_show=60, n_examples=10)
+    peaks = rep.contexts[rep.contexts.offset == 0]
+    found, seen = [], set()
+    for j, g in peaks.groupby("latent"):
+        top, share = g.token_str.value_counts().index[0], g.token_str.value_counts(normalize=True).iloc[0]
+        if share >= 0.8 and len(g) >= 8 and top.strip() and top not in seen:
+            found.append((int(j), top))
+            seen.add(top)
+    return found[:n]
+
+
+def _clamp_line(model, sae, latent: int, text: str) -> dict:
+    eff = interp_features.clamp_effect(model, sae, latent, text, k=10)
+    up, down = eff[eff.direction == "top"], eff[eff.direction == "bottom"]
+    return dict(value=float(eff.value.iloc[0]), promotes=", ".join(f"`{t!r}`" for t in up.token_str[:4]),
+                suppresses=", ".join(f"`{t!r}`" for t in down.token_str[:4]),
+                up=float(up.delta_logprob.mean()), down=float(down.delta_logprob.mean()),
+                confirmed=bool(up.delta_logprob.mean() > 0 > down.delta_logprob.mean()))
+
+
+def readme_section(model) -> str:
+    """The Markdown between the README's features markers, computed from the shipped dictionaries."""
+    n = int(model.cfg.n_layers)
+    text = interp.held_out_stories(CLAMP_CHARS, seed=interp.HELD_OUT_SEED + 2)
+    rows, masks = name_pieces(model)
+    tc = interp.load_transcoder(model, n - 1)
+    sel = interp_features.latent_selectivity(model, tc, rows, masks)
+    best = sel[sel.fire_on >= 0.3].iloc[0]
+    picks = [(f"MLP {n - 1} transcoder", tc, int(best.latent),
+              f"the later pieces of repeated invented names ({best.fire_on:.0%} of them; {best.fire_off:.1%} of other "
+              f"tokens; {best.precision:.0%} of the tokens it fires on are such pieces)")]
+    sae = interp.load_sae(model, f"blocks.{n - 1}.hook_resid_post")
+    for j, token in _token_latents(model, sae, text, 2):
+        sel = interp_features.latent_selectivity(model, sae, rows, [r == model.to_single_token(token) for r in rows]) \
+            if _single(model, token) else None
+        on = "" if sel is None else (f" ({float(sel.set_index('latent').fire_on[j]):.0%} of them; "
+                                     f"{float(sel.set_index('latent').fire_off[j]):.1%} of other tokens)")
+        picks.append((f"resid_post {n - 1} SAE", sae, j, f"the token `{token!r}`{on}"))
+    lines = ["| dictionary | latent | fires on | promotes (logit effect) | suppresses | clamped to | "
+             "mean Δ log p, 10 most promoted / suppressed | as its logit effects say |", "|---|---|---|---|---|---|---|---|"]
+    for label, d, j, fires in picks:
+        c = _clamp_line(model, d, j, text)
+        lines.append(f"| {label} | {j} | {fires} | {c['promotes']} | {c['suppresses']} | {c['value']:.2f} | "
+                     f"{c['up']:+.2f} / {c['down']:+.2f} | {'yes' if c['confirmed'] else 'no'} |")
+    return "\n".join(lines)
+
+
+def _single(model, token: str) -> bool:
+    try:
+        model.to_single_token(token)
+        return True
+    except ValueError:
+        return False
+
+
+def replace_section(readme: str, section: str) -> str:
+    if BEGIN not in readme or END not in readme:
+        raise ValueError(f"the README has no {BEGIN} ... {END} block")
+    return re.sub(re.escape(BEGIN) + r"\n.*?\n?" + re.escape(END), lambda _: f"{BEGIN}\n{section}\n{END}", readme, flags=re.S)
+
+
+def readme(path: str, threads: int = 1) -> int:
+    torch.set_num_threads(threads)
+    section = readme_section(sprout.load(README_MODEL).eval())
+    print(section)
+    p = Path(path)
+    p.write_text(replace_section(p.read_text(encoding="utf-8"), section), encoding="utf-8")
+    print(f"rewrote the features section in {p}", file=sys.stderr)
+    return 0
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--readme" in argv:
-        from .feature_readme import main as readme
-        return readme(argv)
+        return readme(argv[argv.index("--readme") + 1])
     return standalone(sys.modules[__name__], argv)
 
 
