@@ -174,12 +174,14 @@ def report(name: str, s: dict, tr: dict, hv: dict, peer: dict) -> str:
     lines = [f"{name}, {s['hook']}: TopK d_sae {s['d_sae']}, k {s['k']}, batch {s['batch']}, {s['steps']} steps, lr {s['lr']}; "
              f"{torch.get_num_threads()} threads, {time.strftime('%Y-%m-%d %H:%M')}", "",
              "| what | tokens/s | CPU tokens/s | ratio (wall / CPU) | target | met |", "| --- | ---: | ---: | ---: | --- | --- |",
-             f"| FLOP floor of a training step (5 matmuls of B x d x d_sae) | {tr['floor']:,.0f} | {tr['floor_cpu']:,.0f} | 1.00x | reference | |",
+             f"| FLOP floor of a training step (5 matmuls of B x d x d_sae) | {tr['floor']:,.0f} | {tr['floor_cpu']:,.0f} "
+             "| 1.00x | reference | |",
              f"| `interp.train_sae` on a tensor, whole run | {tr['ours']:,.0f} | {tr['ours_cpu']:,.0f} | {t_ratio:.2f} / {t_cpu:.2f} | "
              f">= {TARGETS['train']:.0%} of the floor | {ok(min(t_ratio, t_cpu) >= TARGETS['train'])} |",
              f"| bare forward, `stop_at_layer` | {hv['bare']:,.0f} | {hv['bare_cpu']:,.0f} | 1.00x | reference | |",
              f"| activation harvesting (train_sae's model source) | {hv['ours']:,.0f} | {hv['ours_cpu']:,.0f} | "
-             f"{h_ratio:.2f} / {h_cpu:.2f} | >= {TARGETS['harvest']:.0%} of the bare forward | {ok(min(h_ratio, h_cpu) >= TARGETS['harvest'])} |",
+             f"{h_ratio:.2f} / {h_cpu:.2f} | >= {TARGETS['harvest']:.0%} of the bare forward | "
+             f"{ok(min(h_ratio, h_cpu) >= TARGETS['harvest'])} |",
              ""]
     if "missing" in peer:
         lines.append(f"SAELens: not compared ({peer['missing']}).")
