@@ -10,6 +10,7 @@
     checkpoint.py  a run's checkpoint, to resume
     metrics.py  reconstruction, sparsity and the spliced model's loss
     splice.py   dictionaries spliced into the forward, their latents as hook points
+    features.py what latents fire on and write: top contexts, histograms, logit effects, clamping
 """
 from .metrics import sae_metrics
 from .sae import SAE, Transcoder

@@ -243,3 +243,38 @@ def clamp_effect(model, sae, latent: int, data: TextOrTokens, value: Optional[fl
             n += ids.numel()
     return effects.assign(value=float(value), delta_logprob=(delta / n).numpy(),
                           kind="transcoder" if is_transcoder(sae) else "sae")
+
+
+def latent_selectivity(model, sae, rows: Sequence[torch.Tensor], masks: Sequence[torch.Tensor]) -> pd.DataFrame:
+    """How much more each latent fires on the marked tokens than on the rest.
+
+    Args:
+        rows: token ids, one 1-D tensor per sequence (each within the model's context).
+        masks: one boolean tensor per row, True on the tokens of interest (e.g. the later pieces of names).
+
+    Returns:
+        One row per latent: `latent`, `fire_on` / `fire_off` (fraction of marked / other tokens it fires
+        on), `mean_on` / `mean_off` (its mean activation there), `precision` (of the tokens it fires on,
+        the fraction marked), sorted by `precision` then `fire_on`.
+    """
+    (sae,) = _as_list([sae])
+    if len(rows) != len(masks) or any(len(r) != len(m) for r, m in zip(rows, masks)):
+        raise ValueError("rows and masks must pair up, one mask as long as each row")
+    on_n = off_n = 0
+    sums = {k: torch.zeros(sae.d_sae, dtype=torch.float64) for k in ("fire_on", "fire_off", "mean_on", "mean_off")}
+    with torch.inference_mode():
+        for ids, mask in zip(rows, masks):
+            acts = _acts(model, sae, ids[None].to(model.cfg.device))[0].cpu().double()
+            mask = torch.as_tensor(mask, dtype=torch.bool)
+            for side, sel in (("on", mask), ("off", ~mask)):
+                sums[f"fire_{side}"] += (acts[sel] > 0).sum(0)
+                sums[f"mean_{side}"] += acts[sel].sum(0)
+            on_n, off_n = on_n + int(mask.sum()), off_n + int((~mask).sum())
+    if on_n == 0:
+        raise ValueError("no token is marked: nothing to compare")
+    fired = sums["fire_on"] + sums["fire_off"]
+    out = pd.DataFrame(dict(latent=range(sae.d_sae), fire_on=(sums["fire_on"] / on_n).numpy(),
+                            fire_off=(sums["fire_off"] / max(off_n, 1)).numpy(), mean_on=(sums["mean_on"] / on_n).numpy(),
+                            mean_off=(sums["mean_off"] / max(off_n, 1)).numpy(),
+                            precision=torch.where(fired > 0, sums["fire_on"] / fired.clamp_min(1), 0).numpy()))
+    return out.sort_values(["precision", "fire_on"], ascending=False).reset_index(drop=True)
