@@ -162,16 +162,17 @@ RECIPES: dict[str, Recipe] = {
 }
 
 # The same models on real English (docs/training-notes.md, "Real English"): the public-domain texts of
-# `sprout.training.english` with 15% invented-name stories, a shorter pure curriculum first (the induction
-# head forms in it), then a fifth curriculum; about 90 minutes each on 2 cores.
-_ENGLISH = replace(_DEMO, data="english", story_fraction=0.15, curriculum_steps=600, repeat_fraction=0.2,
-                   max_steps=8000, warmup_steps=100, eval_every=100)
+# `sprout.training.english` with 15% invented-name stories; the pure curriculum first (the induction heads
+# formed near step 550 in the stories demos), then a fifth curriculum; 7,000 steps of batch 32 (29M tokens,
+# about 8 passes over the text), about 75 minutes each on 2 cores at the stories demos' speed.
+_ENGLISH = replace(_DEMO, data="english", story_fraction=0.15, curriculum_steps=800, repeat_fraction=0.2,
+                   max_steps=7000, warmup_steps=100, eval_every=100)
 RECIPES.update({
     "gpt-1-english": replace(_ENGLISH, n_layer=1),
     "gpt-4-english": replace(_ENGLISH, n_layer=4, snapshots=True),
-    "sprout-mini-english": replace(_ENGLISH, n_layer=8, n_head=4, d_model=128, d_ff=352, max_steps=6000),
-    # the walkthrough's character GPT on Shakespeare's characters, as the walkthrough trains it
-    "walkthrough-shakespeare": replace(RECIPES["walkthrough"], data="english:shakespeare", max_steps=4000,
+    "sprout-mini-english": replace(_ENGLISH, n_layer=8, n_head=4, d_model=128, d_ff=352),
+    # the walkthrough's character GPT on Shakespeare's characters, as the walkthrough trains it (1.4 s a step)
+    "walkthrough-shakespeare": replace(RECIPES["walkthrough"], data="english:shakespeare", max_steps=3500,
                                        repeat_fraction=0.25),
 })
 
