@@ -136,18 +136,24 @@ def attribution_scatter(frame: pd.DataFrame, title: str = "Attribution patching 
 
 def phase_change(frame: pd.DataFrame, title: str = "The induction phase change") -> go.Figure:
     """Measures against training tokens, one line each (previous-token score, induction score,
-    K-composition, in-context-learning score), from the experiment's snapshot table (`tokens`,
-    `measure`, `value`)."""
+    K-composition, in-context-learning score; control pairs' K-composition thin and grey), from the
+    experiment's snapshot table (`tokens`, `measure`, `value`). Percentile measures are left to the table."""
     require(frame, ["tokens", "measure", "value"], "phase_change")
     fig = go.Figure()
-    for i, (measure, rows) in enumerate(frame.groupby("measure", sort=False)):
+    shown = frame[~frame["measure"].str.endswith("percentile")]
+    colour = 0
+    for measure, rows in shown.groupby("measure", sort=False):
         rows = rows.sort_values("tokens")
-        icl = measure.startswith("in-context")
-        fig.add_trace(go.Scatter(x=rows["tokens"], y=rows["value"], name=measure, mode="lines+markers",
-                                 yaxis="y2" if icl else "y", line=dict(color=PALETTE[i % len(PALETTE)], dash="dash" if icl else None)))
-    fig.update_layout(**base_layout(title, "measured on each saved snapshot", width=900, height=460,
-                                    legend=dict(x=1.1, xanchor="left")))
-    fig.update_layout(yaxis=dict(title=dict(text="score")),
-                      yaxis2=dict(title=dict(text="ICL score (nats)"), overlaying="y", side="right", showgrid=False))
+        icl, control = measure.startswith("in-context"), measure.startswith("control")
+        line = dict(color="#aaaaaa", width=1) if control else dict(color=PALETTE[colour % len(PALETTE)], dash="dash" if icl else None)
+        colour += not control
+        fig.add_trace(go.Scatter(x=rows["tokens"], y=rows["value"], name=measure, mode="lines" if control else "lines+markers",
+                                 yaxis="y2" if icl else "y", line=line, legendgroup="control" if control else measure))
+    fig.update_layout(**base_layout(title, "measured on each saved snapshot", width=1000, height=560,
+                                    legend=dict(orientation="h", x=0, y=-0.18, xanchor="left", yanchor="top")))
+    fig.update_layout(margin=dict(r=90, b=170),
+                      yaxis=dict(title=dict(text="score (K-composition: x random)")),
+                      yaxis2=dict(title=dict(text="ICL score (nats)", standoff=8), overlaying="y", side="right",
+                                  showgrid=False, tickfont=dict(size=12), automargin=True))
     fig.update_xaxes(title=dict(text="training tokens seen"))
     return fig

@@ -18,6 +18,12 @@ doing the same job are redundant: noising one of three previous-token heads leav
 intact, so each carries a small share alone (gpt-4's L1H2 and L2H2 each move a few percent of the
 key path), yet they stand far above every other head. The shares of different senders can add to
 more than 1 (they overlap) or less (the rest goes through MLPs, the embedding and other paths).
+
+Joint effects name what single shares miss (`interp.joint`): per induction head and input, the
+smallest set of senders whose joint patch carries `joint_threshold` (default 80%) of what all
+earlier heads carry together, found by greedy forward selection, and each member's marginal share
+(the joint share lost when it alone leaves the set). A backup head that carries nothing alone, because
+the others still deliver its signal, shows up there with a marginal share of its own.
 """
 from __future__ import annotations
 
@@ -34,6 +40,7 @@ from ._model import n_heads, require_hooks
 from .ablation import ablate_heads
 from .composition import composition_scores
 from .heads import head_scores, repeated_tokens, target_mask
+from .joint import GREEDY_COLUMNS, greedy_feeders
 from .path_patching import VIA, path_patch
 
 
@@ -95,7 +102,7 @@ def find_induction_heads(model, min_score: float = 0.3) -> pd.DataFrame:
 
 
 def induction_circuit(model, data=None, min_score: float = 0.3, min_share: float = 0.02, relative: float = 0.25,
-                      stories=True) -> tuple[pd.DataFrame, str]:
+                      stories=True, joint_threshold: float = 0.8) -> tuple[pd.DataFrame, str]:
     """For each induction head, the earlier heads feeding its queries, keys and values.
 
     Args:
@@ -107,11 +114,16 @@ def induction_circuit(model, data=None, min_score: float = 0.3, min_share: float
             and at least `relative` times the largest share into that input.
         stories: also measure on held-out name stories (needs a tokenizer): True (8 stories of up to 128
             tokens), False, or (clean, corrupted) story ids [batch, pos] from `story_pair`.
+        joint_threshold: the joint set of an input grows (greedy forward selection, on the repeated
+            tokens) until it carries this fraction of all earlier heads' joint share.
 
     Returns:
         (frame, summary). The frame has one row per (receiver, sender, via): `receiver`,
         `induction_score`, `sender`, `via`, `share_repeated`, `share_stories` (NaN without stories),
-        `composition`, `baseline`, `ablation_delta` (loss rise when the sender is zeroed), `feeds`.
+        `composition`, `baseline`, `ablation_delta` (loss rise when the sender is zeroed), `feeds`,
+        `joint_order` (1, 2, ... for members of the input's joint set, in the order chosen; 0 otherwise),
+        `marginal_share` (NaN for non-members), and per (receiver, via) `joint_share`, `all_share`
+        (every earlier head together) and `joint_ablation_delta` (loss rise with the whole set zeroed).
         The summary names, per induction head and input, the feeding heads with their numbers.
 
     Example:
@@ -126,11 +138,46 @@ def induction_circuit(model, data=None, min_score: float = 0.3, min_share: float
     frame = _add_weights_and_ablation(model, _edge_rows(model, inductions, pair, story))
     best = frame.groupby(["receiver", "via"])["share_repeated"].transform("max")
     frame["feeds"] = (frame["share_repeated"] >= min_share) & (frame["share_repeated"] >= relative * best)
-    return frame[COLUMNS], summarize(frame)
+    frame = add_joint(model, frame, pair, joint_threshold)
+    return frame[COLUMNS], summarize(frame, joint_threshold)
 
 
 COLUMNS = ["receiver", "induction_score", "sender", "via", "share_repeated", "share_stories", "composition",
-           "baseline", "ablation_delta", "feeds"]
+           "baseline", "ablation_delta", "feeds", "joint_order", "marginal_share", "joint_share", "all_share",
+           "joint_ablation_delta"]
+
+
+def joint_sets(model, receivers: list[str], pair, threshold: float = 0.8) -> pd.DataFrame:
+    """`greedy_feeders` for every receiver and input on one (clean, corrupted) pair, stacked."""
+    clean, corrupted = pair
+    metric = induction_metric(clean)
+    frames = [greedy_feeders(model, clean, corrupted, metric, r, via, threshold=threshold) for r in receivers for via in VIA]
+    frames = [f for f in frames if len(f)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=GREEDY_COLUMNS)
+
+
+def add_joint(model, frame: pd.DataFrame, pair, threshold: float) -> pd.DataFrame:
+    """The joint-set columns of `induction_circuit`'s frame, measured on `pair`."""
+    joint = joint_sets(model, list(dict.fromkeys(frame["receiver"])), pair, threshold)
+    members = joint.set_index(["receiver", "via", "sender"])
+    key = list(zip(frame["receiver"], frame["via"], frame["sender"]))
+    frame["joint_order"] = [int(members["order"].get(k, 0)) for k in key]
+    frame["marginal_share"] = [float(members["marginal_share"].get(k, float("nan"))) for k in key]
+    groups = joint.groupby(["receiver", "via"])
+    half = min(24, int(model.cfg.n_ctx) // 2)
+    ablation = {g: _joint_ablation(model, list(rows["sender"]), half) for g, rows in groups}
+    per_group = groups[["joint_share", "all_share"]].first()
+    pairs = list(zip(frame["receiver"], frame["via"]))
+    frame["joint_share"] = [float(per_group["joint_share"].get(k, float("nan"))) for k in pairs]
+    frame["all_share"] = [float(per_group["all_share"].get(k, float("nan"))) for k in pairs]
+    frame["joint_ablation_delta"] = [ablation.get(k, float("nan")) for k in pairs]
+    return frame
+
+
+def _joint_ablation(model, senders: list[str], half_len: int) -> float:
+    heads = [tuple(int(x) for x in s[1:].split("H")) for s in senders]
+    rows = ablate_heads(model, heads, together=True, n_seqs=4, half_len=half_len)
+    return float(rows["delta"].iloc[-1])
 
 
 def _edge_rows(model, inductions: pd.DataFrame, pair, story) -> pd.DataFrame:
@@ -165,8 +212,9 @@ def _add_weights_and_ablation(model, frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def summarize(frame: pd.DataFrame) -> str:
-    """A few lines: per induction head and input, the heads that feed it with share, composition and ablation."""
+def summarize(frame: pd.DataFrame, threshold: float = 0.8) -> str:
+    """A few lines: per induction head and input, the heads that feed it with share, composition and
+    ablation, then the input's joint set with its members' marginal shares."""
     lines = []
     for receiver, rows in frame.groupby("receiver", sort=False):
         lines.append(f"{receiver} (induction score {rows['induction_score'].iloc[0]:.2f})")
@@ -174,7 +222,21 @@ def summarize(frame: pd.DataFrame) -> str:
             fed = rows[(rows["via"] == via) & rows["feeds"]].sort_values("share_repeated", ascending=False)
             parts = [f"{r.sender} ({_edge_numbers(r)})" for r in fed.itertuples()]
             lines.append(f"  {name}: " + ("; ".join(parts) if parts else "no single head above the threshold"))
+            lines.append(_joint_line(rows[rows["via"] == via], threshold))
     return "\n".join(lines)
+
+
+def _joint_line(rows: pd.DataFrame, threshold: float) -> str:
+    members = rows[rows["joint_order"] > 0].sort_values("joint_order")
+    if members.empty:
+        return "    jointly: the earlier heads together carry no share"
+    first = members.iloc[0]
+    names = " + ".join(members["sender"])
+    marginal = ", ".join(f"{r.sender} {r.marginal_share:+.2f}" for r in members.itertuples())
+    verb = "carries" if len(members) == 1 else "carry"
+    return (f"    jointly: {names} {verb} {first.joint_share:.2f} (all earlier heads together {first.all_share:.2f}; "
+            f"greedy forward selection to {threshold:.0%} of that); marginal shares {marginal}; "
+            f"ablating the set +{first.joint_ablation_delta:.2f} nats")
 
 
 def _edge_numbers(r) -> str:
