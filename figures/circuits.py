@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from .style import PALETTE, SCALE, base_layout, require
+from .style import MAX_WIDTH, PALETTE, SCALE, base_layout, cell_text, require
 
 VIA_COLOURS = {"k": PALETTE[1], "q": PALETTE[0], "v": PALETTE[2]}
 VIA_NAMES = {"k": "keys", "q": "queries", "v": "values"}
@@ -30,13 +30,15 @@ def composition_heatmap(frame: pd.DataFrame, title: str = "Composition scores") 
     kind = frame["kind"].iloc[0] if "kind" in frame.columns else ""
     fig = go.Figure(go.Heatmap(
         z=shown.to_numpy(), x=receivers, y=senders, colorscale=SCALE, zmin=base, zmax=max(top, base * 1.01),
-        text=grid.round(2).to_numpy(), texttemplate="%{text}", customdata=(grid / base).round(1).to_numpy(),
-        colorbar=dict(title=dict(text="score"), tickvals=[base, top], ticktext=[f"random {base:.2f}", f"{top:.2f}"]),
+        text=cell_text(grid.to_numpy()), texttemplate="%{text}", customdata=(grid / base).round(1).to_numpy(),
+        colorbar=dict(title=dict(text="score"), tickvals=[base, top], ticktext=[f"random {base:.2f}", f"{top:.2f}"],
+                      x=1.0, xanchor="left", xpad=8),
         hovertemplate="%{y} -> %{x}<br>score %{text}<br>%{customdata}x the random baseline<extra></extra>",
     ))
     fig.update_layout(**base_layout(title, f"{kind.upper()}-composition, sender (row) into a later receiver (column); "
                                            f"blank: not above the random baseline {base:.3f}",
-                                    width=160 + 46 * len(receivers), height=200 + 30 * len(senders)))
+                                    width=min(MAX_WIDTH, 260 + 46 * len(receivers)), height=200 + 30 * len(senders),
+                                    margin=dict(l=70, r=150)))
     fig.update_yaxes(autorange="reversed", title=dict(text="sender"))
     fig.update_xaxes(title=dict(text="receiver"))
     return fig
@@ -51,13 +53,13 @@ def path_patching_matrix(frame: pd.DataFrame, value: str = "share_repeated", tit
     senders = _order(df["sender"])
     grid = df.pivot(index="sender", columns="column", values=value).reindex(index=senders, columns=columns)
     fig = go.Figure(go.Heatmap(
-        z=grid.to_numpy(), x=columns, y=senders, colorscale="RdBu", zmid=0, text=grid.round(3).to_numpy(),
+        z=grid.to_numpy(), x=columns, y=senders, colorscale="RdBu", zmid=0, text=cell_text(grid.to_numpy(), "{:.3f}"),
         texttemplate="%{text}", colorbar=dict(title=dict(text="share")),
         hovertemplate="%{y} -> %{x}<br>share of the corruption's effect %{text}<extra></extra>",
     ))
     fig.update_layout(**base_layout(title, "each sender noised on the path into one input of one induction head only "
                                            "(share of the whole corruption's effect)",
-                                    width=220 + 70 * len(columns), height=200 + 26 * len(senders)))
+                                    width=min(MAX_WIDTH, max(560, 220 + 70 * len(columns))), height=200 + 26 * len(senders)))
     fig.update_yaxes(autorange="reversed", title=dict(text="sender"))
     return fig
 
@@ -83,9 +85,11 @@ def dla_bars(frame: pd.DataFrame, seq: int = 0, pos: int = -1, top: int = 12, ti
 
 def circuit_graph(frame: pd.DataFrame, title: str = "Induction circuit") -> go.Figure:
     """Heads as nodes (x = layer, y = head), every feeding edge of `interp.induction_circuit` as a line
-    whose width is its share on repeated tokens, coloured by the input it enters."""
+    whose width is its share on repeated tokens, coloured by the input it enters; members of an input's
+    joint set that do not feed it alone (a `joint_order` column) are dashed, width = marginal share."""
     require(frame, ["sender", "receiver", "via", "share_repeated", "feeds"], "circuit_graph")
-    edges = frame[frame["feeds"]]
+    joint = frame["joint_order"] > 0 if "joint_order" in frame.columns else False
+    edges = frame[frame["feeds"] | joint]
     nodes = _order(list(frame["sender"]) + list(frame["receiver"]))
     where = {n: (int(n[1:].split("H")[0]), -int(n.split("H")[1])) for n in nodes}
     fig = go.Figure()
@@ -93,22 +97,29 @@ def circuit_graph(frame: pd.DataFrame, title: str = "Induction circuit") -> go.F
     for via in ("q", "k", "v"):
         for r in edges[edges["via"] == via].itertuples():
             (x0, y0), (x1, y1) = where[r.sender], where[r.receiver]
+            backup = not r.feeds
+            share = getattr(r, "marginal_share", r.share_repeated) if backup else r.share_repeated
             fig.add_trace(go.Scatter(
                 x=[x0, (x0 + x1) / 2, x1], y=[y0, (y0 + y1) / 2 + offsets[via], y1], mode="lines",
-                line=dict(color=VIA_COLOURS[via], width=1 + 10 * min(abs(r.share_repeated), 1.0)), name=VIA_NAMES[via],
-                legendgroup=via, showlegend=False, hovertemplate=f"{r.sender} -> {r.receiver} ({VIA_NAMES[via]})<br>"
-                                                                 f"share {r.share_repeated:.3f}<extra></extra>"))
+                line=dict(color=VIA_COLOURS[via], width=1 + 10 * min(abs(share), 1.0), dash="dash" if backup else None),
+                name=VIA_NAMES[via], legendgroup=via, showlegend=False,
+                hovertemplate=f"{r.sender} -> {r.receiver} ({VIA_NAMES[via]})<br>share {r.share_repeated:.3f}"
+                              + (f", marginal in the joint set {share:.3f}" if backup else "") + "<extra></extra>"))
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", line=dict(color=VIA_COLOURS[via], width=4),
                                  name=f"into {VIA_NAMES[via]}", legendgroup=via))
     receivers = set(frame["receiver"])
     fig.add_trace(go.Scatter(
-        x=[where[n][0] for n in nodes], y=[where[n][1] for n in nodes], mode="markers+text", text=nodes,
-        textposition="top center", showlegend=False, hovertemplate="%{text}<extra></extra>",
+        x=[where[n][0] for n in nodes], y=[where[n][1] for n in nodes], mode="markers", text=nodes,
+        showlegend=False, hovertemplate="%{text}<extra></extra>",
         marker=dict(size=[22 if n in receivers else 14 for n in nodes],
                     color=[PALETTE[3] if n in receivers else "#bbbbbb" for n in nodes]),
     ))
+    # labels as annotations on a white box: drawn above every edge, so no edge crosses a label
+    fig.layout.annotations = [dict(x=where[n][0], y=where[n][1], text=n, showarrow=False, yshift=17, bgcolor="white",
+                                   borderpad=1, font=dict(size=11)) for n in nodes]
     fig.update_layout(**base_layout(title, "nodes: heads (purple: induction heads); edges: path-patching share, "
-                                           "width proportional", width=820, height=460))
+                                           "width proportional; dashed: in the joint set only (width: marginal share)",
+                                    width=820, height=460))
     fig.update_xaxes(title=dict(text="layer"), dtick=1)
     fig.update_yaxes(title=dict(text="head"), tickvals=sorted({y for _, y in where.values()}),
                      ticktext=[str(-y) for y in sorted({y for _, y in where.values()})])
