@@ -78,10 +78,11 @@ def _circuit(model, label, out, args) -> list[dict]:
 
 
 def circuit_spread(model, n_seqs: int, story_len: int):
-    """The spread the page and the README state: three seeds at four lengths and three sets of stories,
-    for the best induction head; the greedy sets draw from the 9 earlier heads with the largest own shares
-    (every earlier head of a 4-layer, 3-head model)."""
-    return interp.circuit_spread(model, n_seqs=n_seqs, n_stories=n_seqs, story_len=story_len, max_receivers=1,
+    """The spread the page and the README state: two seeds at four lengths (2x16 ... 2x64) and two sets of
+    stories, for the best induction head; the greedy sets draw from the 9 earlier heads with the largest own
+    shares (every earlier head of a 4-layer, 3-head model)."""
+    return interp.circuit_spread(model, seeds=(0, 1), half_lens=(16, 32, 48, 64), story_seeds=(1000, 2000),
+                                 n_seqs=n_seqs, n_stories=n_seqs, story_len=story_len, max_receivers=1,
                                  max_candidates=SPREAD_CANDIDATES)
 
 

@@ -20,25 +20,33 @@ def _order(labels) -> list[str]:
 
 def composition_heatmap(frame: pd.DataFrame, title: str = "Composition scores") -> go.Figure:
     """Senders (rows) x receivers (columns) of `interp.composition_scores`; the colour bar marks the random
-    baseline, and cells at or below it are left blank."""
+    baseline and the median of the model's own pairs (the baseline that discriminates), cells at or below
+    the random baseline are left blank, and hovering shows each score's percentile among the model's pairs."""
     require(frame, ["sender", "receiver", "score", "baseline"], "composition_heatmap")
     senders, receivers = _order(frame["sender"]), _order(frame["receiver"])
     grid = frame.pivot(index="sender", columns="receiver", values="score").reindex(index=senders, columns=receivers)
-    base = float(frame["baseline"].iloc[0])
+    pct = (frame.pivot(index="sender", columns="receiver", values="percentile").reindex(index=senders, columns=receivers)
+           if "percentile" in frame.columns else grid * float("nan"))
+    base, median = float(frame["baseline"].iloc[0]), float(frame["score"].median())
     shown = grid.where(grid > base)
     top = float(frame["score"].max())
     kind = frame["kind"].iloc[0] if "kind" in frame.columns else ""
+    ticks = sorted({round(base, 3): f"random {base:.2f}", round(median, 3): f"median pair {median:.2f}",
+                    round(top, 3): f"{top:.2f}"}.items())
     fig = go.Figure(go.Heatmap(
         z=shown.to_numpy(), x=receivers, y=senders, colorscale=SCALE, zmin=base, zmax=max(top, base * 1.01),
-        text=cell_text(grid.to_numpy()), texttemplate="%{text}", customdata=(grid / base).round(1).to_numpy(),
-        colorbar=dict(title=dict(text="score"), tickvals=[base, top], ticktext=[f"random {base:.2f}", f"{top:.2f}"],
+        text=cell_text(grid.to_numpy()), texttemplate="%{text}",
+        customdata=[[f"{g / base:.1f}x the random baseline; {p:.0f}th percentile of the model's pairs" if g == g else ""
+                     for g, p in zip(gr, pr)] for gr, pr in zip(grid.to_numpy(), pct.to_numpy())],
+        colorbar=dict(title=dict(text="score"), tickvals=[t for t, _ in ticks], ticktext=[n for _, n in ticks],
                       x=1.0, xanchor="left", xpad=8),
-        hovertemplate="%{y} -> %{x}<br>score %{text}<br>%{customdata}x the random baseline<extra></extra>",
+        hovertemplate="%{y} -> %{x}<br>score %{text}<br>%{customdata}<extra></extra>",
     ))
     fig.update_layout(**base_layout(title, f"{kind.upper()}-composition, sender (row) into a later receiver (column); "
-                                           f"blank: not above the random baseline {base:.3f}",
-                                    width=min(MAX_WIDTH, 260 + 46 * len(receivers)), height=200 + 30 * len(senders),
-                                    margin=dict(l=70, r=150)))
+                                           f"blank: not above the random baseline {base:.3f}; the model's median pair "
+                                           f"scores {median:.3f}",
+                                    width=min(MAX_WIDTH, 300 + 46 * len(receivers)), height=200 + 30 * len(senders),
+                                    margin=dict(l=70, r=170)))
     fig.update_yaxes(autorange="reversed", title=dict(text="sender"))
     fig.update_xaxes(title=dict(text="receiver"))
     return fig

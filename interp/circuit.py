@@ -9,7 +9,8 @@ each one, every head of an earlier layer is a candidate sender, measured three w
   probability of the next token at the positions an induction head can predict (the query's token
   and the one before it occurred earlier, and the token that followed comes next);
   `share` = effect / (corrupted - clean metric): the part of the whole corruption this one edge carries.
-- composition score (`composition_scores`) against its random baseline;
+- composition score (`composition_scores`) against its random baseline and its percentile among all
+  the model's composing pairs (the baseline that discriminates: trained pairs mostly beat random ones);
 - ablation (`ablate_heads`, zero): how much the loss on repeated tokens rises without the sender.
 
 A sender `feeds` a receiver through an input when its share on repeated random tokens is at least
@@ -120,7 +121,8 @@ def induction_circuit(model, data=None, min_score: float = 0.3, min_share: float
     Returns:
         (frame, summary). The frame has one row per (receiver, sender, via): `receiver`,
         `induction_score`, `sender`, `via`, `share_repeated`, `share_stories` (NaN without stories),
-        `composition`, `baseline`, `ablation_delta` (loss rise when the sender is zeroed), `feeds`,
+        `composition`, `baseline`, `composition_percentile` (among all the model's composing pairs),
+        `ablation_delta` (loss rise when the sender is zeroed), `feeds`,
         `joint_order` (1, 2, ... for members of the input's joint set, in the order chosen; 0 otherwise),
         `marginal_share` (NaN for non-members), and per (receiver, via) `joint_share`, `all_share`
         (every earlier head together) and `joint_ablation_delta` (loss rise with the whole set zeroed).
@@ -143,7 +145,7 @@ def induction_circuit(model, data=None, min_score: float = 0.3, min_share: float
 
 
 COLUMNS = ["receiver", "induction_score", "sender", "via", "share_repeated", "share_stories", "composition",
-           "baseline", "ablation_delta", "feeds", "joint_order", "marginal_share", "joint_share", "all_share",
+           "baseline", "composition_percentile", "ablation_delta", "feeds", "joint_order", "marginal_share", "joint_share", "all_share",
            "joint_ablation_delta"]
 
 
@@ -200,11 +202,12 @@ def _add_weights_and_ablation(model, frame: pd.DataFrame) -> pd.DataFrame:
             c = composition_scores(model, via)
         except ValueError:  # no weight properties: the composition columns stay empty
             continue
-        comps.append(c.assign(via=via)[["sender", "receiver", "via", "score", "baseline"]])
+        comps.append(c.assign(via=via)[["sender", "receiver", "via", "score", "baseline", "percentile"]])
     if comps:
-        frame = frame.merge(pd.concat(comps).rename(columns={"score": "composition"}), on=["sender", "receiver", "via"], how="left")
+        comps = pd.concat(comps).rename(columns={"score": "composition", "percentile": "composition_percentile"})
+        frame = frame.merge(comps, on=["sender", "receiver", "via"], how="left")
     else:
-        frame["composition"], frame["baseline"] = float("nan"), float("nan")
+        frame["composition"], frame["baseline"], frame["composition_percentile"] = (float("nan"),) * 3
     senders = sorted({tuple(int(x) for x in s[1:].split("H")) for s in frame["sender"]})
     ablation = ablate_heads(model, senders, together=False, n_seqs=4, half_len=min(24, int(model.cfg.n_ctx) // 2))
     per_head = {r.label: r.delta for r in ablation.itertuples() if r.label in set(frame["sender"])}
@@ -244,5 +247,6 @@ def _edge_numbers(r) -> str:
     if pd.notna(r.share_stories):
         text += f", {r.share_stories:.2f} on stories"
     if pd.notna(r.composition):
-        text += f", composition {r.composition:.2f} vs {r.baseline:.2f} random"
+        text += (f", composition {r.composition:.2f} ({r.composition_percentile:.0f}th percentile of the model's pairs; "
+                 f"random {r.baseline:.2f})")
     return text + f", ablation +{r.ablation_delta:.2f} nats"

@@ -133,7 +133,7 @@ def composition_scores(model, kind: str = "k", baseline_samples: int = 64) -> pd
     frame["baseline"], frame["baseline_std"] = mean, std
     frame["ratio"] = frame["score"] / mean
     frame["z"] = (frame["score"] - mean) / std
-    frame["percentile"] = 100 * frame["score"].rank(method="max") / len(frame)
+    frame["percentile"] = 100 * frame["score"].rank(method="max") / frame["score"].notna().sum()  # NaN: a head writing nothing
     frame["control_percentile"] = control_percentiles(scores, frame["score"])
     return frame
 
@@ -145,11 +145,13 @@ def control_percentiles(scores: torch.Tensor, values: pd.Series) -> list[float]:
     layer = torch.arange(L)[:, None].expand(L, H)
     cannot = layer.reshape(L, H, 1, 1) >= layer.reshape(1, 1, L, H)
     cannot &= ~torch.eye(L * H, dtype=torch.bool).reshape(L, H, L, H)
-    control = scores[cannot].sort().values
+    control = scores[cannot]
+    control = control[~control.isnan()].sort().values
     if control.numel() == 0:
         return [float("nan")] * len(values)
-    at_most = torch.searchsorted(control, torch.tensor(values.to_numpy(), dtype=control.dtype), right=True)
-    return (100 * at_most.double() / control.numel()).tolist()
+    v = torch.tensor(values.to_numpy(), dtype=control.dtype)
+    at_most = torch.searchsorted(control, v, right=True)
+    return torch.where(v.isnan(), float("nan"), 100 * at_most.double() / control.numel()).tolist()
 
 
 @torch.no_grad()
