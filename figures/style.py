@@ -111,8 +111,8 @@ def base_layout(title: str, subtitle: str = "", **extra) -> dict:
         subtitle = wrap(subtitle, int(usable / SUBTITLE_CHAR_W)) if subtitle else subtitle
         lines = title.count("<br>") + 1
         sub = (subtitle.count("<br>") + 1) if subtitle else 0
-        margin = dict(extra.get("margin") or {})
-        margin = margin if isinstance(margin, dict) else margin.to_plotly_json()
+        margin = extra.get("margin") or {}
+        margin = dict(margin if isinstance(margin, dict) else margin.to_plotly_json())
         top = int(margin.get("t") or 100)
         margin["t"] = max(top, 36 + 24 * lines + 17 * sub)
         if extra.get("height"):  # the plot area keeps its height
