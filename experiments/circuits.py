@@ -58,9 +58,14 @@ def _circuit(model, label, out, args) -> list[dict]:
     repeated, stories = _pairs(model, args.n_seqs, args.story_len)
     frame, summary = interp.induction_circuit(model, data=repeated, stories=stories)
     out.table(frame, f"circuit_{label}")
-    (out.dir / f"circuit_{label}.txt").write_text(summary + "\n", encoding="utf-8")
+    spread = circuit_spread(model, n_seqs=args.n_seqs, story_len=args.story_len)
+    out.table(spread, f"circuit_spread_{label}")
+    sentences = interp.spread_sentences(spread)
+    (out.dir / f"circuit_{label}.txt").write_text(summary + "\n\n" + sentences + "\n", encoding="utf-8")
+    print(f"{label}:\n{sentences}")
     if args.readme:
         write_readme(Path(args.readme), label, summary)
+        write_readme(Path(args.readme), f"spread:{label}", sentences)
     if frame.empty:
         return [number("induction circuit", summary, None, label)]
     out.figure(figures.path_patching_matrix(frame, title=f"Path patching into the induction heads, {label}"),
@@ -71,6 +76,31 @@ def _circuit(model, label, out, args) -> list[dict]:
     for (receiver, via), g in frame[frame["feeds"]].groupby(["receiver", "via"]):
         names = ", ".join(f"{r.sender} ({r.share_repeated:.2f})" for r in g.sort_values("share_repeated", ascending=False).itertuples())
         rows.append(number(f"{receiver}'s {figures.circuits.VIA_NAMES[via]} fed by (share)", names, None, label))
+    return rows + _spread_numbers(spread, label)
+
+
+def circuit_spread(model, n_seqs: int, story_len: int):
+    """The spread the page and the README state: two seeds at four lengths (2x16 ... 2x64) and two sets of
+    stories, for the best induction head; the greedy sets draw from the 9 earlier heads with the largest own
+    shares (every earlier head of a 4-layer, 3-head model)."""
+    return interp.circuit_spread(model, seeds=(0, 1), half_lens=(16, 32, 48, 64), story_seeds=(1000, 2000),
+                                 n_seqs=n_seqs, n_stories=n_seqs, story_len=story_len, max_receivers=1,
+                                 max_candidates=SPREAD_CANDIDATES)
+
+
+SPREAD_CANDIDATES = 9
+
+
+def _spread_numbers(spread: pd.DataFrame, label: str) -> list[dict]:
+    if spread.empty:
+        return []
+    rows = []
+    ranges = interp.spread_ranges(spread)
+    n = int(ranges["settings"].iloc[0])
+    for (receiver, via), g in ranges.groupby(["receiver", "via"], sort=False):
+        always = ", ".join(g[g["in_joint_set"] == n]["sender"]) or "none"
+        rows.append(number(f"{receiver}'s {figures.circuits.VIA_NAMES[via]}: joint set at all {n} settings (its share)",
+                           f"{always} ({g['joint_min'].iloc[0]:.2f}-{g['joint_max'].iloc[0]:.2f})", None, label))
     return rows
 
 
@@ -125,6 +155,30 @@ def _phase(models, out, args) -> list[dict]:
                    f"{label}: the previous-token score, induction score and K-composition of the circuit {pair}, and the "
                    f"in-context score, against training tokens ({note}).")
         rows.append(number("snapshots measured for the phase change", int(table["tokens"].nunique()), None, label, fmt="{:d}"))
+        rows += _phase_numbers(table, label)
+    return rows
+
+
+def _phase_numbers(table: pd.DataFrame, label: str) -> list[dict]:
+    """Where each of the circuit's measures changes most, and whether the snapshots resolve it
+    (`interp.phase_change`'s criterion), and the in-context score's sign after the induction change."""
+    rows = []
+    for measure in table["measure"].unique():
+        if measure.startswith("control") or measure.endswith("percentile"):
+            continue
+        change = interp.phase_change(table, measure)
+        rows.append(number(f"{measure}: change", change["text"], None, label))
+    change = interp.phase_change(table, "induction score")
+    icl = table[(table["measure"] == "in-context score (late - early loss)") & (table["tokens"] > (change["end_tokens"] or 0))]
+    if len(icl):
+        rows.append(number("in-context score after the induction change (positions 112-127 minus 8-23)",
+                           f"{icl['value'].min():+.2f} to {icl['value'].max():+.2f} nats; negative at "
+                           f"{int((icl['value'] < 0).sum())} of {len(icl)} snapshots", None, label))
+    controls = table[table["measure"].str.startswith("control") & table["measure"].str.endswith("(x random)")]
+    if len(controls):
+        last = controls[controls["tokens"] == controls["tokens"].max()]
+        rows.append(number("control pairs' K-composition at the last snapshot (x random)",
+                           f"{last['value'].min():.2f}-{last['value'].max():.2f}", None, label))
     return rows
 
 
@@ -135,7 +189,8 @@ PHASE_SOURCE = ("the demo's recipe rerun to step 1,000 (its curriculum phase) wi
 
 def measure_phase(run: Path, snaps: list, limit: int) -> pd.DataFrame:
     """`interp.phase_measures` on up to `limit` evenly spaced snapshots of a run, all following the
-    circuit (`interp.phase_heads`) of its last snapshot: columns `tokens`, `step`, `measure`, `value`, `heads`."""
+    circuit (`interp.phase_heads`) of its last snapshot, with its control pairs (`interp.control_pairs`):
+    columns `tokens`, `step`, `measure`, `value`, `heads`."""
     import sprout
 
     keep = np.unique(np.linspace(0, len(snaps) - 1, min(limit, len(snaps))).round().astype(int))
@@ -145,11 +200,12 @@ def measure_phase(run: Path, snaps: list, limit: int) -> pd.DataFrame:
         heads = interp.phase_heads(sprout.load(snaps[-1][1]))
     except ValueError:  # its best induction head is in the first layer: follow each snapshot's best heads
         heads = None
+    controls = interp.control_pairs(sprout.load(snaps[-1][1]), heads) if heads else None
     measures, steps = {}, {}
     for step, d in (snaps[i] for i in keep):
         model = sprout.load(d)
         tokens = int(round(step * per_step))
-        measures[tokens], steps[tokens] = interp.phase_measures(model, _held_out(model), heads=heads), step
+        measures[tokens], steps[tokens] = interp.phase_measures(model, _held_out(model), heads=heads, controls=controls), step
     table = interp.phase_table(measures)
     table.insert(1, "step", table["tokens"].map(steps))
     table["heads"] = " -> ".join(heads) if heads else "best heads per snapshot"

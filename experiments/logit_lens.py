@@ -44,9 +44,18 @@ def run(models, out, args) -> list[dict]:
                            "59% (Sprout, after block 8 of 8)", label, fmt="{:.0%}"))
         hit = summary.set_index("layer")["frac_next_top1"]
         rows.append(number("next token is top-1 at the output", float(hit[last]), None, label, fmt="{:.0%}"))
-        rows.append(number("layer where the lens is most confident", int(conf.idxmax()), None, label, fmt="{}"))
+        rows.append(number("where the lens is most confident (mean top-1 probability)", confident_at(conf), None, label))
     out.table(pd.concat(summaries, ignore_index=True), "lens_summary")
     return rows
+
+
+def confident_at(conf: pd.Series) -> str:
+    """The layer with the highest mean top-1 probability, named; the embedding is called what it is (its
+    confidence is that of the bigram table the tied embedding reads, not of any block)."""
+    best, last = int(conf.idxmax()), int(conf.index.max())
+    where = ("the embedding (before any block: the tied embedding read as a bigram table)" if best == 0 else
+             f"after block {best}" + (" (the output)" if best == last else ""))
+    return f"{where}, {conf[best]:.0%}"
 
 
 def main(argv=None) -> int:

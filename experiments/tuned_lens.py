@@ -54,11 +54,38 @@ def _numbers(label: str, cmp: pd.DataFrame) -> list[dict]:
     lower = all(by["tuned"].kl_to_final[l] < by["logit"].kl_to_final[l] for l in range(last))
     rows.append(number("tuned lens below the logit lens at every layer before the output", "yes" if lower else "no",
                        None, label))
+    if "unigram" in by:
+        rows.append(number("layers where the tuned lens' next-token CE beats the unigram (a constant), held-out text",
+                           wins(by["tuned"].cross_entropy, by["unigram"].cross_entropy, last), None, label))
+        rows.append(number("layers where the logit lens' next-token CE beats the unigram, held-out text",
+                           wins(by["logit"].cross_entropy, by["unigram"].cross_entropy, last), None, label))
     return rows
 
 
+def wins(a: pd.Series, b: pd.Series, last: int) -> str:
+    """Which layers (0 = the embedding) before the output have a below b, as text."""
+    won = [l for l in range(last) if a[l] < b[l]]
+    if len(won) == last:
+        return f"all {last} (embedding included)"
+    return (", ".join("embedding" if l == 0 else f"block {l}" for l in won) or "none") + f" of {last}"
+
+
+def _repeated(model, lens, label: str) -> tuple[list[dict], pd.DataFrame]:
+    """Where the tuned lens loses to the logit lens: on repeated random tokens (the lens was fitted on
+    stories), per layer."""
+    ids = interp.repeated_tokens(model, half_len=min(32, int(model.cfg.n_ctx) // 2), n_seqs=8, seed=0)
+    cmp = interp.lens_comparison(model, ids, lens)
+    by = {name: g.set_index("layer") for name, g in cmp.groupby("lens")}
+    last = int(cmp.layer.max())
+    rows = [number("layers where the tuned lens is closer to the output (KL) than the logit lens, repeated random tokens",
+                   wins(by["tuned"].kl_to_final, by["logit"].kl_to_final, last), None, label),
+            number("layers where the tuned lens' next-token CE beats the logit lens', repeated random tokens",
+                   wins(by["tuned"].cross_entropy, by["logit"].cross_entropy, last), None, label)]
+    return rows, cmp
+
+
 def run(models, out, args) -> list[dict]:
-    rows, tables = [], []
+    rows, tables, repeated_tables = [], [], []
     for label, model in models.items():
         lens = find_lens(model)
         if lens is None:
@@ -75,27 +102,36 @@ def run(models, out, args) -> list[dict]:
                    f"{label}: KL to the output and next-token cross-entropy per layer, logit vs tuned lens, on held-out text.")
         tables.append(cmp.assign(model=label))
         rows += _numbers(label, cmp)
+        repeated_rows, repeated = _repeated(model, lens, label)
+        rows += repeated_rows
+        repeated_tables.append(repeated.assign(model=label))
         rows.append(number("lens trained for", f"{lens.info.get('steps')} steps, {lens.info.get('data', '?')}", None, label))
     if tables:
         cmp = pd.concat(tables, ignore_index=True)
         out.table(cmp, "comparison")
         (out.dir / "comparison.md").write_text(markdown(cmp) + "\n", encoding="utf-8")
+        repeated = pd.concat(repeated_tables, ignore_index=True)
+        out.table(repeated, "comparison_repeated")
+        (out.dir / "comparison_repeated.md").write_text(markdown(repeated) + "\n", encoding="utf-8")
     return rows
 
 
 def markdown(cmp: pd.DataFrame) -> str:
     """The README's table: per model and layer, held-out KL, cross-entropy and top-1 agreement, logit / tuned."""
     m = cmp.groupby(["model", "lens", "layer"], sort=False)[["kl_to_final", "cross_entropy", "top1_agreement"]].mean()
-    lines = ["| model | layer | KL to output, logit / tuned (nats) | next-token CE, logit / tuned (nats) "
-             "| top-1 = output's, logit / tuned |",
+    uni = "unigram" in set(cmp["lens"])
+    names = "logit / tuned / unigram" if uni else "logit / tuned"
+    lines = [f"| model | layer | KL to output, {names} (nats) | next-token CE, {names} (nats) "
+             f"| top-1 = output's, {names} |",
              "| --- | --- | ---: | ---: | ---: |"]
     for model in cmp.model.unique():
         layers = sorted(cmp[cmp.model == model].layer.unique())
         for layer in layers:
-            a, b = m.loc[(model, "logit", layer)], m.loc[(model, "tuned", layer)]
+            rows = [m.loc[(model, lens, layer)] for lens in (("logit", "tuned", "unigram") if uni else ("logit", "tuned"))]
             where = "embedding" if layer == 0 else (f"after block {layer}" + (" = output" if layer == layers[-1] else ""))
-            lines.append(f"| {model} | {where} | {a.kl_to_final:.2f} / {b.kl_to_final:.2f} | "
-                         f"{a.cross_entropy:.2f} / {b.cross_entropy:.2f} | {a.top1_agreement:.0%} / {b.top1_agreement:.0%} |")
+            cells = [" / ".join(f.format(getattr(r, col)) for r in rows)
+                     for col, f in (("kl_to_final", "{:.2f}"), ("cross_entropy", "{:.2f}"), ("top1_agreement", "{:.0%}"))]
+            lines.append(f"| {model} | {where} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

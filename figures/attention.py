@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .style import FONT_SIZE, LINE_H, SCALE, base_layout, escape_token, label_width, require, short_label
+from .style import FONT_SIZE, LINE_H, MAX_WIDTH, SCALE, base_layout, escape_token, label_width, require, short_label
 
 ATTN_COLUMNS = ["layer", "head", "query_pos", "key_pos", "query_token", "key_token", "weight"]
 
@@ -72,7 +72,7 @@ def attention_heatmap(df: pd.DataFrame, layer: Optional[int] = None, head: Optio
     fig = go.Figure(_heatmap(_pattern(df, n), tokens, f"L{layer}H{head}", True))
     labels = [short_label(t) for t in tokens]
     cell = 22 if n <= 24 else LINE_H + 1  # px per token: at least one line of tick text
-    side = max(int(n * cell), 360)
+    side = min(max(int(n * cell), 360), int(MAX_WIDTH - label_width(labels) - 180))
     fig.update_layout(**base_layout(
         f"{title}: layer {layer}, head {head}",
         "row = the token that looks (query), column = the token it looks at (key); each row sums to 1",
@@ -123,6 +123,7 @@ def attention_grid(df: pd.DataFrame, layer: Optional[int] = None, cols: int = 3,
                          autorange="reversed", tickfont=dict(size=FONT_SIZE - 2), showgrid=False,
                          row=r + 1, col=c + 1)
     panel = max(260, min(n * 10, 480))
+    panel = min(panel, int((MAX_WIDTH - 160) / cols - label_width(labels) - 30))  # the grid fits the page
     fig.update_layout(**base_layout(
         f"{title}: all {len(heads)} heads of layer {layer}",
         "row = query token, column = key token" + (f"; one token in {step} labelled, hover for all" if step > 1 else ""),

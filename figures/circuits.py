@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from .style import PALETTE, SCALE, base_layout, require
+from .style import MAX_WIDTH, PALETTE, SCALE, base_layout, cell_text, require
 
 VIA_COLOURS = {"k": PALETTE[1], "q": PALETTE[0], "v": PALETTE[2]}
 VIA_NAMES = {"k": "keys", "q": "queries", "v": "values"}
@@ -20,23 +20,33 @@ def _order(labels) -> list[str]:
 
 def composition_heatmap(frame: pd.DataFrame, title: str = "Composition scores") -> go.Figure:
     """Senders (rows) x receivers (columns) of `interp.composition_scores`; the colour bar marks the random
-    baseline, and cells at or below it are left blank."""
+    baseline and the median of the model's own pairs (the baseline that discriminates), cells at or below
+    the random baseline are left blank, and hovering shows each score's percentile among the model's pairs."""
     require(frame, ["sender", "receiver", "score", "baseline"], "composition_heatmap")
     senders, receivers = _order(frame["sender"]), _order(frame["receiver"])
     grid = frame.pivot(index="sender", columns="receiver", values="score").reindex(index=senders, columns=receivers)
-    base = float(frame["baseline"].iloc[0])
+    pct = (frame.pivot(index="sender", columns="receiver", values="percentile").reindex(index=senders, columns=receivers)
+           if "percentile" in frame.columns else grid * float("nan"))
+    base, median = float(frame["baseline"].iloc[0]), float(frame["score"].median())
     shown = grid.where(grid > base)
     top = float(frame["score"].max())
     kind = frame["kind"].iloc[0] if "kind" in frame.columns else ""
+    ticks = sorted({round(base, 3): f"random {base:.2f}", round(median, 3): f"median pair {median:.2f}",
+                    round(top, 3): f"{top:.2f}"}.items())
     fig = go.Figure(go.Heatmap(
         z=shown.to_numpy(), x=receivers, y=senders, colorscale=SCALE, zmin=base, zmax=max(top, base * 1.01),
-        text=grid.round(2).to_numpy(), texttemplate="%{text}", customdata=(grid / base).round(1).to_numpy(),
-        colorbar=dict(title=dict(text="score"), tickvals=[base, top], ticktext=[f"random {base:.2f}", f"{top:.2f}"]),
-        hovertemplate="%{y} -> %{x}<br>score %{text}<br>%{customdata}x the random baseline<extra></extra>",
+        text=cell_text(grid.to_numpy()), texttemplate="%{text}",
+        customdata=[[f"{g / base:.1f}x the random baseline; {p:.0f}th percentile of the model's pairs" if g == g else ""
+                     for g, p in zip(gr, pr)] for gr, pr in zip(grid.to_numpy(), pct.to_numpy())],
+        colorbar=dict(title=dict(text="score"), tickvals=[t for t, _ in ticks], ticktext=[n for _, n in ticks],
+                      x=1.0, xanchor="left", xpad=8),
+        hovertemplate="%{y} -> %{x}<br>score %{text}<br>%{customdata}<extra></extra>",
     ))
     fig.update_layout(**base_layout(title, f"{kind.upper()}-composition, sender (row) into a later receiver (column); "
-                                           f"blank: not above the random baseline {base:.3f}",
-                                    width=160 + 46 * len(receivers), height=200 + 30 * len(senders)))
+                                           f"blank: not above the random baseline {base:.3f}; the model's median pair "
+                                           f"scores {median:.3f}",
+                                    width=min(MAX_WIDTH, 300 + 46 * len(receivers)), height=200 + 30 * len(senders),
+                                    margin=dict(l=70, r=170)))
     fig.update_yaxes(autorange="reversed", title=dict(text="sender"))
     fig.update_xaxes(title=dict(text="receiver"))
     return fig
@@ -51,13 +61,13 @@ def path_patching_matrix(frame: pd.DataFrame, value: str = "share_repeated", tit
     senders = _order(df["sender"])
     grid = df.pivot(index="sender", columns="column", values=value).reindex(index=senders, columns=columns)
     fig = go.Figure(go.Heatmap(
-        z=grid.to_numpy(), x=columns, y=senders, colorscale="RdBu", zmid=0, text=grid.round(3).to_numpy(),
+        z=grid.to_numpy(), x=columns, y=senders, colorscale="RdBu", zmid=0, text=cell_text(grid.to_numpy(), "{:.3f}"),
         texttemplate="%{text}", colorbar=dict(title=dict(text="share")),
         hovertemplate="%{y} -> %{x}<br>share of the corruption's effect %{text}<extra></extra>",
     ))
     fig.update_layout(**base_layout(title, "each sender noised on the path into one input of one induction head only "
                                            "(share of the whole corruption's effect)",
-                                    width=220 + 70 * len(columns), height=200 + 26 * len(senders)))
+                                    width=min(MAX_WIDTH, max(560, 220 + 70 * len(columns))), height=200 + 26 * len(senders)))
     fig.update_yaxes(autorange="reversed", title=dict(text="sender"))
     return fig
 
@@ -83,9 +93,11 @@ def dla_bars(frame: pd.DataFrame, seq: int = 0, pos: int = -1, top: int = 12, ti
 
 def circuit_graph(frame: pd.DataFrame, title: str = "Induction circuit") -> go.Figure:
     """Heads as nodes (x = layer, y = head), every feeding edge of `interp.induction_circuit` as a line
-    whose width is its share on repeated tokens, coloured by the input it enters."""
+    whose width is its share on repeated tokens, coloured by the input it enters; members of an input's
+    joint set that do not feed it alone (a `joint_order` column) are dashed, width = marginal share."""
     require(frame, ["sender", "receiver", "via", "share_repeated", "feeds"], "circuit_graph")
-    edges = frame[frame["feeds"]]
+    joint = frame["joint_order"] > 0 if "joint_order" in frame.columns else False
+    edges = frame[frame["feeds"] | joint]
     nodes = _order(list(frame["sender"]) + list(frame["receiver"]))
     where = {n: (int(n[1:].split("H")[0]), -int(n.split("H")[1])) for n in nodes}
     fig = go.Figure()
@@ -93,22 +105,29 @@ def circuit_graph(frame: pd.DataFrame, title: str = "Induction circuit") -> go.F
     for via in ("q", "k", "v"):
         for r in edges[edges["via"] == via].itertuples():
             (x0, y0), (x1, y1) = where[r.sender], where[r.receiver]
+            backup = not r.feeds
+            share = getattr(r, "marginal_share", r.share_repeated) if backup else r.share_repeated
             fig.add_trace(go.Scatter(
                 x=[x0, (x0 + x1) / 2, x1], y=[y0, (y0 + y1) / 2 + offsets[via], y1], mode="lines",
-                line=dict(color=VIA_COLOURS[via], width=1 + 10 * min(abs(r.share_repeated), 1.0)), name=VIA_NAMES[via],
-                legendgroup=via, showlegend=False, hovertemplate=f"{r.sender} -> {r.receiver} ({VIA_NAMES[via]})<br>"
-                                                                 f"share {r.share_repeated:.3f}<extra></extra>"))
+                line=dict(color=VIA_COLOURS[via], width=1 + 10 * min(abs(share), 1.0), dash="dash" if backup else None),
+                name=VIA_NAMES[via], legendgroup=via, showlegend=False,
+                hovertemplate=f"{r.sender} -> {r.receiver} ({VIA_NAMES[via]})<br>share {r.share_repeated:.3f}"
+                              + (f", marginal in the joint set {share:.3f}" if backup else "") + "<extra></extra>"))
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", line=dict(color=VIA_COLOURS[via], width=4),
                                  name=f"into {VIA_NAMES[via]}", legendgroup=via))
     receivers = set(frame["receiver"])
     fig.add_trace(go.Scatter(
-        x=[where[n][0] for n in nodes], y=[where[n][1] for n in nodes], mode="markers+text", text=nodes,
-        textposition="top center", showlegend=False, hovertemplate="%{text}<extra></extra>",
+        x=[where[n][0] for n in nodes], y=[where[n][1] for n in nodes], mode="markers", text=nodes,
+        showlegend=False, hovertemplate="%{text}<extra></extra>",
         marker=dict(size=[22 if n in receivers else 14 for n in nodes],
                     color=[PALETTE[3] if n in receivers else "#bbbbbb" for n in nodes]),
     ))
+    # labels as annotations on a white box: drawn above every edge, so no edge crosses a label
+    fig.layout.annotations = [dict(x=where[n][0], y=where[n][1], text=n, showarrow=False, yshift=17, bgcolor="white",
+                                   borderpad=1, font=dict(size=11)) for n in nodes]
     fig.update_layout(**base_layout(title, "nodes: heads (purple: induction heads); edges: path-patching share, "
-                                           "width proportional", width=820, height=460))
+                                           "width proportional; dashed: in the joint set only (width: marginal share)",
+                                    width=820, height=460))
     fig.update_xaxes(title=dict(text="layer"), dtick=1)
     fig.update_yaxes(title=dict(text="head"), tickvals=sorted({y for _, y in where.values()}),
                      ticktext=[str(-y) for y in sorted({y for _, y in where.values()})])
@@ -136,18 +155,24 @@ def attribution_scatter(frame: pd.DataFrame, title: str = "Attribution patching 
 
 def phase_change(frame: pd.DataFrame, title: str = "The induction phase change") -> go.Figure:
     """Measures against training tokens, one line each (previous-token score, induction score,
-    K-composition, in-context-learning score), from the experiment's snapshot table (`tokens`,
-    `measure`, `value`)."""
+    K-composition, in-context-learning score; control pairs' K-composition thin and grey), from the
+    experiment's snapshot table (`tokens`, `measure`, `value`). Percentile measures are left to the table."""
     require(frame, ["tokens", "measure", "value"], "phase_change")
     fig = go.Figure()
-    for i, (measure, rows) in enumerate(frame.groupby("measure", sort=False)):
+    shown = frame[~frame["measure"].str.endswith("percentile")]
+    colour = 0
+    for measure, rows in shown.groupby("measure", sort=False):
         rows = rows.sort_values("tokens")
-        icl = measure.startswith("in-context")
-        fig.add_trace(go.Scatter(x=rows["tokens"], y=rows["value"], name=measure, mode="lines+markers",
-                                 yaxis="y2" if icl else "y", line=dict(color=PALETTE[i % len(PALETTE)], dash="dash" if icl else None)))
-    fig.update_layout(**base_layout(title, "measured on each saved snapshot", width=900, height=460,
-                                    legend=dict(x=1.1, xanchor="left")))
-    fig.update_layout(yaxis=dict(title=dict(text="score")),
-                      yaxis2=dict(title=dict(text="ICL score (nats)"), overlaying="y", side="right", showgrid=False))
+        icl, control = measure.startswith("in-context"), measure.startswith("control")
+        line = dict(color="#aaaaaa", width=1) if control else dict(color=PALETTE[colour % len(PALETTE)], dash="dash" if icl else None)
+        colour += not control
+        fig.add_trace(go.Scatter(x=rows["tokens"], y=rows["value"], name=measure, mode="lines" if control else "lines+markers",
+                                 yaxis="y2" if icl else "y", line=line, legendgroup="control" if control else measure))
+    fig.update_layout(**base_layout(title, "measured on each saved snapshot", width=1000, height=560,
+                                    legend=dict(orientation="h", x=0, y=-0.18, xanchor="left", yanchor="top")))
+    fig.update_layout(margin=dict(r=90, b=170),
+                      yaxis=dict(title=dict(text="score (K-composition: x random)")),
+                      yaxis2=dict(title=dict(text="ICL score (nats)", standoff=8), overlaying="y", side="right",
+                                  showgrid=False, tickfont=dict(size=12), automargin=True))
     fig.update_xaxes(title=dict(text="training tokens seen"))
     return fig

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from .style import FONT_SIZE, LINE_H, SCALE, base_layout, escape_token, label_width, require, short_label
+from .style import FONT_SIZE, LINE_H, MAX_WIDTH, SCALE, base_layout, escape_token, label_width, require, short_label
 
 LENS_COLUMNS = ["layer", "pos", "token", "next_token", "top_tokens", "top_probs"]
 CELL_CHARS = 6  # characters of the top-1 token shown inside a cell
@@ -103,6 +103,11 @@ def logit_lens_grid(df: pd.DataFrame, title: str = "Logit lens", seq=None) -> go
     cell_w = max(label_width(list(text.ravel()) + inputs) + 10, 28)
     cell_h = max(LINE_H + 12, 26)
     left = label_width(names) + 20
+    fit = (MAX_WIDTH - left - 140) / n_cols  # the whole grid fits the page: narrower cells, never a cut panel
+    if cell_w > fit:
+        cell_w = max(fit, 4.0)
+        if cell_w < label_width(list(text.ravel())) + 6:  # the tokens no longer fit their cells: hover shows them
+            fig.data[0].texttemplate = ""
     fig.update_layout(**base_layout(
         f"{title}: the top-1 prediction read from the residual stream after each block",
         "colour = probability of the top-1 token; framed = it is the actual next token; hover for the top "

@@ -19,6 +19,8 @@ FONT_SIZE = 11  # tick labels and cell text, in px
 CHAR_W = 0.62 * FONT_SIZE  # width of one character in px (a conservative average for sans-serif)
 LINE_H = 1.35 * FONT_SIZE  # height of one line of text in px
 MAX_LABEL = 8  # token labels are cut to this many characters (plus an ellipsis)
+MAX_WIDTH = 1360  # px: every figure fits a 1400 px window (the index page's column, less its padding)
+MAX_TITLE = 110  # characters per title line: longer titles are cut off by narrow figures
 
 _VISIBLE = {" ": "·", "\n": "⏎", "\t": "⇥", "\r": "␍"}
 
@@ -82,9 +84,41 @@ def require(df: pd.DataFrame, columns: Sequence[str], what: str) -> None:
         raise ValueError(f"{what}: the DataFrame is empty; there is nothing to plot")
 
 
+def wrap(text: str, limit: int) -> str:
+    """Break `text` at spaces into lines of at most `limit` characters, joined by <br>."""
+    lines, line = [], ""
+    for word in text.split(" "):
+        if line and len(line) + 1 + len(html.unescape(word)) > limit:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    return "<br>".join(lines + [line])
+
+
+TITLE_CHAR_W, SUBTITLE_CHAR_W = 9.6, 7.2  # px per character of the title (17 px) and its <sup> line
+
+
 def base_layout(title: str, subtitle: str = "", **extra) -> dict:
-    """Title (with an optional smaller second line), white template and readable fonts."""
-    text = f"{title}<br><sup>{subtitle}</sup>" if subtitle else title
+    """Title (with an optional smaller second line), white template and readable fonts.
+
+    With a `width`, the title and subtitle are wrapped to fit it (never cut off at the figure's edge) and
+    the top margin grows with their lines."""
+    width = extra.get("width")
+    if width:
+        usable = max(int(width) - 40, 200)
+        title = wrap(title, min(MAX_TITLE, int(usable / TITLE_CHAR_W)))
+        subtitle = wrap(subtitle, int(usable / SUBTITLE_CHAR_W)) if subtitle else subtitle
+        lines = title.count("<br>") + 1
+        sub = (subtitle.count("<br>") + 1) if subtitle else 0
+        margin = extra.get("margin") or {}
+        margin = dict(margin if isinstance(margin, dict) else margin.to_plotly_json())
+        top = int(margin.get("t") or 100)
+        margin["t"] = max(top, 36 + 24 * lines + 17 * sub)
+        if extra.get("height"):  # the plot area keeps its height
+            extra["height"] = int(extra["height"]) + margin["t"] - top
+        extra["margin"] = margin
+    text = title + "".join(f"<br><sup>{line}</sup>" for line in subtitle.split("<br>")) if subtitle else title
     return dict(
         title=dict(text=text, x=0.0, xanchor="left"),
         template="plotly_white",
@@ -92,6 +126,14 @@ def base_layout(title: str, subtitle: str = "", **extra) -> dict:
         hoverlabel=dict(font=dict(family="monospace")),
         **extra,
     )
+
+
+def cell_text(values, fmt: str = "{:.2f}"):
+    """Numbers as cell text, with "" (never "NaN") where a value is missing; keeps the array's shape."""
+    import numpy as np
+
+    arr = np.asarray(values, dtype=float)
+    return np.vectorize(lambda v: "" if np.isnan(v) else fmt.format(v), otypes=[object])(arr) if arr.size else arr.astype(object)
 
 
 def head_label(layer, head) -> str:

@@ -10,7 +10,8 @@ from .residual import _with_alpha
 from .style import PALETTE, base_layout, require
 
 COMPARISON_COLUMNS = ["lens", "seq", "layer", "kl_to_final", "cross_entropy"]
-LENS_COLORS = {"logit": PALETTE[0], "tuned": PALETTE[1]}
+LENS_COLORS = {"logit": PALETTE[0], "tuned": PALETTE[1], "unigram": "#7f7f7f"}
+LENS_NAMES = {"logit": "logit lens", "tuned": "tuned lens", "unigram": "unigram (a constant)"}
 
 
 def lens_side_by_side(logit: pd.DataFrame, tuned: pd.DataFrame, title: str = "Logit lens vs tuned lens",
@@ -53,21 +54,24 @@ def lens_side_by_side(logit: pd.DataFrame, tuned: pd.DataFrame, title: str = "Lo
     return fig
 
 
-def _band(fig, g: pd.DataFrame, col: str, name: str, color: str, row: int, show: bool) -> None:
+def _band(fig, g: pd.DataFrame, col: str, lens: str, color: str, row: int, show: bool) -> None:
+    name = LENS_NAMES.get(lens, f"{lens} lens")
     by = g.groupby("layer")[col]
     x = by.mean().index.tolist()
     lo, hi = by.quantile(0.1).tolist(), by.quantile(0.9).tolist()
     fig.add_trace(go.Scatter(x=x + x[::-1], y=hi + lo[::-1], fill="toself", mode="lines", line=dict(width=0),
                              fillcolor=_with_alpha(color, 0.18), hoverinfo="skip", legendgroup=name,
-                             name=f"{name} lens: 10-90% of texts", showlegend=show), row=row, col=1)
-    fig.add_trace(go.Scatter(x=x, y=by.mean().tolist(), mode="lines+markers", name=f"{name} lens: mean",
-                             line=dict(color=color, width=2.5), legendgroup=name, showlegend=show,
-                             hovertemplate=f"{name} lens<br>layer %{{x}}<br>{col} %{{y:.3f}} nats<extra></extra>"),
+                             name=f"{name}: 10-90% of texts", showlegend=show), row=row, col=1)
+    fig.add_trace(go.Scatter(x=x, y=by.mean().tolist(), mode="lines+markers", name=f"{name}: mean",
+                             line=dict(color=color, width=2.5, dash="dot" if lens == "unigram" else None),
+                             legendgroup=name, showlegend=show,
+                             hovertemplate=f"{name}<br>layer %{{x}}<br>{col} %{{y:.3f}} nats<extra></extra>"),
                   row=row, col=1)
 
 
 def lens_comparison_curves(df: pd.DataFrame, title: str = "Logit lens vs tuned lens") -> go.Figure:
-    """Per-layer KL to the final output and next-token cross-entropy, logit vs tuned lens, with a band.
+    """Per-layer KL to the final output and next-token cross-entropy, logit vs tuned lens (and the
+    constant unigram, when the frame has it), with a band.
 
     Args:
         df: `interp.lens_comparison(..., by_seq=True)` (columns `lens`, `seq`, `layer`, `kl_to_final`,

@@ -9,7 +9,8 @@ each one, every head of an earlier layer is a candidate sender, measured three w
   probability of the next token at the positions an induction head can predict (the query's token
   and the one before it occurred earlier, and the token that followed comes next);
   `share` = effect / (corrupted - clean metric): the part of the whole corruption this one edge carries.
-- composition score (`composition_scores`) against its random baseline;
+- composition score (`composition_scores`) against its random baseline and its percentile among all
+  the model's composing pairs (the baseline that discriminates: trained pairs mostly beat random ones);
 - ablation (`ablate_heads`, zero): how much the loss on repeated tokens rises without the sender.
 
 A sender `feeds` a receiver through an input when its share on repeated random tokens is at least
@@ -18,6 +19,12 @@ doing the same job are redundant: noising one of three previous-token heads leav
 intact, so each carries a small share alone (gpt-4's L1H2 and L2H2 each move a few percent of the
 key path), yet they stand far above every other head. The shares of different senders can add to
 more than 1 (they overlap) or less (the rest goes through MLPs, the embedding and other paths).
+
+Joint effects name what single shares miss (`interp.joint`): per induction head and input, the
+smallest set of senders whose joint patch carries `joint_threshold` (default 80%) of what all
+earlier heads carry together, found by greedy forward selection, and each member's marginal share
+(the joint share lost when it alone leaves the set). A backup head that carries nothing alone, because
+the others still deliver its signal, shows up there with a marginal share of its own.
 """
 from __future__ import annotations
 
@@ -38,6 +45,7 @@ from ._specs import Head, all_heads, as_head
 from .ablation import ablate_heads
 from .composition import composition_scores
 from .heads import head_scores, repeated_tokens, target_mask
+from .joint import GREEDY_COLUMNS, greedy_feeders
 from .patching import clean_and_corrupted
 from .path_patching import VIA, path_patch
 
@@ -112,7 +120,7 @@ def find_induction_heads(model, min_score: float = 0.3) -> pd.DataFrame:
 
 
 def induction_circuit(model, data=None, min_score: float = 0.3, min_share: float = 0.02, relative: float = 0.25,
-                      stories=True) -> tuple[pd.DataFrame, str]:
+                      stories=True, joint_threshold: float = 0.8) -> tuple[pd.DataFrame, str]:
     """For each induction head, the earlier heads feeding its queries, keys and values.
 
     Args:
@@ -124,12 +132,18 @@ def induction_circuit(model, data=None, min_score: float = 0.3, min_share: float
             and at least `relative` times the largest share into that input.
         stories: also measure on held-out name stories (needs a tokenizer): True (8 stories of up to 128
             tokens), False, or (clean, corrupted) story ids [batch, pos] from `story_pair`.
+        joint_threshold: the joint set of an input grows (greedy forward selection, on the repeated
+            tokens) until it carries this fraction of all earlier heads' joint share.
 
     Returns:
         (frame, summary). The frame has one row per (receiver, sender, via): `receiver`,
         `induction_score`, `sender`, `via`, `share_repeated`, `share_stories` (NaN without stories),
-        `composition`, `baseline`, `ablation_delta` (loss rise when the sender is zeroed), `feeds`, and the
-        heads as integers: `receiver_layer`, `receiver_head`, `sender_layer`, `sender_head`.
+        `composition`, `baseline`, `composition_percentile` (among all the model's composing pairs),
+        `ablation_delta` (loss rise when the sender is zeroed), `feeds`,
+        `joint_order` (1, 2, ... for members of the input's joint set, in the order chosen; 0 otherwise),
+        `marginal_share` (NaN for non-members), and per (receiver, via) `joint_share`, `all_share`
+        (every earlier head together) and `joint_ablation_delta` (loss rise with the whole set zeroed);
+        and the heads as integers: `receiver_layer`, `receiver_head`, `sender_layer`, `sender_head`.
         The summary names, per induction head and input, the feeding heads with their numbers.
 
     Example:
@@ -147,14 +161,49 @@ def induction_circuit(model, data=None, min_score: float = 0.3, min_share: float
     frame = _add_weights_and_ablation(model, _edge_rows(model, inductions, pair, story))
     best = frame.groupby(["receiver", "via"])["share_repeated"].transform("max")
     frame["feeds"] = (frame["share_repeated"] >= min_share) & (frame["share_repeated"] >= relative * best)
+    frame = add_joint(model, frame, pair, joint_threshold)
     for role in ("receiver", "sender"):
         heads = [as_head(model, label) for label in frame[role]]
         frame[f"{role}_layer"], frame[f"{role}_head"] = [h.layer for h in heads], [h.head for h in heads]
-    return frame[COLUMNS], summarize(frame)
+    return frame[COLUMNS], summarize(frame, joint_threshold)
 
 
 COLUMNS = ["receiver", "induction_score", "sender", "via", "share_repeated", "share_stories", "composition",
-           "baseline", "ablation_delta", "feeds", "receiver_layer", "receiver_head", "sender_layer", "sender_head"]
+           "baseline", "composition_percentile", "ablation_delta", "feeds", "joint_order", "marginal_share", "joint_share",
+           "all_share", "joint_ablation_delta", "receiver_layer", "receiver_head", "sender_layer", "sender_head"]
+
+
+def joint_sets(model, receivers: list[str], pair, threshold: float = 0.8) -> pd.DataFrame:
+    """`greedy_feeders` for every receiver and input on one (clean, corrupted) pair, stacked."""
+    clean, corrupted = pair
+    metric = induction_metric(clean)
+    frames = [greedy_feeders(model, clean, corrupted, metric, r, via, threshold=threshold) for r in receivers for via in VIA]
+    frames = [f for f in frames if len(f)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=GREEDY_COLUMNS)
+
+
+def add_joint(model, frame: pd.DataFrame, pair, threshold: float) -> pd.DataFrame:
+    """The joint-set columns of `induction_circuit`'s frame, measured on `pair`."""
+    joint = joint_sets(model, list(dict.fromkeys(frame["receiver"])), pair, threshold)
+    members = joint.set_index(["receiver", "via", "sender"])
+    key = list(zip(frame["receiver"], frame["via"], frame["sender"]))
+    frame["joint_order"] = [int(members["order"].get(k, 0)) for k in key]
+    frame["marginal_share"] = [float(members["marginal_share"].get(k, float("nan"))) for k in key]
+    groups = joint.groupby(["receiver", "via"])
+    half = min(24, int(model.cfg.n_ctx) // 2)
+    ablation = {g: _joint_ablation(model, list(rows["sender"]), half) for g, rows in groups}
+    per_group = groups[["joint_share", "all_share"]].first()
+    pairs = list(zip(frame["receiver"], frame["via"]))
+    frame["joint_share"] = [float(per_group["joint_share"].get(k, float("nan"))) for k in pairs]
+    frame["all_share"] = [float(per_group["all_share"].get(k, float("nan"))) for k in pairs]
+    frame["joint_ablation_delta"] = [ablation.get(k, float("nan")) for k in pairs]
+    return frame
+
+
+def _joint_ablation(model, senders: list[str], half_len: int) -> float:
+    heads = [as_head(model, s) for s in senders]
+    rows = ablate_heads(model, heads, together=True, n_seqs=4, half_len=half_len)
+    return float(rows["delta"].iloc[-1])
 
 
 def _edge_rows(model, inductions: pd.DataFrame, pair, story) -> pd.DataFrame:
@@ -177,11 +226,12 @@ def _add_weights_and_ablation(model, frame: pd.DataFrame) -> pd.DataFrame:
             c = composition_scores(model, via)
         except ValueError:  # no weight properties: the composition columns stay empty
             continue
-        comps.append(c.assign(via=via)[["sender", "receiver", "via", "score", "baseline"]])
+        comps.append(c.assign(via=via)[["sender", "receiver", "via", "score", "baseline", "percentile"]])
     if comps:
-        frame = frame.merge(pd.concat(comps).rename(columns={"score": "composition"}), on=["sender", "receiver", "via"], how="left")
+        comps = pd.concat(comps).rename(columns={"score": "composition", "percentile": "composition_percentile"})
+        frame = frame.merge(comps, on=["sender", "receiver", "via"], how="left")
     else:
-        frame["composition"], frame["baseline"] = float("nan"), float("nan")
+        frame["composition"], frame["baseline"], frame["composition_percentile"] = (float("nan"),) * 3
     senders = sorted({as_head(model, s) for s in frame["sender"]})
     ablation = ablate_heads(model, senders, together=False, n_seqs=4, half_len=min(24, int(model.cfg.n_ctx) // 2))
     per_head = {r.label: r.delta for r in ablation.itertuples() if r.label in set(frame["sender"])}
@@ -189,8 +239,9 @@ def _add_weights_and_ablation(model, frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def summarize(frame: pd.DataFrame) -> str:
-    """A few lines: per induction head and input, the heads that feed it with share, composition and ablation."""
+def summarize(frame: pd.DataFrame, threshold: float = 0.8) -> str:
+    """A few lines: per induction head and input, the heads that feed it with share, composition and
+    ablation, then the input's joint set with its members' marginal shares."""
     lines = []
     for receiver, rows in frame.groupby("receiver", sort=False):
         lines.append(f"{receiver} (induction score {rows['induction_score'].iloc[0]:.2f})")
@@ -202,7 +253,21 @@ def summarize(frame: pd.DataFrame) -> str:
             fed = these[these["feeds"]].sort_values("share_repeated", ascending=False)
             parts = [f"{r.sender} ({_edge_numbers(r)})" for r in fed.itertuples()]
             lines.append(f"  {name}: " + ("; ".join(parts) if parts else "no single head above the threshold"))
+            lines.append(_joint_line(rows[rows["via"] == via], threshold))
     return "\n".join(lines)
+
+
+def _joint_line(rows: pd.DataFrame, threshold: float) -> str:
+    members = rows[rows["joint_order"] > 0].sort_values("joint_order")
+    if members.empty:
+        return "    jointly: the earlier heads together carry no share"
+    first = members.iloc[0]
+    names = " + ".join(members["sender"])
+    marginal = ", ".join(f"{r.sender} {r.marginal_share:+.2f}" for r in members.itertuples())
+    verb = "carries" if len(members) == 1 else "carry"
+    return (f"    jointly: {names} {verb} {first.joint_share:.2f} (all earlier heads together {first.all_share:.2f}; "
+            f"greedy forward selection to {threshold:.0%} of that); marginal shares {marginal}; "
+            f"ablating the set +{first.joint_ablation_delta:.2f} nats")
 
 
 def _edge_numbers(r) -> str:
@@ -210,5 +275,6 @@ def _edge_numbers(r) -> str:
     if pd.notna(r.share_stories):
         text += f", {r.share_stories:.2f} on stories"
     if pd.notna(r.composition):
-        text += f", composition {r.composition:.2f} vs {r.baseline:.2f} random"
+        text += (f", composition {r.composition:.2f} ({r.composition_percentile:.0f}th percentile of the model's pairs; "
+                 f"random {r.baseline:.2f})")
     return text + f", ablation +{r.ablation_delta:.2f} nats"

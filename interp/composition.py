@@ -11,7 +11,11 @@ against path patching.
 
 The score of two random matrices of the same shapes is not zero (about 1/sqrt(d_model) for
 rank-d_head maps), so every score comes with that baseline: the mean and spread of the same score on
-Gaussian matrices shaped like W_V, W_O, W_Q, W_K.
+Gaussian matrices shaped like W_V, W_O, W_Q, W_K. Gaussian matrices are a weak null, though: trained
+heads share directions (the embedding's, the norms'), so most trained pairs score above it. The
+baseline that discriminates is the model's own distribution: each score's `percentile` among all
+pairs of the model that can compose (receiver in a later layer), and its `control_percentile` among
+the trained pairs that cannot (receiver in the same or an earlier layer: the same matrices, no path).
 """
 from __future__ import annotations
 
@@ -106,7 +110,10 @@ def composition_scores(model, kind: str = "k", baseline_samples: int = 64) -> pd
     Returns:
         One row per (sender, receiver) with receiver in a later layer: `sender`, `receiver`,
         `sender_layer`, `sender_head`, `receiver_layer`, `receiver_head`, `kind`, `score`,
-        `baseline`, `baseline_std`, `ratio` (score / baseline), `z` ((score - baseline) / std).
+        `baseline`, `baseline_std`, `ratio` (score / baseline), `z` ((score - baseline) / std),
+        `percentile` (share of the model's composing pairs, these rows, scoring at most this, 0-100) and
+        `control_percentile` (the same among its non-composing pairs: receiver in the same layer, other
+        heads, or an earlier one; NaN for a one-layer model).
 
     Example:
         >>> interp.composition_scores(model, "k").sort_values("score").tail(3)
@@ -128,7 +135,25 @@ def composition_scores(model, kind: str = "k", baseline_samples: int = 64) -> pd
     frame["baseline"], frame["baseline_std"] = mean, std
     frame["ratio"] = frame["score"] / mean
     frame["z"] = (frame["score"] - mean) / std
+    frame["percentile"] = 100 * frame["score"].rank(method="max") / frame["score"].notna().sum()  # NaN: a head writing nothing
+    frame["control_percentile"] = control_percentiles(scores, frame["score"])
     return frame
+
+
+def control_percentiles(scores: torch.Tensor, values: pd.Series) -> list[float]:
+    """Per value, the percentage of the trained pairs that cannot compose (receiver layer <= sender
+    layer, a head never paired with itself) whose score [L, H, L, H] is at most the value."""
+    L, H = scores.shape[:2]
+    layer = torch.arange(L)[:, None].expand(L, H)
+    cannot = layer.reshape(L, H, 1, 1) >= layer.reshape(1, 1, L, H)
+    cannot &= ~torch.eye(L * H, dtype=torch.bool).reshape(L, H, L, H)
+    control = scores[cannot]
+    control = control[~control.isnan()].sort().values
+    if control.numel() == 0:
+        return [float("nan")] * len(values)
+    v = torch.tensor(values.to_numpy(), dtype=control.dtype)
+    at_most = torch.searchsorted(control, v, right=True)
+    return torch.where(v.isnan(), float("nan"), 100 * at_most.double() / control.numel()).tolist()
 
 
 @torch.no_grad()

@@ -8,6 +8,15 @@ The in-context-learning score is Olsson et al.'s loss late in the context minus 
 (their tokens 500 and 50 of 512). Scaled to a 128-token context: the mean loss at positions
 `LATE` = 112..127 minus the mean at `EARLY` = 8..23 (of windows of 128 held-out tokens); a model
 that uses its context has a negative score.
+
+Controls: a measure that rises for every head pair says nothing about this circuit. `control_pairs`
+picks, for the followed pair (previous-token head -> induction head), the other heads of the induction
+head's layer fed by the same previous-token head and the other heads of the previous-token head's layer
+feeding the induction head; `phase_measures(controls=...)` adds their K-composition, and every tracked
+pair's percentile among all the model's composing pairs, to each snapshot.
+
+Abrupt: `phase_change` says whether the snapshots resolve a change at all (criterion in its docstring):
+two snapshots that bracket a rise show that it happened between them, not that it was sudden.
 """
 from __future__ import annotations
 
@@ -93,13 +102,37 @@ def _followed(model, heads) -> tuple[Optional[Head], Optional[Head]]:
     return prev, ind
 
 
-def phase_measures(model, tokens=None, heads: Optional[tuple[str, str]] = None) -> dict:
+def control_pairs(model, heads: tuple[str, str]) -> list[tuple[str, str]]:
+    """Control pairs for the followed (previous-token head, induction head): the previous-token head into
+    each other head of the induction head's layer, and each other head of the previous-token head's
+    layer into the induction head."""
+    prev, ind = _followed(model, heads)
+    H = int(model.cfg.n_heads)
+    return ([(prev.label, Head(ind.layer, h).label) for h in range(H) if h != ind.head]
+            + [(Head(prev.layer, h).label, ind.label) for h in range(H) if h != prev.head])
+
+
+def _composition(model, pairs: list[tuple[str, str]]) -> dict:
+    comp = composition_scores(model, "k").set_index(["sender", "receiver"])
+    out = {}
+    for i, (s, r) in enumerate(pairs):
+        row = comp.loc[(s, r)]
+        name = "K-composition" if i == 0 else f"control {s} -> {r}: K-composition"
+        out[f"{name} (x random)"] = float(row.score / row.baseline)
+        out[f"{name} percentile"] = float(row.percentile)
+    return out
+
+
+def phase_measures(model, tokens=None, heads: Optional[tuple[str, str]] = None, controls=None) -> dict:
     """Previous-token and induction score, the K-composition of the previous-token head into the
     induction head against its random baseline, and (given held-out ids [batch, 129+]) the
     in-context-learning score.
 
     `heads` = (previous-token head, induction head), e.g. ("L1H0", "L3H1"), follows one circuit over
-    snapshots (`phase_heads` of the final model picks it); by default each snapshot's best heads."""
+    snapshots (`phase_heads` of the final model picks it); by default each snapshot's best heads.
+    `controls`: (sender, receiver) pairs (e.g. `control_pairs(final_model, heads)`) whose K-composition
+    is tracked beside the circuit's; every tracked pair also gets its percentile among all the model's
+    composing pairs ("... percentile", 0-100)."""
     prev, ind = _followed(model, heads)
     if tokens is not None:
         tokens = icl_tokens(model, tokens)  # checked before any work
@@ -107,8 +140,8 @@ def phase_measures(model, tokens=None, heads: Optional[tuple[str, str]] = None) 
     ind, ind_score = _score(head_scores(model, "induction"), ind)
     out = {"previous-token score": prev_score, "induction score": ind_score}
     if ind.layer > prev.layer:  # each snapshot's own best heads may be in any order: then there is no K-composition
-        row = composition_scores(model, "k").set_index(["sender", "receiver"]).loc[(prev.label, ind.label)]
-        out["K-composition (x random)"] = float(row.score / row.baseline)
+        controls = [tuple(h.label for h in as_heads(model, list(pair), "controls")) for pair in (controls or [])]
+        out.update(_composition(model, [(prev.label, ind.label)] + controls))
     if tokens is not None:
         out["in-context score (late - early loss)"] = icl_score(model, tokens)
     return out
@@ -118,3 +151,44 @@ def phase_table(measures: dict) -> pd.DataFrame:
     """{tokens seen: phase_measures(...)} -> one row per snapshot and measure: `tokens`, `measure`, `value`."""
     rows = [(t, m, v) for t, d in sorted(measures.items()) for m, v in d.items()]
     return pd.DataFrame(rows, columns=["tokens", "measure", "value"])
+
+
+def phase_change(table: pd.DataFrame, measure: str = "induction score", share: float = 0.5,
+                 abrupt_fraction: float = 0.25) -> dict:
+    """Where a measure of a `phase_table` changes most, and whether the snapshots resolve it.
+
+    The way is from the measure's first value to its extreme (its maximum if it rises more than it falls,
+    else its minimum). The change is the shortest stretch between two snapshots over which the measure
+    covers at least `share` of that way. It is `resolved` when some snapshot lies strictly inside that
+    stretch (the snapshots saw the change happen, not only its two sides), and `abrupt` when it is
+    resolved and spans at most `abrupt_fraction` of the training tokens seen by its end.
+
+    Returns:
+        {"measure", "start_tokens", "end_tokens", "start_value", "end_value", "first", "extreme",
+        "inside" (snapshots strictly inside), "resolved", "abrupt", "text" (one sentence saying so)}.
+    """
+    rows = table[table["measure"] == measure].sort_values("tokens")
+    if len(rows) < 2:
+        raise ValueError(f"the phase table has {len(rows)} snapshot(s) of {measure!r}: a change needs at least two")
+    t, v = rows["tokens"].to_numpy(dtype=float), rows["value"].to_numpy(dtype=float)
+    first = v[0]
+    extreme = v.max() if v.max() - first >= first - v.min() else v.min()
+    if extreme == first:
+        return dict(measure=measure, start_tokens=None, end_tokens=None, start_value=first, end_value=first, first=first,
+                    extreme=first, inside=0, resolved=False, abrupt=False, text=f"{measure} does not change over the snapshots")
+    sign = 1.0 if extreme > first else -1.0
+    need = share * abs(extreme - first)
+    stretches = [(t[j] - t[i], -sign * (v[j] - v[i]), i, j) for i in range(len(v)) for j in range(i + 1, len(v))
+                 if sign * (v[j] - v[i]) >= need]
+    _, _, start, end = min(stretches)
+    inside = end - start - 1
+    resolved = inside > 0
+    abrupt = resolved and (t[end] - t[start]) <= abrupt_fraction * t[end]
+    how = ("abruptly" if abrupt else "gradually") if resolved else "somewhere"
+    text = (f"{measure} moves from {v[start]:.2f} to {v[end]:.2f} ({abs(v[end] - v[start]) / abs(extreme - first):.0%} of "
+            f"its way from {first:.2f} to {extreme:.2f}) {how} between {t[start]:,.0f} and {t[end]:,.0f} training tokens "
+            f"({inside} snapshot(s) inside" + ("" if resolved else ": the snapshots bracket the change but do not resolve it")
+            + ")")
+    return dict(measure=measure, start_tokens=float(t[start]), end_tokens=float(t[end]), start_value=float(v[start]),
+                end_value=float(v[end]), first=float(first), extreme=float(extreme), inside=inside, resolved=resolved,
+                abrupt=bool(abrupt), text=text)

@@ -27,8 +27,8 @@ from sprout.checkpoint import check_floating, warn_non_finite
 from sprout.folders import replace_file
 from sprout.weightfiles import file_in, read_json_file, regular_file
 
-from ._batching import TextOrTokens
-from ._model import model_name, require_hooks
+from ._batching import TextOrTokens, batches, token_rows
+from ._model import logits_of, model_name, require_hooks
 from .lens import _lens_batches, lens_frame, lens_sites
 
 FORMAT = "sprout-tuned-lens"
@@ -299,14 +299,20 @@ def tuned_lens(model, text_or_tokens: TextOrTokens, lens: TunedLens, k: int = 5,
 
 
 def lens_comparison(model, data: TextOrTokens, lens: TunedLens, batch_size: int = 8, seq_len: Optional[int] = None,
-                    by_seq: bool = False) -> pd.DataFrame:
-    """The logit and the tuned lens side by side, per layer, on (held-out) data.
+                    by_seq: bool = False, unigram_fit: Optional[TextOrTokens] = None) -> pd.DataFrame:
+    """The logit and the tuned lens side by side, per layer, on (held-out) data, beside a constant.
+
+    The constant is the best single distribution: the unigram of the next tokens of `unigram_fit`
+    (default: of `data` itself, the best constant for its cross-entropy; pass other held-out text to
+    fit it out of sample), with add-1/2 smoothing so that no token has probability 0. It reads no layer,
+    so its rows repeat one value at every layer: a lens that does not beat it at a layer says less there
+    than token frequencies do.
 
     Returns:
-        One row per (lens, layer) (per (seq, lens, layer) with `by_seq`): `lens` ("logit" / "tuned"),
-        `layer`, `site`, `kl_to_final` (mean KL(output || lens), nats), `cross_entropy` (mean -log p of
-        the actual next token, nats), `top1_agreement` (fraction of positions where the lens' top token is
-        the output's), `n_positions`.
+        One row per (lens, layer) (per (seq, lens, layer) with `by_seq`): `lens` ("logit" / "tuned" /
+        "unigram"), `layer`, `site`, `kl_to_final` (mean KL(output || lens), nats), `cross_entropy` (mean
+        -log p of the actual next token, nats), `top1_agreement` (fraction of positions where the lens' top
+        token is the output's), `n_positions`.
 
     Example:
         >>> import torch, interp
@@ -314,7 +320,7 @@ def lens_comparison(model, data: TextOrTokens, lens: TunedLens, batch_size: int 
         >>> model = Sprout(SproutConfig(vocab_size=64, context=16, n_layer=2, n_head=2, d_model=32, d_ff=64))
         >>> df = interp.lens_comparison(model, torch.randint(0, 64, (2, 16)), interp.TunedLens(model))
         >>> df.lens.tolist()
-        ['logit', 'logit', 'logit', 'tuned', 'tuned', 'tuned']
+        ['logit', 'logit', 'logit', 'tuned', 'tuned', 'tuned', 'unigram', 'unigram', 'unigram']
     """
     lens = _checked(model, lens)
     rows = []
@@ -329,9 +335,34 @@ def lens_comparison(model, data: TextOrTokens, lens: TunedLens, batch_size: int 
                                          ce=-b["log_p_next"][l, j].double().sum().item(),
                                          agree=agree[l, j].sum().item(), n=agree.shape[-1],
                                          n_next=b["log_p_next"].shape[-1]))
+        rows += _unigram_rows(model, data, unigram_fit, batch_size, seq_len)
     f = pd.DataFrame(rows)
     keys = ["lens", "seq", "layer", "site"] if by_seq else ["lens", "layer", "site"]
     g = f.groupby(keys, sort=True)[["kl", "ce", "agree", "n", "n_next"]].sum().reset_index()
     out = g[keys].assign(kl_to_final=g.kl / g.n, cross_entropy=g.ce / g.n_next.where(g.n_next > 0),
                          top1_agreement=g.agree / g.n, n_positions=g.n)
     return out.reset_index(drop=True)
+
+
+def unigram_log_probs(model, text_or_tokens: TextOrTokens, seq_len: Optional[int] = None) -> torch.Tensor:
+    """log q [d_vocab]: the next tokens' frequencies in the text (each row's tokens after its first),
+    add-1/2 smoothed."""
+    V = int(model.cfg.d_vocab)
+    nxt = torch.cat([r[1:] for r in token_rows(model, text_or_tokens, seq_len)]).long().cpu()
+    counts = torch.bincount(nxt, minlength=V).double()
+    return torch.log((counts + 0.5) / (counts.sum() + 0.5 * V))
+
+
+def _unigram_rows(model, data, fit, batch_size: int, seq_len: Optional[int]) -> list[dict]:
+    log_q = unigram_log_probs(model, data if fit is None else fit, seq_len)
+    sites = lens_sites(model, False)
+    rows = []
+    for row_ids, ids in batches(token_rows(model, data, seq_len), batch_size, device=model.cfg.device):
+        log_p = torch.log_softmax(logits_of(model, ids).double(), -1).cpu()  # [batch, pos, vocab]
+        kl = (log_p.exp() * (log_p - log_q)).sum(-1)  # [batch, pos]
+        ce = -log_q[ids[:, 1:].cpu()]  # [batch, pos - 1]
+        agree = log_p.argmax(-1) == int(log_q.argmax())
+        for j, seq in enumerate(row_ids):
+            rows += [dict(lens="unigram", seq=seq, layer=layer, site=site, kl=kl[j].sum().item(), ce=ce[j].sum().item(),
+                          agree=agree[j].sum().item(), n=ids.shape[1], n_next=ids.shape[1] - 1) for layer, site in sites]
+    return rows

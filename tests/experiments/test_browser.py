@@ -100,8 +100,9 @@ def results(tmp_path_factory):
                 root / "tiny")
     model = sprout.load(root / "tiny")
     out = root / "results"
-    done = run_all({"tiny": model}, out, only=["param_counts", "residual_growth", "logit_lens"], progress=False,
-                   options={"residual_growth": ["--chars", "2000"], "logit_lens": ["--chars", "1000"]})
+    done = run_all({"tiny": model}, out, progress=False,
+                   options={"residual_growth": ["--chars", "2000"], "logit_lens": ["--chars", "1000"],
+                            "training_dynamics": ["--chars", "1000"], "tuned_lens": ["--chars", "1000"]})
     return out, done
 
 
@@ -127,8 +128,8 @@ PROBE = """<script>window.addEventListener('load', () => setTimeout(() => {
 
 
 def test_index_reads_in_a_1400px_window_without_sideways_scrolling(chromium, results, tmp_path):
-    """No figure but the per-token lens grid is wider than its column (the parameter chart's share panel
-    used to be cut off), and the page itself never scrolls sideways."""
+    """No figure is wider than its column (the parameter chart's share panel and the lens grids used to be
+    cut off), and the page itself never scrolls sideways."""
     out, _ = results
     probe = out / "index_probe.html"
     probe.write_text((out / "index.html").read_text(encoding="utf-8").replace("</body>", PROBE), encoding="utf-8")
@@ -138,9 +139,67 @@ def test_index_reads_in_a_1400px_window_without_sideways_scrolling(chromium, res
     assert found, "the probe script did not run"
     seen = json.loads(found.group(1).replace("&quot;", '"'))
     assert seen["page"] <= seen["window"], seen
-    # the logit-lens grid has a column per token (64 of them) and scrolls inside its own frame by design
-    cut = [c for c in seen["cut"] if "top-1 token after each block" not in c[3]]
-    assert cut == [], f"figures wider than the page's column (id, width, column, caption): {cut}"
+    assert seen["cut"] == [], f"figures wider than the page's column (id, width, column, caption): {seen['cut']}"
+
+
+LAYOUT_PROBE = """<script>window.addEventListener('load', () => setTimeout(() => {
+  const inside = (a, b) => a.left >= b.left - 1 && a.right <= b.right + 1 && a.top >= b.top - 1 && a.bottom <= b.bottom + 1;
+  const overlap = (a, b) => a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1 && b.top < a.bottom - 1;
+  const out = [...document.querySelectorAll('.plotly-graph-div')].map(div => {
+    const svg = div.querySelector('svg.main-svg'), box = svg.getBoundingClientRect();
+    const title = div.querySelector('.gtitle');
+    const outside = [...div.querySelectorAll('.gtitle, .colorbar, .legend, .xtick text, .ytick text, .y2tick text, .annotation')]
+      .filter(e => { const r = e.getBoundingClientRect(); return r.width > 0 && !inside(r, box); })
+      .map(e => (e.getAttribute('class') || e.parentNode.getAttribute('class')) + ': ' + e.textContent.slice(0, 30));
+    const clashes = [];
+    for (const sel of ['.xtick text', '.ytick text', '.y2tick text']) {
+      for (const axis of div.querySelectorAll('.xaxislayer-above, .yaxislayer-above, .overaxes-above')) {
+        const ticks = [...axis.querySelectorAll(sel)].map(e => [e.textContent, e.getBoundingClientRect()]).filter(t => t[1].width > 0);
+        for (let i = 1; i < ticks.length; i++)
+          if (overlap(ticks[i - 1][1], ticks[i][1])) clashes.push(ticks[i - 1][0] + ' / ' + ticks[i][0]);
+      }
+    }
+    const nan = [...div.querySelectorAll('text')].filter(e => /^\\s*NaN\\s*$/.test(e.textContent)).length;
+    return {id: div.id, width: box.width, title: title ? title.getBoundingClientRect().width : 0, outside, clashes, nan};
+  });
+  document.body.setAttribute('data-probe', JSON.stringify(out));
+}, 500));</script></body>"""
+
+
+def test_every_figure_fits_1400px_with_its_title_ticks_and_colour_bar_inside(chromium, results, tmp_path):
+    """Each figure is at most 1400 px wide; its title, colour bar, legend, annotations and tick labels lie
+    inside it (nothing cut off at an edge); neighbouring tick labels do not overlap; no cell reads "NaN"."""
+    out, done = results
+    figs = [f.fig for _, o, _ in done.values() for f in o.figures]
+    assert all((f.layout.width or 700) <= 1400 for f in figs), [(f.layout.title.text, f.layout.width) for f in figs
+                                                                 if (f.layout.width or 700) > 1400]
+    probe = out / "index_layout.html"
+    probe.write_text((out / "index.html").read_text(encoding="utf-8").replace("</body>", LAYOUT_PROBE), encoding="utf-8")
+    dom, console = browse(chromium, tmp_path, probe.as_uri(), "--dump-dom", width=1400, height=1000)
+    assert not js_errors(console), console
+    found = re.search(r'data-probe="([^"]*)"', dom)
+    assert found, "the probe script did not run"
+    seen = json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    assert len(seen) == len(figs)
+    assert [s for s in seen if s["width"] > 1400] == []
+    assert [(s["id"], s["outside"]) for s in seen if s["outside"]] == []
+    assert [(s["id"], s["clashes"][:3]) for s in seen if s["clashes"]] == []
+    assert [s["id"] for s in seen if s["nan"]] == []
+    assert all(s["title"] <= s["width"] for s in seen)
+
+
+def test_long_titles_are_wrapped_to_the_figure_width():
+    """A title longer than its figure is broken into lines that fit, never cut at the edge."""
+    import figures
+    from figures.style import MAX_TITLE, TITLE_CHAR_W, base_layout
+
+    title = "Ablating the top induction heads, gpt-4: the change in loss when heads are removed, one at a time"
+    layout = base_layout(title, "a subtitle " * 20, width=560, height=400)
+    lines = layout["title"]["text"].split("<br>")
+    assert len(lines) > 2 and all(len(re.sub("<[^>]+>", "", line)) * TITLE_CHAR_W <= 560 for line in lines[:2])
+    assert all(len(re.sub("<[^>]+>", "", line)) <= MAX_TITLE for line in lines)
+    assert layout["margin"]["t"] > 100 and layout["height"] > 400
+    assert figures is not None
 
 
 def test_logit_lens_figure_fills_its_plot_area(chromium, results, tmp_path):

@@ -1,4 +1,5 @@
 """The phase-change measures: each equals the quantity it names, computed independently."""
+import pandas as pd
 import pytest
 import torch
 
@@ -69,3 +70,42 @@ def test_phase_measures_refuse_bad_heads(planted, heads, match):
 def test_phase_table_is_tidy():
     table = interp.phase_table({200: {"a": 1.0, "b": 2.0}, 100: {"a": 0.5}})
     assert table.to_dict("list") == {"tokens": [100, 200, 200], "measure": ["a", "a", "b"], "value": [0.5, 1.0, 2.0]}
+
+
+def test_control_pairs_and_their_measures(planted):
+    controls = interp.control_pairs(planted, ("L0H0", "L1H0"))
+    assert controls == [("L0H0", "L1H1"), ("L0H0", "L1H2"), ("L0H1", "L1H0"), ("L0H2", "L1H0")]
+    m = interp.phase_measures(planted, heads=("L0H0", "L1H0"), controls=controls)
+    comp = interp.composition_scores(planted, "k").set_index(["sender", "receiver"])
+    for s, r in controls:
+        row = comp.loc[(s, r)]
+        # a planted head that writes nothing has no composition (0 / 0): NaN, the same both ways
+        assert m[f"control {s} -> {r}: K-composition (x random)"] == pytest.approx(float(row.score / row.baseline), nan_ok=True)
+        assert m[f"control {s} -> {r}: K-composition percentile"] == pytest.approx(float(row.percentile), nan_ok=True)
+    # the planted edge stands above every control, and at the top of the model's pairs
+    assert m["K-composition percentile"] == 100.0 * 6 / 6
+    ratio = {(s, r): m[f"control {s} -> {r}: K-composition (x random)"] for s, r in controls}
+    # L1H1 is built to read its keys exactly as L1H0 does: that control composes just as much
+    assert ratio.pop(("L0H0", "L1H1")) == pytest.approx(m["K-composition (x random)"])
+    assert all(m["K-composition (x random)"] > 3 * x for x in ratio.values() if x == x)
+
+
+def table(tokens, values, measure="induction score"):
+    return pd.DataFrame({"tokens": tokens, "measure": measure, "value": values})
+
+
+def test_phase_change_is_resolved_only_with_a_snapshot_inside_the_change():
+    step = interp.phase_change(table([0, 100, 200, 300], [0.0, 0.0, 1.0, 1.0]))
+    assert (step["start_tokens"], step["end_tokens"], step["inside"]) == (100, 200, 0)
+    assert not step["resolved"] and not step["abrupt"] and "do not resolve" in step["text"]
+    sampled = interp.phase_change(table([0, 100, 190, 195, 200, 300], [0.0, 0.0, 0.3, 0.7, 1.0, 1.0]))
+    assert sampled["resolved"] and sampled["abrupt"]  # 190 -> 200 holds 70% of the way, with 195 inside
+    assert (sampled["start_tokens"], sampled["end_tokens"], sampled["inside"]) == (190, 200, 1)
+    ramp = interp.phase_change(table(list(range(0, 1100, 100)), [i / 10 for i in range(11)]))
+    assert ramp["resolved"] and not ramp["abrupt"]  # half the way takes half the run: gradual
+    falling = interp.phase_change(table([0, 10, 20, 30, 40, 50], [0.0, 0.0, -0.6, -1.2, -1.8, -2.0]))
+    assert falling["extreme"] == -2.0 and falling["resolved"] and falling["start_tokens"] == 10
+    flat = interp.phase_change(table([0, 10], [0.5, 0.5]))
+    assert not flat["resolved"]
+    with pytest.raises(ValueError, match="at least two"):
+        interp.phase_change(table([0], [0.1]))

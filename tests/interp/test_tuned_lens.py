@@ -60,10 +60,22 @@ def test_tuned_lens_matches_a_hand_computation_and_the_last_layer_is_the_output(
     last = df[df.layer == df.layer.max()]
     assert (last.kl_to_final == 0).all()
     cmp = interp.lens_comparison(tiny_model, ids, lens)
-    top = cmp[cmp.layer == cmp.layer.max()]
+    top = cmp[(cmp.layer == cmp.layer.max()) & (cmp.lens != "unigram")]
     assert (top.kl_to_final == 0).all() and (top.top1_agreement == 1).all()
     ce = -final[:, :-1].gather(-1, ids[:, 1:, None]).mean()
     assert top.cross_entropy.tolist() == pytest.approx([ce.item()] * 2, rel=1e-5)
+    # the constant: add-1/2 unigram of the next tokens, the same at every layer
+    V = tiny_model.cfg.d_vocab
+    q = (torch.bincount(ids[:, 1:].reshape(-1), minlength=V).double() + 0.5) / (ids[:, 1:].numel() + 0.5 * V)
+    uni = cmp[cmp.lens == "unigram"]
+    assert len(uni) == len(lens.sites) and uni.kl_to_final.nunique() == 1
+    assert uni.cross_entropy.iloc[0] == pytest.approx(float(-q.log()[ids[:, 1:]].mean()), rel=1e-6)
+    hand_kl = (final.double().exp() * (final.double() - q.log())).sum(-1).mean()
+    assert uni.kl_to_final.iloc[0] == pytest.approx(float(hand_kl), rel=1e-4)
+    assert uni.top1_agreement.iloc[0] == pytest.approx(float((final.argmax(-1) == q.argmax()).double().mean()))
+    assert uni.cross_entropy.iloc[0] < float(torch.log(torch.tensor(float(V))))  # beats the uniform guess in sample
+    fitted_elsewhere = interp.lens_comparison(tiny_model, ids, lens, unigram_fit=ids_of(2, (2, 24)))
+    assert fitted_elsewhere[fitted_elsewhere.lens == "unigram"].cross_entropy.iloc[0] > uni.cross_entropy.iloc[0]
     # every summary works on the tuned lens' frame
     assert len(interp.lens_summary(df)) == len(lens.sites)
     assert len(interp.first_top1_layer(df)) == 2 * 23
