@@ -94,7 +94,10 @@ def joint_path_patch(model, clean, corrupted, metric: Metric, sets: list, receiv
     receiver = as_node(model, receiver)
     if receiver.kind != "head":
         raise ValueError(f"the receiver must be an attention head ('L{{layer}}H{{head}}'), got {receiver.label}")
-    clean, corrupted = clean_and_corrupted(model, clean, corrupted)
+    clean, corrupted, mask = clean_and_corrupted(model, clean, corrupted)
+    if mask is not None:  # the recorded inputs are replayed from the stream without a mask
+        raise ValueError("joint_path_patch needs clean and corrupted rows of equal length (no padding); "
+                         "patch texts of one length, or one text at a time")
     groups = _sets(model, sets, receiver)
     resid, delta = _streams(model, clean, corrupted, receiver)
     base, source = metric_value(metric, model.run_with_hooks(clean)), metric_value(metric, model.run_with_hooks(corrupted))
