@@ -28,6 +28,7 @@ from sprout.synthetic import generate_corpus, generate_story
 from ._batching import TextOrTokens, token_rows
 from ._lens_settings import TunedLensSettings, resume_start, schedule_of
 from ._model import final_modules, unembed
+from .cli import positive
 from .texts import held_out_stories
 from .tuned_lens import TunedLens, check_save_target, lens_comparison
 
@@ -311,12 +312,13 @@ def model_text(n_chars: int, seed: Optional[int] = None) -> str:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description="train a tuned lens for a model and save it beside nothing else")
+    ap = argparse.ArgumentParser(prog="python -m interp.tuned_lens_train",
+                                 description="train a tuned lens for a model and save it beside nothing else")
     ap.add_argument("model", help="a checkpoint path or demo name")
-    ap.add_argument("--steps", type=int, default=250)
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--train-chars", type=int, default=400_000)
-    ap.add_argument("--held-out-chars", type=int, default=60_000)
+    ap.add_argument("--steps", type=positive, default=250)
+    ap.add_argument("--batch-size", type=positive, default=8)
+    ap.add_argument("--train-chars", type=positive, default=400_000)
+    ap.add_argument("--held-out-chars", type=positive, default=60_000)
     ap.add_argument("--seed", type=int, default=0, help="the order windows are drawn in")
     ap.add_argument("--out", required=True, help="directory for tuned_lens.safetensors + tuned_lens.json")
     args = ap.parse_args(argv)

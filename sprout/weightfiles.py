@@ -238,20 +238,19 @@ def read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
     for f, names in sorted(shard_files(Path(directory)).items()):
         try:
             with safe_open(str(f), framework="pt") as sf:
-                keys = list(sf.keys())
-                for k in keys:
-                    if k in tensors:
-                        raise ValueError(f"{f}: tensor {k!r} is also in {where[k]}")
-                    tensors[k], where[k] = sf.get_tensor(k), f.name
-        except ValueError:
-            raise
+                found = {k: sf.get_tensor(k) for k in sf.keys()}
         except Exception as e:  # safetensors raises its own error types for unreadable files
             raise ValueError(f"cannot read {f}: not a valid safetensors file ({e})") from e
-        if names is not None and names != set(keys):
-            missing, extra = sorted(names - set(keys)), sorted(set(keys) - names)
+        twice = sorted(set(found) & set(tensors))
+        if twice:
+            raise ValueError(f"{f}: tensor {twice[0]!r} is also in {where[twice[0]]}")
+        if names is not None and names != set(found):
+            missing, extra = sorted(names - set(found)), sorted(set(found) - names)
             raise ValueError(f"{f} does not hold what model.safetensors.index.json says: "
                              + "; ".join(x for x in (f"missing {missing[:8]}" if missing else "",
                                                      f"not in the index {extra[:8]}" if extra else "") if x))
+        tensors.update(found)
+        where.update(dict.fromkeys(found, f.name))
     return tensors
 
 

@@ -158,6 +158,15 @@ def test_counts_below_one_are_refused_by_flag(capsys, argv, flag):
     assert f"argument {flag}: expected a whole number >= 1, got" in err_text and "Traceback" not in err_text
 
 
+@pytest.mark.parametrize("flag", ["--steps", "--batch-size", "--train-chars", "--held-out-chars"])
+def test_the_tuned_lens_trainer_refuses_counts_below_one(tmp_path, capsys, flag):
+    with pytest.raises(SystemExit) as err:
+        tuned_lens_train.main(["gpt-1", "--out", str(tmp_path / "lens"), flag, "-1"])
+    assert err.value.code == 2
+    assert f"argument {flag}: expected a whole number >= 1, got -1" in capsys.readouterr().err
+    assert not (tmp_path / "lens").exists()
+
+
 def test_rms_text_files_are_checked_before_reading(tmp_path, spec, pipes):  # noqa: F811
     p = pipes(tmp_path / "pipe.txt")
     with pytest.raises(SystemExit) as err:
