@@ -139,3 +139,15 @@ def test_bad_data_refused(model, ids):
         interp.train_transcoder(model, ids, 2, kind="topk", k=4, **QUICK)
     with pytest.raises(ValueError, match="blocks.0.attn.hook_z.*batch, pos, d"):
         interp.train_sae(model, "blocks.0.attn.hook_z", data=ids, kind="topk", k=4, **QUICK)
+
+
+def test_walkthrough_gpt(ids):
+    from sprout.walkthrough import WalkthroughConfig, WalkthroughGPT
+
+    torch.manual_seed(1)
+    gpt = WalkthroughGPT(WalkthroughConfig(vocab_size=256, context=64, d_model=32, n_head=2, n_layer=2, dropout=0.0)).eval()
+    sae = interp.train_sae(gpt, "blocks.1.hook_resid_mid", data=ids, kind="topk", k=4, **QUICK)
+    tc = interp.train_transcoder(gpt, ids, 0, kind="relu", **QUICK)
+    assert sae.d_in == 32 and tc.d_out == 32
+    sae.check_model(gpt)
+    tc.check_model(gpt)
