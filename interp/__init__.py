@@ -29,7 +29,8 @@ __all__ = [
     "first_top1_layer", "head_score_tensor", "head_scores", "HELD_OUT_SEED", "held_out_stories", "icl_score",
     "induction_circuit", "induction_stories", "induction_table", "KINDS", "lens_comparison", "lens_dataset_summary",
     "lens_summary", "load_tuned_lens", "LogHistogram", "logit_attribution", "logit_lens", "mean_loss",
-    "ov_copying_scores", "param_table", "patch", "patch_tensor", "path_patch", "pattern_tensor", "control_pairs", "phase_change", "phase_heads", "phase_measures",
+    "ov_copying_scores", "param_table", "patch", "patch_tensor", "path_patch", "pattern_tensor",
+    "control_pairs", "phase_change", "phase_heads", "phase_measures",
     "phase_table", "positional_qk_scores", "repeat_loss", "repeated_tokens", "residual_rms", "rope_distance_check",
     "SITES", "spread_ranges", "spread_sentences", "story_names", "target_mask", "train_tuned_lens", "tuned_lens", "TunedLens",
 ]
