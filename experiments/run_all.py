@@ -104,7 +104,8 @@ INDEX_CSS = """
 body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1500px;padding:0 1em;color:#222}
 h1{margin-bottom:0} h2{margin-top:2.2em;border-bottom:1px solid #ddd}
 p.what{max-width:60em} figure{margin:1.5em 0;overflow-x:auto} figcaption{color:#555;margin:.3em 0}
-table{border-collapse:collapse;margin:.8em 0;max-width:100%} td,th{border-bottom:1px solid #eee;padding:.25em .8em;text-align:left;vertical-align:top}
+table{border-collapse:collapse;margin:.8em 0;max-width:100%}
+td,th{border-bottom:1px solid #eee;padding:.25em .8em;text-align:left;vertical-align:top}
 td.q{max-width:34em} td.num{font-family:monospace;text-align:left;max-width:48em} nav a{margin-right:1em}
 """
 

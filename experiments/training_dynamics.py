@@ -17,8 +17,8 @@ from .common import SETTINGS, half_len, held_out_text, model_dir, number, positi
 NAME = "training_dynamics"
 DOC = "Loss curves from train_log.csv and the induction score of every head at each saved snapshot."
 SUMMARY = ("Training and held-out loss against tokens seen, and every head's induction score at the "
-           "snapshots saved during training: induction heads appear fairly suddenly, and the loss on "
-           "repeated text drops with them.")
+           "snapshots saved during training, with the loss on repeated text. Whether the snapshots resolve "
+           "how sudden the change is (a snapshot inside it) is stated beside it, by interp.phase_change's criterion.")
 CHAPTER_LOSS = {"gpt-1": "2.87", "gpt-4": "2.26"}
 STEP = re.compile(r"^step_(\d+)$")
 
@@ -102,6 +102,10 @@ def run(models, out, args) -> list[dict]:
             formed = best[best >= 0.3]
             rows.append(number("training tokens when a head first reaches induction score 0.3",
                                float(formed.index[0]) if len(formed) else "not reached", None, label, fmt="{:,.0f}"))
+            if len(best) >= 2:
+                table = pd.DataFrame({"tokens": best.index, "measure": "best induction score", "value": best.to_numpy()})
+                rows.append(number("where the best induction score changes (snapshots)",
+                                   interp.phase_change(table, "best induction score")["text"], None, label))
     if logs:
         table = pd.concat(logs, ignore_index=True)
         out.table(table, "train_logs")

@@ -275,6 +275,6 @@ def _edge_numbers(r) -> str:
     if pd.notna(r.share_stories):
         text += f", {r.share_stories:.2f} on stories"
     if pd.notna(r.composition):
-        text += (f", composition {r.composition:.2f} ({r.composition_percentile:.0f}th percentile of the model's pairs; "
+        text += (f", composition {r.composition:.2f} (percentile {r.composition_percentile:.0f} of the model's pairs; "
                  f"random {r.baseline:.2f})")
     return text + f", ablation +{r.ablation_delta:.2f} nats"

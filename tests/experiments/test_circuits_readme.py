@@ -1,4 +1,5 @@
-"""The README's circuit block is what `python -m experiments.circuits --readme README.md` writes for gpt-4."""
+"""The README's circuit blocks are what `python -m experiments.circuits --readme README.md` writes for gpt-4:
+the circuit at the experiment's setting, and what holds at every setting of its spread."""
 import argparse
 import re
 from pathlib import Path
@@ -26,3 +27,18 @@ def test_the_readme_circuit_block_is_what_the_experiment_prints():
     repeated, stories = circuits._pairs(model, args.n_seqs, args.story_len)
     _, summary = interp.induction_circuit(model, data=repeated, stories=stories)
     assert same_within_rounding(readme_block("gpt-4"), summary) == []
+
+
+def test_the_readme_spread_block_is_what_the_experiment_prints():
+    parser = argparse.ArgumentParser()
+    circuits.add_args(parser)
+    args = parser.parse_args([])
+    model = sprout.load("gpt-4")
+    spread = circuits.circuit_spread(model, args.n_seqs, args.story_len)
+    block = readme_block("spread:gpt-4")
+    assert same_within_rounding(block, interp.spread_sentences(spread)) == []
+    # what the README says of every setting holds at every setting
+    ranges = interp.spread_ranges(spread)
+    n = int(ranges["settings"].iloc[0])
+    for r in ranges[ranges["in_joint_set"] == n].itertuples():
+        assert f"{r.sender} (alone" in block
