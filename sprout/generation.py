@@ -61,7 +61,8 @@ def cache_masks(model, cache, attention_mask: Optional[torch.Tensor], ids: torch
 
     Args:
         ids: the new positions [batch, new_pos] (token ids, or the stream's first channel).
-        attention_mask: the new positions' mask [batch, new_pos] (1 token, 0 padding) or None (all tokens).
+        attention_mask: the new positions' mask [batch, new_pos] (1 token, 0 padding), or the whole
+            sequence's [batch, past + new_pos] (TransformerLens' input_to_embed returns that), or None.
 
     Returns:
         (mask [batch, new_pos], positions [batch, new_pos] counting real tokens of the whole sequence,
@@ -75,9 +76,16 @@ def cache_masks(model, cache, attention_mask: Optional[torch.Tensor], ids: torch
                          f"model's context of {n_ctx} tokens")
     if attention_mask is None:
         attention_mask = torch.ones(B, T, dtype=torch.long, device=ids.device)
+    if past and attention_mask.dim() == 2 and attention_mask.shape == (B, past + T):
+        # TransformerLens' input_to_embed hands back the whole mask, cached positions included
+        full = check_attention_mask(attention_mask, torch.empty(B, past + T, device=ids.device))
+        if not getattr(cache, "frozen", False):
+            cache.previous_attention_mask = full.to(cache.previous_attention_mask)
+        attention_mask = full[:, past:]
     else:
         attention_mask = check_attention_mask(attention_mask, ids)
-    keep = cache.append_attention_mask(attention_mask).to(ids.device).bool()  # [batch, past + new]
+        full = cache.append_attention_mask(attention_mask)
+    keep = full.to(ids.device).bool()  # [batch, past + new]
     positions = (keep.long().cumsum(1) - 1).clamp(min=0)[:, past:]
     query = torch.arange(past, past + T, device=ids.device)[:, None]
     key = torch.arange(past + T, device=ids.device)[None, :]
@@ -254,6 +262,8 @@ def _last_logits(model, ids, embeds, mask, cache, first: bool) -> torch.Tensor:
     kwargs = dict(attention_mask=None if mask is None else mask[:, -new:], return_type="logits")
     if cache is not None:
         kwargs["past_kv_cache"] = cache
+        if mask is None:  # say so: with a cache the forward would read trailing pad tokens (EOS) as padding
+            kwargs["attention_mask"] = torch.ones(part.shape[:2], dtype=torch.long, device=part.device)
     if embeds is not None:
         kwargs["start_at_layer"] = 0
     return model(part, **kwargs)[:, -1]

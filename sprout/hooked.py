@@ -2,7 +2,7 @@
 run_with_* entry points (thread-safe, with checked hooks), text in and out.
 
 A model subclasses `HookedLM` and defines `run_layers(x, attn_mask, positions, start_at_layer,
-stop_at_layer)`: the layers alone. `forward` reads the arguments of both conventions (`sprout.forward`).
+stop_at_layer, past_kv_cache)`: the layers alone. `forward` reads the arguments of both conventions (`sprout.forward`).
 """
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ class HookedLM(HookedRootModule):
                 stop_at_layer: Optional[int] = None, *, return_type=COURSE, loss_per_token: bool = False,
                 prepend_bos: Optional[bool] = None, padding_side: Optional[str] = None,
                 attention_mask: Optional[torch.Tensor] = None, start_at_layer: Optional[int] = None,
-                tokens: Optional[torch.Tensor] = None, past_kv_cache=None):
+                tokens: Optional[torch.Tensor] = None, past_kv_cache=None, shortformer_pos_embed=None):
         """Token ids [batch, pos] (or text, or a list of texts) through the model.
 
         The course's contract: `logits, loss = model(idx, targets, loss_mask)`; `logits, _ = model(idx)`.
@@ -149,10 +149,16 @@ class HookedLM(HookedRootModule):
             if isinstance(input, (str, list, tuple)):
                 idx, padded = text.tokens_and_mask(self, input, prepend_bos, padding_side)
             else:
-                text.check_prepend_bos(prepend_bos)
+                text.check_prepend_bos(self, prepend_bos)
                 idx, padded = text.check_tokens(self, input), None
             attention_mask = padded if attention_mask is None else attention_mask
             x = idx
+        if shortformer_pos_embed is not None:
+            raise ValueError("shortformer_pos_embed is for shortformer models; this model has no positional stream to add")
+        if attention_mask is None and idx is not None and isinstance(input, torch.Tensor) and (
+                past_kv_cache is not None or padding_side == "left"):
+            # TransformerLens reads the padding off the pad token here (a cache, or left padding asked for)
+            attention_mask = text.mask_from_padding(self, idx, padding_side, prepend_bos)
         positions = attn_mask = None
         if past_kv_cache is not None:
             attention_mask, positions, attn_mask = generation.cache_masks(

@@ -15,6 +15,7 @@ import warnings
 from typing import Optional
 
 import torch
+from transformer_lens.utilities import get_attention_mask
 
 from .tokenizer import EOT, decode, encode
 
@@ -59,7 +60,7 @@ def bos_token_id(model, prepend_bos) -> Optional[int]:
     return int(bos)
 
 
-def check_prepend_bos(prepend_bos) -> None:
+def check_prepend_bos(model, prepend_bos) -> None:
     """prepend_bos with token ids in is ignored, as in TransformerLens (it applies to text); it must still be a bool or None."""
     if prepend_bos is not None and not isinstance(prepend_bos, bool):
         raise TypeError(f"prepend_bos must be True, False or None, got {prepend_bos!r}")
@@ -293,4 +294,16 @@ def warn_if_left_padded(model, idx: torch.Tensor) -> None:
         f"rows {rows[:8]} of these token ids begin with more pad tokens (id {model.tokenizer.pad_token_id}) than "
         "others, as left padding does, and no attention_mask came with them, so the padding is read as real "
         "tokens; pass attention_mask=... (1 = token, 0 = padding), or the texts themselves. If the leading "
-        "tokens are real, pass attention_mask=torch.ones_like(tokens) to say so", stacklevel=4)
+        "tokens are real, pass attention_mask=torch.ones_like(tokens) to say so", stacklevel=2)
+
+
+def mask_from_padding(model, idx: torch.Tensor, padding_side, prepend_bos=None) -> Optional[torch.Tensor]:
+    """TransformerLens' reading of the padding off the pad token (`utilities.get_attention_mask`): the
+    leading (left) or trailing (right) run of pad tokens of each row is masked, a BOS that is also the
+    pad kept. None when nothing is padded, or when the pad is a real character (`leading_pads`)."""
+    if leading_pads(model, idx) is None:
+        return None
+    side = padding_side or getattr(model.tokenizer, "padding_side", "right")
+    bos = getattr(model.cfg, "default_prepend_bos", False) if prepend_bos is None else prepend_bos
+    mask = get_attention_mask(model.tokenizer, idx, bos, side)
+    return None if bool(mask.all()) else mask

@@ -352,9 +352,9 @@ class WalkthroughGPT(TLWeights, HookFlags, HookedLM):
         With padding, `attn_mask` [batch, 1, pos, pos] and each token's position [batch, pos], so left
         padding does not shift the learned positions. With `past_kv_cache` the positions continue from
         the cache's (`generation.cache_masks`) and each block appends its keys and values to its entry.
-        With `start_at_layer=S`, x is the stream entering
-        block S. With `stop_at_layer=L` only blocks 0..L-1 run and their output [batch, pos, d_model] is
-        returned; `blocks.L.hook_resid_pre` fires when the step has it.
+        With `start_at_layer=S`, x is the stream entering block S. With `stop_at_layer=L` only blocks
+        0..L-1 run and their output [batch, pos, d_model] is returned; `blocks.L.hook_resid_pre` fires
+        when the step has it.
         """
         if start_at_layer is None:
             B, T = x.shape

@@ -13,7 +13,7 @@ from sprout.tokenizer import char_tokenizer, train_bpe
 from tests.conftest import TINY, randomize_gains
 
 TEXT = "the cat sat on the mat and the dog sat on the log. " * 40
-CFG = SproutConfig(vocab_size=300, context=48, n_layer=2, n_head=4, d_model=64, d_ff=128)
+CFG = SproutConfig(vocab_size=300, context=96, n_layer=2, n_head=4, d_model=64, d_ff=128)
 GREEDY = dict(do_sample=False, stop_at_eos=False, verbose=False)
 
 
@@ -236,3 +236,89 @@ def test_no_tokenizer_generates_from_ids():
     tiny = Sprout(TINY).eval()
     ids = torch.randint(0, TINY.vocab_size, (2, 5))
     assert torch.equal(tiny.generate(ids, 4, **GREEDY), argmax_loop(tiny, ids, 4))
+
+
+# --- TransformerLens' tests/integration/test_kv_cache.py, ported (its prompts; BOS asked for explicitly,
+# as our default is False; atol as TL's for gpt2) -----------------------------------------------------
+
+ATOL = 1e-4
+
+
+def tl_cache(model, batch):
+    return TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, batch)
+
+
+@pytest.mark.parametrize("post", [" Sharon", " to buy myself a mandolin"])
+def test_tl_single_and_multiple_new_tokens(model, post):
+    pre = model.to_tokens("I went to Staten Island,", prepend_bos=True)
+    new = model.to_tokens(post, prepend_bos=False)
+    no_cache = model(torch.cat([pre, new], -1))
+    cache = tl_cache(model, 1)
+    model(pre, past_kv_cache=cache)
+    with_cache = model(new, past_kv_cache=cache)
+    assert torch.allclose(no_cache[:, -new.size(1):], with_cache, atol=ATOL)
+
+
+@pytest.mark.parametrize("pre_padding", ["left", "right", None])
+@pytest.mark.parametrize("post_padding", ["left", "right", None])
+def test_tl_multi_token_batch(model, pre_padding, post_padding):
+    padded_pre, unpadded_pre = ["It's always locked", "I'd rather be burned in Canada"], ["It's always locked", "It's always blocked"]
+    padded_post, unpadded_post = [" by the magistrate", " than to freeze here in the South"], [" by the magistrate", " by the candidate"]
+    first_post = model.to_tokens(padded_post[0], prepend_bos=False)
+    first_full = torch.cat([model.to_tokens(padded_pre[0], prepend_bos=True), first_post], -1)
+    expected = model(first_full)[0, -first_post.size(1):]
+    pre = (model.to_tokens(unpadded_pre, prepend_bos=True) if pre_padding is None
+           else model.to_tokens(padded_pre, prepend_bos=True, padding_side=pre_padding))
+    post = (model.to_tokens(unpadded_post, prepend_bos=False) if post_padding is None
+            else model.to_tokens(padded_post, prepend_bos=False, padding_side=post_padding))
+    cache = tl_cache(model, pre.size(0))
+    model(pre, past_kv_cache=cache, padding_side=pre_padding, prepend_bos=True)
+    cache.freeze()
+    got = model(post, past_kv_cache=cache, padding_side=post_padding, prepend_bos=False)
+    got = got[0, -first_post.size(1):] if post_padding in ("left", None) else got[0, :first_post.size(1)]
+    assert torch.allclose(expected.softmax(-1), got.softmax(-1), atol=ATOL)
+
+
+def test_tl_freeze_cache(model):
+    pre = model.to_tokens("I went to Staten Island,", prepend_bos=True)
+    new_1 = model.to_tokens(" I'm headed to the church to play bingo.", prepend_bos=False)
+    new_2 = model.to_tokens(" shine your light on me, Miss Liberty", prepend_bos=False)
+    cache_1, cache_2 = tl_cache(model, 1), tl_cache(model, 1)
+    model(pre, past_kv_cache=cache_1)
+    cache_1.freeze()
+    logits_1 = model(new_1, past_kv_cache=cache_1)
+    model(pre, past_kv_cache=cache_2)
+    cache_2.freeze()
+    model(new_2, past_kv_cache=cache_2)
+    for e1, e2 in zip(cache_1.entries, cache_2.entries):
+        assert torch.allclose(e1.past_keys, e2.past_keys, atol=1e-3) and torch.allclose(e1.past_values, e2.past_values, atol=1e-3)
+    assert torch.allclose(logits_1, model(new_1, past_kv_cache=cache_2), atol=ATOL)
+    cache_2.unfreeze()
+    again = model(new_1, past_kv_cache=cache_2)
+    assert all(e1.past_keys.size(1) < e2.past_keys.size(1) for e1, e2 in zip(cache_1.entries, cache_2.entries))
+    assert torch.allclose(logits_1, again, atol=ATOL)
+    assert not torch.allclose(logits_1, model(new_1, past_kv_cache=cache_2), atol=ATOL)
+
+
+def test_tl_kv_cache_with_custom_attention_mask(model):
+    pre = model.to_tokens("An apple", prepend_bos=True)
+    a, junk, b = (model.to_tokens(t, prepend_bos=False) for t in (" a day keeps", " junk", " the"))
+    post, whole = torch.cat([a, junk, b], -1), torch.cat([pre, a, b], -1)  # TL's prompts, cut where the junk is
+    mask = torch.cat([torch.ones_like(a), torch.zeros_like(junk), torch.ones_like(b)], -1)
+    cache = tl_cache(model, 1)
+    model(pre, past_kv_cache=cache)
+    assert torch.allclose(model(whole)[:, -1], model(post, attention_mask=mask, past_kv_cache=cache)[:, -1], atol=ATOL)
+
+
+def test_tl_kv_cache_and_start_at_layer(model):
+    pre = model.to_tokens("I went to Staten Island,", prepend_bos=True)
+    new = model.to_tokens(" Sharon", prepend_bos=False)
+    no_cache = model(torch.cat([pre, new], -1))
+    cache = tl_cache(model, 1)
+    model(pre, past_kv_cache=cache)
+    cache.freeze()
+    full_mask = torch.ones(1, pre.size(1) + new.size(1), dtype=torch.long)  # what TL's input_to_embed returns with a cache
+    _, act = model.run_with_cache(new, stop_at_layer=1, past_kv_cache=cache)
+    resid_1 = act["blocks.1.hook_resid_pre"]
+    with_cache = model(resid_1, start_at_layer=1, tokens=new, attention_mask=full_mask, past_kv_cache=cache)
+    assert torch.allclose(no_cache[:, -new.size(1):], with_cache, atol=ATOL)
