@@ -5,10 +5,10 @@ texts (`tokenize_and_concatenate`) and decodes with `tokenizer.decode`. Sprout's
 `tokenizers.Tokenizer` objects; this wraps one without changing an id.
 
 Special tokens follow GPT-2's use in TransformerLens: `<|endoftext|>`, when the tokenizer has it, is
-the BOS, EOS and pad token. Sprout was trained without BOS (`model.cfg.default_prepend_bos` is False,
-and `prepend_bos=True` is refused by the model's text paths), so `bos_token_id` is what
-TransformerLens helpers write when asked to add one. A character tokenizer has no special tokens:
-its pad token is id 0's character (padded positions are masked, never read), BOS and EOS are None.
+the BOS, EOS and pad token: `prepend_bos=True` puts it first (the demos were trained without it, so
+`model.cfg.default_prepend_bos` is False). A character tokenizer has no special tokens: its pad token
+is id 0's character (padded positions are masked, never read), BOS and EOS are None, and
+`prepend_bos=True` is refused.
 """
 from __future__ import annotations
 

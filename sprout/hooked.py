@@ -2,7 +2,7 @@
 run_with_* entry points (thread-safe, with checked hooks), text in and out.
 
 A model subclasses `HookedLM` and defines `run_layers(x, attn_mask, positions, start_at_layer,
-stop_at_layer)`: the layers alone. `forward` reads the arguments of both conventions (`sprout.forward`).
+stop_at_layer, past_kv_cache)`: the layers alone. `forward` reads the arguments of both conventions (`sprout.forward`).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
-from . import text
+from . import generation, text
 from .activation_cache import SproutActivationCache
 from .forward import COURSE, Output, check_loss_tokens, check_resid, course_loss, finish, layer_range, split_positional, tl_loss
 from .hook_checks import cache_hooks, check_buffers, checked_hook, copy_into_buffer, unknown_hook
@@ -127,17 +127,20 @@ class HookedLM(HookedRootModule):
                 stop_at_layer: Optional[int] = None, *, return_type=COURSE, loss_per_token: bool = False,
                 prepend_bos: Optional[bool] = None, padding_side: Optional[str] = None,
                 attention_mask: Optional[torch.Tensor] = None, start_at_layer: Optional[int] = None,
-                tokens: Optional[torch.Tensor] = None):
+                tokens: Optional[torch.Tensor] = None, past_kv_cache=None, shortformer_pos_embed=None):
         """Token ids [batch, pos] (or text, or a list of texts) through the model.
 
         The course's contract: `logits, loss = model(idx, targets, loss_mask)`; `logits, _ = model(idx)`.
         TransformerLens': `model(tokens)` is the logits [batch, pos, vocab]; `return_type` "logits",
         "loss" (position t predicts token t + 1, or `targets` when given), "both" or None;
         `loss_per_token`; `attention_mask` [batch, pos] (1 token, 0 padding; texts of unequal length
-        are padded and masked on their own); `prepend_bos` (refused: trained without BOS);
-        `padding_side`; `start_at_layer=S` (input is then the stream entering block S [batch, pos,
-        d_model], checked; `tokens=` its ids for a loss); `stop_at_layer=L` returns the stream leaving
-        block L-1 [batch, pos, d_model], firing no `blocks.L.*` hook; negative layers count from the end.
+        are padded and masked on their own); `prepend_bos` (text only, as in TransformerLens:
+        `<|endoftext|>` first; default `model.cfg.default_prepend_bos`); `padding_side`;
+        `past_kv_cache` (a `TransformerLensKeyValueCache`, `sprout.generation`: the input is the
+        positions after the cached ones, and is appended to it); `start_at_layer=S` (input is then the
+        stream entering block S [batch, pos, d_model], checked; `tokens=` its ids for a loss);
+        `stop_at_layer=L` returns the stream leaving block L-1 [batch, pos, d_model], firing no
+        `blocks.L.*` hook; negative layers count from the end.
         See `sprout.forward` for how the two conventions share one call.
         """
         targets, loss_mask, return_type, loss_per_token = split_positional(targets, loss_mask, return_type, loss_per_token)
@@ -157,11 +160,22 @@ class HookedLM(HookedRootModule):
                 idx, padded = text.check_tokens(self, input), None
             attention_mask = padded if attention_mask is None else attention_mask
             x = idx
+        if shortformer_pos_embed is not None:
+            raise ValueError("shortformer_pos_embed is for shortformer models; this model has no positional stream to add")
+        if attention_mask is None and idx is not None and isinstance(input, torch.Tensor) and (
+                past_kv_cache is not None or padding_side == "left"):
+            # TransformerLens reads the padding off the pad token here (a cache, or left padding asked for)
+            attention_mask = text.mask_from_padding(self, idx, padding_side, prepend_bos)
         positions = attn_mask = None
-        if attention_mask is not None:
+        if past_kv_cache is not None:
+            attention_mask, positions, attn_mask = generation.cache_masks(
+                self, past_kv_cache, attention_mask, x[..., 0] if start_at_layer is not None else idx)
+        elif attention_mask is None and targets is None and idx is not None:
+            text.warn_if_left_padded(self, idx)
+        if attention_mask is not None and past_kv_cache is None:
             attention_mask = text.check_attention_mask(attention_mask, x[..., 0] if start_at_layer is not None else idx)
             positions, attn_mask = padding_masks(attention_mask)
-        out = self.run_layers(x, attn_mask, positions, start_at_layer, stop_at_layer)
+        out = self.run_layers(x, attn_mask, positions, start_at_layer, stop_at_layer, past_kv_cache)
         if stop_at_layer is not None:
             return out.as_subclass(Output) if return_type is COURSE else out
         return finish(out, idx, targets, loss_mask, attention_mask, return_type, loss_per_token)
@@ -192,12 +206,15 @@ class HookedLM(HookedRootModule):
                   move_to_device: bool = True, truncate: bool = True) -> torch.Tensor:
         """Text (or a list of texts, padded to the longest on `padding_side`) -> token ids [batch, pos].
 
-        Nothing is truncated: a text longer than the context is an error naming `sprout.text.windows`.
+        As TransformerLens: `prepend_bos` (default `model.cfg.default_prepend_bos`) puts `<|endoftext|>`
+        first; `truncate=True` keeps the first `n_ctx` tokens, `truncate=False` refuses a longer text
+        (naming `sprout.text.windows`); `to_tokens("")` is [[BOS]] with prepend_bos, else shape [1, 0].
         """
-        return text.to_tokens(self, input, prepend_bos, padding_side)
+        return text.to_tokens(self, input, prepend_bos, padding_side, move_to_device, truncate)
 
     def to_str_tokens(self, input, prepend_bos: Optional[bool] = None, padding_side: Optional[str] = None) -> list:
-        """Each token as the piece of text it decodes to (a list per sequence for a batch or list of texts)."""
+        """Each token as the piece of text it decodes to; a list of texts gives one unpadded list per text
+        (TransformerLens' convention), ids [batch, pos] a list per row."""
         return text.to_str_tokens(self, input, prepend_bos, padding_side)
 
     def to_string(self, tokens) -> Union[str, list]:
@@ -230,19 +247,54 @@ class HookedLM(HookedRootModule):
     def generate(self, input: TextOrTokens = "", max_new_tokens: int = 10, stop_at_eos: bool = True,
                  eos_token_id=None, do_sample: bool = True, top_k: Optional[int] = None,
                  top_p: Optional[float] = None, temperature: float = 1.0, freq_penalty: float = 0.0,
-                 use_past_kv_cache: bool = True, prepend_bos: Optional[bool] = None,
+                 repetition_penalty: float = 1.0, use_past_kv_cache: bool = True, prepend_bos: Optional[bool] = None,
                  padding_side: Optional[str] = None, return_type: str = "input", verbose: bool = True,
-                 max_new: Optional[int] = None, stop=None):
-        """TransformerLens' generate, with its defaults (temperature 1.0, no top-p, sampling on).
+                 output_logits: bool = False, return_cache: bool = False, return_input_tokens: bool = False,
+                 names_filter=None, device=None, pixel_values=None, stop_strings=None, stopping_criteria=None,
+                 attention_mask: Optional[torch.Tensor] = None, forced_bos_token_id=None,
+                 max_new: Optional[int] = None, stop=None, **generation_kwargs):
+        """TransformerLens 4.3's generate (its arguments, defaults and results), on this model.
 
-        The course's `generate(idx, max_new)` works too (`max_new` is `max_new_tokens`, `stop` a set of
-        ids to stop at); model.py sampled at temperature 0.8 with top-p 0.95: pass them for its samples.
-        `use_past_kv_cache` is accepted and changes nothing (no KV cache; the same tokens either way).
+        `input`: a text, a list of texts (padded on the left and masked, so each prompt gets the
+        continuation it gets alone), token ids [batch, pos] (with their `attention_mask`, or
+        `padding_side` to read the padding off the pad token; right padding is moved to the left), or
+        token embeddings [batch, pos, d_model] (Sprout). An empty text starts from `<|endoftext|>`.
+        Sampling is TransformerLens' `sample_logits` (`temperature`, `top_k`, else `top_p`,
+        `freq_penalty`, `repetition_penalty`; `do_sample=False` or temperature 0 is greedy); penalties
+        count real tokens, not padding. A row stops at `eos_token_id` (default the tokenizer's EOS;
+        none for a character tokenizer), at an id in `stop` (model.py's argument), at `stop_strings`
+        or `stopping_criteria` (transformers'); finished rows are filled with the EOS until all stop.
+        `use_past_kv_cache` (default) runs each new token alone against a key-value cache
+        (`sprout.generation`): the same tokens as without it, and faster for long outputs. Past the
+        context, generation slides a window of `n_ctx` tokens (the cache is dropped from there).
+
+        Returns (`return_type`): "str" the text(s) without padding, BOS and EOS (one str for a batch
+        of one, as TransformerLens), "tokens" ids [batch, pos + new], "embeds" the token embeddings
+        [batch, pos + new, d_model], "input" the input's kind. `output_logits=True` returns
+        transformers' `GenerateDecoderOnlyOutput` (`sequences`, `logits`: one [batch, vocab] per
+        step); `return_cache=True` adds `run_with_cache` of the output (`names_filter`, `device`);
+        `return_input_tokens=True` adds the prompt's ids as the model read them.
+
+        The course's `generate(idx, max_new)` works too; model.py sampled at temperature 0.8 with
+        top-p 0.95: pass them (or use `sprout.generation.sample`) for its samples. `pixel_values`
+        and `forced_bos_token_id` (vision and encoder-decoder models) are refused.
         """
-        max_new_tokens = max_new if max_new is not None else max_new_tokens
-        return text.generate(self, input, max_new_tokens, stop_at_eos, eos_token_id, do_sample, top_k, top_p,
-                             temperature, freq_penalty, stop, prepend_bos, padding_side, return_type,
-                             verbose and max_new_tokens > 50)
+        for name, value in (("pixel_values", pixel_values), ("forced_bos_token_id", forced_bos_token_id)):
+            if value is not None:
+                raise ValueError(f"{name} is for vision or encoder-decoder models; {type(self).__name__} reads text only")
+        unknown = sorted(set(generation_kwargs) - {"output_logits", "return_dict_in_generate"})
+        if unknown:
+            raise TypeError(f"generate got unexpected keyword argument(s) {unknown}")
+        options = dict(max_new_tokens=max_new if max_new is not None else max_new_tokens, stop_at_eos=stop_at_eos,
+                       eos_token_id=eos_token_id, do_sample=do_sample, top_k=top_k, top_p=top_p,
+                       temperature=temperature, freq_penalty=freq_penalty, repetition_penalty=repetition_penalty,
+                       use_past_kv_cache=use_past_kv_cache, prepend_bos=prepend_bos, padding_side=padding_side,
+                       return_type=return_type, verbose=verbose,
+                       output_logits=generation_kwargs.get("output_logits", output_logits),
+                       return_cache=return_cache, return_input_tokens=return_input_tokens,
+                       names_filter=names_filter, device=device, stop_strings=stop_strings,
+                       stopping_criteria=stopping_criteria, attention_mask=attention_mask, stop=stop)
+        return generation.generate(self, input, options)
 
     # --- hooks ------------------------------------------------------------------------------------
 

@@ -117,11 +117,13 @@ class Attention(SproutAttentionWeights, nn.Module):
         self.hook_z = HookPoint()  # [batch, pos, head, d_head]
         self.hook_result = HookPoint()  # [batch, pos, head, d_model]: each head's write to the stream
 
-    def attend(self, x, cos: torch.Tensor, sin: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def attend(self, x, cos: torch.Tensor, sin: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
+               kv=None) -> torch.Tensor:
         """The block's call. x [batch, pos, d_model], or with split inputs a tuple of each head's own (normalised) copy
         for Q, K and V, each [batch, pos, head, d_model]; cos/sin the whole-row tables of `rope_rows`,
         [pos, 1, d_head] (or [batch, pos, 1, d_head] per row); attn_mask None (causal) or bool
-        [batch, 1, query, key], True = may attend."""
+        [batch, 1, query, key], True = may attend. `kv`, a TransformerLens key-value cache entry, holds
+        the earlier positions' keys (after QK-norm and RoPE) and values; the new ones are appended."""
         q, k, v = self.project_per_head(*x) if isinstance(x, tuple) else self.project(x)
         # A hook may edit q, k, v in place: with autograd on, they must not be views of one fused output.
         q = self.hook_q(editable(q, self.hook_q))
@@ -131,6 +133,8 @@ class Attention(SproutAttentionWeights, nn.Module):
         k = self.hook_k_normed(self.k_norm(k))
         q = self.hook_rot_q(rotate(q, cos, sin))
         k = self.hook_rot_k(rotate(k, cos, sin))
+        if kv is not None:
+            k, v = kv.append(k, v)  # [batch, past + pos, head, d_head]; attn_mask then covers every key
         B, T = q.shape[:2]
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, head, T, d_head)
         if hooked(self.hook_attn_scores, self.hook_pattern):
@@ -254,7 +258,7 @@ class Block(nn.Module):
         self.hook_mlp_in = HookPoint()  # [batch, pos, d_model]: the MLP's input before ln2, a copy
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+                attn_mask: Optional[torch.Tensor] = None, kv=None) -> torch.Tensor:
         x = self.hook_resid_pre(x)
         flags = linked(self, "lens")
         if flags is not None and (flags.use_split_qkv_input or flags.use_attn_in):
@@ -263,7 +267,7 @@ class Block(nn.Module):
                 self.norm1(x, self.ln1)  # ln1's hooks still see the shared stream; the heads read their copies
         else:
             attn_in = self.norm1(x, self.ln1)
-        x = self.hook_resid_mid(x + self.hook_attn_out(self.attn.attend(attn_in, cos, sin, attn_mask)))
+        x = self.hook_resid_mid(x + self.hook_attn_out(self.attn.attend(attn_in, cos, sin, attn_mask, kv)))
         mlp_in = self.hook_mlp_in(x.clone()) if flags is not None and flags.use_hook_mlp_in else x
         x = self.hook_resid_post(x + self.hook_mlp_out(self.ffn(self.norm2(mlp_in, self.ln2), self.mlp)))
         return x
@@ -319,11 +323,14 @@ class Sprout(TLWeights, HookFlags, HookedLM):
 
     def run_layers(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
                    positions: Optional[torch.Tensor] = None, start_at_layer: Optional[int] = None,
-                   stop_at_layer: Optional[int] = None) -> torch.Tensor:
+                   stop_at_layer: Optional[int] = None, past_kv_cache=None) -> torch.Tensor:
         """Token ids [batch, pos] -> logits [batch, pos, vocab].
 
         With padding, `attn_mask` [batch, 1, pos, pos] and each token's RoPE position [batch, pos] (see
-        `hooked.padding_masks`). With `start_at_layer=S`, x is the residual stream entering block S.
+        `hooked.padding_masks`). With `past_kv_cache`, the positions come after the cached ones:
+        `attn_mask` [batch, 1, pos, past + pos] and `positions` count from the cache's (see
+        `generation.cache_masks`), and each block appends its keys and values to its entry.
+        With `start_at_layer=S`, x is the residual stream entering block S.
         With `stop_at_layer=L` only blocks 0..L-1 run and the stream they leave [batch, pos, d_model]
         is returned, no `blocks.L.*` hook firing (as TransformerLens): a probe of an early layer does
         not pay for the rest of the model. Both are block indices here (`HookedLM.forward` resolves
@@ -339,8 +346,10 @@ class Sprout(TLWeights, HookFlags, HookedLM):
         blocks = self.blocks
         if start_at_layer is not None or stop_at_layer is not None:
             blocks = self.blocks[start_at_layer:stop_at_layer]
-        for block in blocks:
-            x = block(x, cos, sin, attn_mask)
+        first = start_at_layer or 0
+        first += len(self.blocks) if first < 0 else 0  # the cache entry of blocks[start_at_layer]
+        for i, block in enumerate(blocks, start=first):
+            x = block(x, cos, sin, attn_mask, None if past_kv_cache is None else past_kv_cache[i])
         if stop_at_layer is not None:
             return x
         return self.unembed(self.norm(x, self.ln_final))

@@ -1,16 +1,23 @@
 """Text in, text out, for any hooked model here that carries a tokenizer (Sprout, the walkthrough GPT).
 
-These read only `model.cfg.d_vocab`, `model.cfg.n_ctx` and `model.tokenizer`, so every model family
-shares them. Every check names what is wrong: no silent truncation, no silent id wrap-around.
+These read only `model.cfg.d_vocab`, `model.cfg.n_ctx`, `model.cfg.default_prepend_bos` and
+`model.tokenizer`, so every model family shares them. Every check names what is wrong: no silent id
+wrap-around, and no truncation except `to_tokens`' (TransformerLens' default, `truncate=True`); the
+forward, `run_with_cache` and `generate` refuse a text longer than the context.
+
+BOS: with `prepend_bos=True` (or `model.cfg.default_prepend_bos = True`) a text starts with
+`<|endoftext|>`, GPT-2's BOS. The demos were trained without it (their documents are separated by
+blank lines), so the default is False; the README's *BOS* section measures what it does.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
+from transformer_lens.utilities import get_attention_mask
 
-from .tokenizer import decode, encode
+from .tokenizer import EOT, decode, encode
 
 
 def _tokenizer(model):
@@ -23,33 +30,43 @@ def _tokenizer(model):
     return tok
 
 
-def _encode(model, text: str) -> list[int]:
+def _encode(model, text: str, bos: Optional[int] = None, allow_empty: bool = False) -> list[int]:
     if not isinstance(text, str):
         raise TypeError(f"expected text (str), got {type(text).__name__}")
-    if text == "":
+    ids = ([] if bos is None else [bos]) + (encode(_tokenizer(model), text) if text else [])
+    if not ids and not allow_empty:
         raise ValueError("the text is empty: there is nothing to run the model on")
-    return encode(_tokenizer(model), text)
+    return ids
+
+
+def bos_token_id(model, prepend_bos) -> Optional[int]:
+    """The BOS id to put before each text, or None: `prepend_bos` (None = `model.cfg.default_prepend_bos`).
+
+    The BOS is `<|endoftext|>`, as GPT-2's. A tokenizer without it (the character tokenizers) has
+    no BOS, and asking for one is an error.
+    """
+    if prepend_bos is None:
+        prepend_bos = getattr(model.cfg, "default_prepend_bos", False)
+    if not isinstance(prepend_bos, bool):
+        raise TypeError(f"prepend_bos must be True, False or None (model.cfg.default_prepend_bos), got {prepend_bos!r}")
+    if not prepend_bos:
+        return None
+    bos = getattr(_tokenizer(model), "bos_token_id", None)
+    if bos is None:
+        raise ValueError(
+            f"prepend_bos=True needs a BOS token, and this {type(model).__name__}'s tokenizer has none (a character "
+            f"tokenizer has no {EOT}); use prepend_bos=False (model.cfg.default_prepend_bos is "
+            f"{getattr(model.cfg, 'default_prepend_bos', False)})")
+    return int(bos)
 
 
 def check_prepend_bos(model, prepend_bos) -> None:
-    """Sprout and the walkthrough GPT were trained without a BOS token: asking for one is an error."""
-    if prepend_bos is None:
-        prepend_bos = getattr(model.cfg, "default_prepend_bos", False)
-    if prepend_bos:
-        raise ValueError(
-            f"{type(model).__name__} was trained without a BOS token, so prepend_bos=True would feed it a "
-            "token it never saw first; use prepend_bos=False (the default, model.cfg.default_prepend_bos). "
-            "TransformerLens helpers that take prepend_bos (test_prompt, induction_loss) work with the default")
+    """prepend_bos with token ids in is ignored, as in TransformerLens (it applies to text); it must still be a bool or None."""
+    if prepend_bos is not None and not isinstance(prepend_bos, bool):
+        raise TypeError(f"prepend_bos must be True, False or None, got {prepend_bos!r}")
 
 
-def tokens_and_mask(model, text, prepend_bos=None, padding_side=None):
-    """Text or a list of texts -> (ids [batch, pos], attention_mask [batch, pos] or None).
-
-    Texts of unequal token length are padded with the tokenizer's pad token on `padding_side` (default
-    the tokenizer's, "right"); the mask is 1 at real tokens and 0 at padding, and None when nothing
-    was padded.
-    """
-    check_prepend_bos(model, prepend_bos)
+def _check_texts(text) -> list[str]:
     texts = [text] if isinstance(text, str) else list(text)
     if not texts:
         raise ValueError("no texts given")
@@ -57,10 +74,19 @@ def tokens_and_mask(model, text, prepend_bos=None, padding_side=None):
         kinds = sorted({type(t).__name__ for t in texts if not isinstance(t, str)})
         raise TypeError(f"expected text (str) or a list of texts, got a list holding {', '.join(kinds)}; "
                         "pass token ids as a torch.Tensor [batch, pos]")
-    ids = [_encode(model, t) for t in texts]
+    return texts
+
+
+def pad_rows(model, ids: list[list[int]], padding_side=None, device=None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Rows of ids -> (ids [batch, longest], attention_mask [batch, longest] or None when nothing was padded).
+
+    Shorter rows are padded with the tokenizer's pad token on `padding_side` (default the tokenizer's,
+    "right"); the mask is 1 at real tokens and 0 at padding.
+    """
+    device = model.cfg.device if device is None else device
     longest = max(len(i) for i in ids)
     if all(len(i) == longest for i in ids):
-        return check_tokens(model, torch.tensor(ids, dtype=torch.long, device=model.cfg.device)), None
+        return torch.tensor(ids, dtype=torch.long, device=device).view(len(ids), longest), None
     tok = _tokenizer(model)
     side = padding_side or getattr(tok, "padding_side", "right")
     if side not in ("left", "right"):
@@ -72,16 +98,43 @@ def tokens_and_mask(model, text, prepend_bos=None, padding_side=None):
         rows.append(fill + i if side == "left" else i + fill)
         ones, zeros = [1] * len(i), [0] * len(fill)
         mask.append(zeros + ones if side == "left" else ones + zeros)
-    device = model.cfg.device
-    return (check_tokens(model, torch.tensor(rows, dtype=torch.long, device=device)),
+    return (torch.tensor(rows, dtype=torch.long, device=device),
             torch.tensor(mask, dtype=torch.long, device=device))
 
 
-def to_tokens(model, text, prepend_bos=None, padding_side=None) -> torch.Tensor:
-    """Text, a list of texts (padded to the longest), or ids -> ids [batch, pos] on the model's device."""
+def tokens_and_mask(model, text, prepend_bos=None, padding_side=None):
+    """Text or a list of texts -> (ids [batch, pos], attention_mask [batch, pos] or None), for a forward.
+
+    With `prepend_bos` (None = `model.cfg.default_prepend_bos`) each text starts with `<|endoftext|>`.
+    Texts of unequal token length are padded with the tokenizer's pad token on `padding_side` (default
+    the tokenizer's, "right"); the mask is 1 at real tokens and 0 at padding, and None when nothing
+    was padded. Nothing is truncated: a text longer than the context is an error.
+    """
+    bos = bos_token_id(model, prepend_bos)
+    idx, mask = pad_rows(model, [_encode(model, t, bos) for t in _check_texts(text)], padding_side)
+    return check_tokens(model, idx), mask
+
+
+def to_tokens(model, text, prepend_bos=None, padding_side=None, move_to_device: bool = True,
+              truncate: bool = True) -> torch.Tensor:
+    """Text, a list of texts (padded to the longest), or ids -> ids [batch, pos] on the model's device.
+
+    As TransformerLens: `truncate=True` keeps each text's first `n_ctx` tokens (its BOS included);
+    `truncate=False` refuses a longer text, naming `sprout.text.windows`. `to_tokens("")` is the BOS
+    alone with prepend_bos, else an empty [1, 0] tensor.
+    """
     if isinstance(text, torch.Tensor):
         return check_tokens(model, text)
-    return tokens_and_mask(model, text, prepend_bos, padding_side)[0]
+    bos = bos_token_id(model, prepend_bos)
+    ids = [_encode(model, t, bos, allow_empty=True) for t in _check_texts(text)]
+    n_ctx = model.cfg.n_ctx
+    if truncate:
+        ids = [i[:n_ctx] for i in ids]
+    device = model.cfg.device if move_to_device else "cpu"
+    idx, _ = pad_rows(model, ids, padding_side, device)
+    if idx.size(1) > 0:
+        check_tokens(model, idx)  # ids in the model's vocabulary; too long (truncate=False) names sprout.text.windows
+    return idx
 
 
 def check_attention_mask(mask, ids: torch.Tensor) -> torch.Tensor:
@@ -120,7 +173,7 @@ def check_integer_ids(idx: torch.Tensor) -> None:
 def check_tokens(model, idx) -> torch.Tensor:
     """Validate token ids (or tokenize text) for a forward pass; returns ids [batch, pos]."""
     if isinstance(idx, (str, list, tuple)):
-        return to_tokens(model, idx)
+        return tokens_and_mask(model, idx)[0]
     if not isinstance(idx, torch.Tensor):
         raise TypeError(f"expected token ids as a torch.Tensor [batch, pos] or text, got {type(idx).__name__}")
     check_integer_ids(idx)
@@ -176,15 +229,16 @@ def windows(ids, size: int, stride: Optional[int] = None) -> torch.Tensor:
 
 
 def to_str_tokens(model, text, prepend_bos=None, padding_side=None) -> list:
-    """Each token as the text it decodes to: a list for one sequence, a list of lists for a batch.
+    """Each token as the text it decodes to.
 
-    Takes text, a list of texts, or ids (tensor, NumPy array, list of ints). Ids the tokenizer lacks
-    read `<unk:ID>`, as in every decode path here.
+    A text gives one list (its first `n_ctx` tokens, as TransformerLens); a list of texts one unpadded
+    list per text (TransformerLens' convention); ids [pos] (tensor, NumPy array, list of ints) one list,
+    [batch, pos] a list per row. Ids the tokenizer lacks read `<unk:ID>`, as in every decode path here.
     """
-    if isinstance(text, str) or (isinstance(text, (list, tuple)) and text and all(isinstance(t, str) for t in text)):
-        ids = to_tokens(model, text, prepend_bos, padding_side)
-        if isinstance(text, str):
-            ids = ids[0]
+    if isinstance(text, str):
+        ids = to_tokens(model, text, prepend_bos, padding_side)[0]
+    elif isinstance(text, (list, tuple)) and text and all(isinstance(t, (str, torch.Tensor)) for t in text):
+        return [to_str_tokens(model, t, prepend_bos, padding_side) for t in text]
     else:
         ids = as_ids(text)
     if ids.dim() == 2 and ids.size(0) == 1 and not isinstance(text, (list, tuple)):
@@ -208,90 +262,48 @@ def to_string(model, tokens):
     return decode(_tokenizer(model), tokens.reshape(-1).tolist())
 
 
-def _next_token(logits: torch.Tensor, do_sample: bool, temperature: float, top_k, top_p) -> torch.Tensor:
-    """One id per row from the last position's logits [batch, vocab]: argmax, or temperature, top-k, top-p."""
-    if not do_sample or temperature == 0:
-        return logits.argmax(-1, keepdim=True)
-    logits = logits / temperature
-    if top_k:
-        kth = torch.topk(logits, min(int(top_k), logits.size(-1))).values[:, -1, None]
-        logits = logits.masked_fill(logits < kth, -float("inf"))
-    probs = F.softmax(logits, dim=-1)
-    if top_p is not None and top_p < 1.0:
-        sorted_p, order = probs.sort(descending=True)
-        sorted_p[sorted_p.cumsum(-1) - sorted_p > top_p] = 0  # keep the smallest set reaching top_p
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-        probs /= probs.sum(-1, keepdim=True)
-    return torch.multinomial(probs, 1)
+def leading_pads(model, idx: torch.Tensor) -> Optional[torch.Tensor]:
+    """How many of the tokenizer's pad token begin each row [batch], or None when the pad is not also the
+    BOS or EOS (`<|endoftext|>` is all three).
 
-
-def _check_sampling(max_new_tokens, temperature, top_k, top_p):
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-    if not (isinstance(temperature, (int, float)) and temperature >= 0):
-        raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k must be None or an integer >= 1, got {top_k!r}")
-    if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
-        raise ValueError(f"top_p must be None or a number in (0, 1], got {top_p!r}")
-
-
-@torch.no_grad()
-def generate(model, input, max_new_tokens: int = 10, stop_at_eos: bool = True, eos_token_id=None,
-             do_sample: bool = True, top_k: Optional[int] = None, top_p: Optional[float] = None,
-             temperature: float = 1.0, freq_penalty: float = 0.0, stop=None, prepend_bos=None,
-             padding_side=None, return_type: str = "input", verbose: bool = False):
-    """Sample `max_new_tokens` tokens after `input` (TransformerLens' generate; model.py's sampler).
-
-    Text in gives text out (`return_type="input"`; "str" or "tokens" to choose). A list of texts of
-    unequal length is padded on the left and masked. A row stops at `eos_token_id` (default the
-    tokenizer's EOS) or at an id in `stop` (model.py's argument); finished rows are filled with that id
-    until every row has stopped. There is no KV cache: each step reruns the last `n_ctx` tokens, which
-    gives the same tokens as a cache would.
+    A character tokenizer pads with a real character (id 0), which text may begin with, so its padding
+    cannot be told from text and this is None.
     """
-    _check_sampling(max_new_tokens, temperature, top_k, top_p)
-    if return_type not in ("input", "str", "tokens"):
-        raise ValueError(f"return_type must be 'input', 'str' or 'tokens', got {return_type!r}")
-    as_text = isinstance(input, str) or (isinstance(input, (list, tuple)) and bool(input) and isinstance(input[0], str))
-    if as_text:
-        idx, mask = tokens_and_mask(model, input, prepend_bos, padding_side or "left")
-    else:
-        idx, mask = check_tokens(model, input), None
-    stops = set(int(i) for i in stop) if stop is not None else set()
-    eos = eos_token_id if eos_token_id is not None else getattr(getattr(model, "tokenizer", None), "eos_token_id", None)
-    if stop_at_eos and eos is not None:
-        stops |= {int(eos)} if isinstance(eos, int) else set(int(i) for i in eos)
-    finished = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
-    n_ctx = model.cfg.n_ctx
-    steps = range(max_new_tokens)
-    if verbose:
-        from tqdm.auto import tqdm
-
-        steps = tqdm(steps)
-    for _ in steps:
-        window_mask = None if mask is None else mask[:, -n_ctx:]
-        logits = model(idx[:, -n_ctx:], attention_mask=window_mask, return_type="logits")[:, -1, :].float()
-        if freq_penalty:
-            logits = logits - freq_penalty * torch.zeros_like(logits).scatter_add_(
-                -1, idx, torch.ones_like(idx, dtype=logits.dtype))
-        nxt = _next_token(logits, do_sample, temperature, top_k, top_p)
-        if stops:
-            fill = next(iter(sorted(stops)))
-            nxt = torch.where(finished[:, None], torch.full_like(nxt, fill), nxt)
-            finished |= torch.isin(nxt[:, 0], torch.tensor(sorted(stops), device=nxt.device))
-        idx = torch.cat((idx, nxt), dim=1)
-        if mask is not None:
-            mask = torch.cat((mask, torch.ones_like(nxt)), dim=1)
-        if stops and bool(finished.all()):
-            break
-    if return_type == "tokens" or (return_type == "input" and not as_text):
-        return idx
-    texts = to_string(model, idx) if mask is None else [to_string(model, row[m.bool()]) for row, m in zip(idx, mask)]
-    return texts[0] if isinstance(input, str) else texts
+    tok = getattr(model, "tokenizer", None)
+    pad = getattr(tok, "pad_token_id", None)
+    if pad is None or pad not in (getattr(tok, "bos_token_id", None), getattr(tok, "eos_token_id", None)):
+        return None
+    return (idx == pad).long().cumprod(1).sum(1)
 
 
-def sample(model, idx, max_new: int, temperature: float = 0.8, top_k: Optional[int] = None,
-           top_p: Optional[float] = 0.95, stop=None):
-    """model.py's sampler with model.py's defaults (temperature 0.8, top-p 0.95); text in gives text out."""
-    return generate(model, idx, max_new, stop_at_eos=False, temperature=temperature, top_k=top_k, top_p=top_p,
-                    stop=stop)
+def warn_if_left_padded(model, idx: torch.Tensor) -> None:
+    """Warn when rows of ids [batch, pos] look left-padded and came without their attention_mask.
+
+    The sign: rows begin with different numbers of the pad token (`<|endoftext|>`, which is also the
+    BOS). Left padding without its mask is read as real tokens and shifts every position; the same ids
+    with `attention_mask` (as `sprout.text.tokens_and_mask` returns it) are read correctly. The course's
+    training call (`targets` given) is not checked.
+    """
+    if idx.size(0) < 2:
+        return
+    lead = leading_pads(model, idx)
+    if lead is None or int(lead.max()) == int(lead.min()):
+        return
+    rows = (lead > lead.min()).nonzero().flatten().tolist()
+    warnings.warn(
+        f"rows {rows[:8]} of these token ids begin with more pad tokens (id {model.tokenizer.pad_token_id}) than "
+        "others, as left padding does, and no attention_mask came with them, so the padding is read as real "
+        "tokens; pass attention_mask=... (1 = token, 0 = padding), or the texts themselves. If the leading "
+        "tokens are real, pass attention_mask=torch.ones_like(tokens) to say so", stacklevel=2)
+
+
+def mask_from_padding(model, idx: torch.Tensor, padding_side, prepend_bos=None) -> Optional[torch.Tensor]:
+    """TransformerLens' reading of the padding off the pad token (`utilities.get_attention_mask`): the
+    leading (left) or trailing (right) run of pad tokens of each row is masked, a BOS that is also the
+    pad kept. None when nothing is padded, or when the pad is a real character (`leading_pads`)."""
+    if leading_pads(model, idx) is None:
+        return None
+    side = padding_side or getattr(model.tokenizer, "padding_side", "right")
+    bos = getattr(model.cfg, "default_prepend_bos", False) if prepend_bos is None else prepend_bos
+    mask = get_attention_mask(model.tokenizer, idx, bos, side)
+    return None if bool(mask.all()) else mask

@@ -228,13 +228,17 @@ class Attention(WalkthroughAttentionWeights, nn.Module):
             mask = padding_masks(attention_mask.to(query_input.device))[1]
         return self.attend(x, mask)
 
-    def attend(self, x, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def attend(self, x, attn_mask: Optional[torch.Tensor] = None, kv=None) -> torch.Tensor:
         """The block's call. x [batch, pos, C], or a tuple of each head's own input for Q, K and V, each
-        [batch, pos, head, C]; attn_mask None (causal) or bool [batch, 1, query, key], True = may attend."""
+        [batch, pos, head, C]; attn_mask None (causal) or bool [batch, 1, query, key], True = may attend;
+        `kv` a TransformerLens key-value cache entry holding the earlier positions' keys and values (the
+        new ones are appended)."""
         xq, xk, xv = x if isinstance(x, tuple) else (x, x, x)
         q = self.hook_q(self._project(xq, "query"))
         k = self.hook_k(self._project(xk, "key"))
         v = self.hook_v(self._project(xv, "value"))
+        if kv is not None:
+            k, v = kv.append(k, v)  # [batch, past + pos, head, d_head]; attn_mask then covers every key
         B, T = q.shape[:2]
         C = self.projection.weight.size(0)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, head, T, d_head)
@@ -309,11 +313,11 @@ class Block(nn.Module):
         if self.mlp is not None:
             self.hook_mlp_in = HookPoint()  # [batch, pos, C]: the feed-forward layer's input before ln2, a copy
 
-    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, kv=None) -> torch.Tensor:
         if self.residual:
             x = self.hook_resid_pre(x)
         flags = linked(self, "lens")
-        a = self.hook_attn_out(self.dropout(self.attention_projection(self.attn.attend(self._attn_input(x, flags), attn_mask))))
+        a = self.hook_attn_out(self.dropout(self.attention_projection(self.attn.attend(self._attn_input(x, flags), attn_mask, kv))))
         if self.mlp is None:
             return self.hook_resid_post(x + a) if self.residual else a
         x = self.hook_resid_mid(x + a) if self.residual else a
@@ -367,13 +371,15 @@ class WalkthroughGPT(TLWeights, HookFlags, HookedLM):
 
     def run_layers(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
                    positions: Optional[torch.Tensor] = None, start_at_layer: Optional[int] = None,
-                   stop_at_layer: Optional[int] = None) -> torch.Tensor:
+                   stop_at_layer: Optional[int] = None, past_kv_cache=None) -> torch.Tensor:
         """Token ids [batch, pos] -> logits [batch, pos, vocab] (the calling conventions: HookedLM.forward).
 
         With padding, `attn_mask` [batch, 1, pos, pos] and each token's position [batch, pos], so left
-        padding does not shift the learned positions. With `start_at_layer=S`, x is the stream entering
-        block S. With `stop_at_layer=L` only blocks 0..L-1 run and their output [batch, pos, d_model] is
-        returned, no `blocks.L.*` hook firing (as TransformerLens).
+        padding does not shift the learned positions. With `past_kv_cache` the positions continue from
+        the cache's (`generation.cache_masks`) and each block appends its keys and values to its entry.
+        With `start_at_layer=S`, x is the stream entering block S. With `stop_at_layer=L` only blocks
+        0..L-1 run and their output [batch, pos, d_model] is returned, no `blocks.L.*` hook firing (as
+        TransformerLens).
         """
         if start_at_layer is None:
             B, T = x.shape
@@ -386,8 +392,10 @@ class WalkthroughGPT(TLWeights, HookFlags, HookedLM):
         blocks = self.blocks
         if start_at_layer is not None or stop_at_layer is not None:
             blocks = self.blocks[start_at_layer:stop_at_layer]
-        for block in blocks:
-            x = block(x, attn_mask)
+        first = start_at_layer or 0
+        first += len(self.blocks) if first < 0 else 0  # the cache entry of blocks[start_at_layer]
+        for i, block in enumerate(blocks, start=first):
+            x = block(x, attn_mask, None if past_kv_cache is None else past_kv_cache[i])
         if stop_at_layer is not None:
             return x
         return self.unembed(self.ln_final(x))

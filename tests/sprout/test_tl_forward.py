@@ -272,8 +272,8 @@ def test_to_string_to_str_tokens_and_token_positions(bpe_model):
     pieces = [raw_tok.decode([i]) for i in ids.tolist()]
     assert bpe_model.to_str_tokens(ids.numpy()) == pieces
     assert bpe_model.to_str_tokens(np.stack([ids.numpy()] * 2)) == [pieces, pieces]
-    assert bpe_model.to_str_tokens(["the cat", "the"]) == [bpe_model.to_str_tokens("the cat"),
-                                                            bpe_model.to_str_tokens("the") + [bpe_model.tokenizer.pad_token]]
+    # one unpadded list per text, TransformerLens' convention (issue 21.10)
+    assert bpe_model.to_str_tokens(["the cat", "the"]) == [bpe_model.to_str_tokens("the cat"), bpe_model.to_str_tokens("the")]
     the = max(set(ids.tolist()), key=ids.tolist().count)  # " the", twice
     where = [i for i, t in enumerate(ids.tolist()) if t == the]
     assert len(where) >= 2

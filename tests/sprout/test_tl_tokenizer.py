@@ -66,14 +66,6 @@ def test_to_tokens_pads_a_list_of_texts(model, side):
     assert model.to_tokens(texts, padding_side=side).tolist() == expected
 
 
-def test_prepend_bos_true_says_sprout_has_none(model):
-    for call in (lambda: model.to_tokens("the cat", prepend_bos=True), lambda: model("the cat", prepend_bos=True),
-                 lambda: model(model.to_tokens("the cat"), prepend_bos=True),
-                 lambda: utils.test_prompt("the cat", "sat", model, prepend_bos=True)):
-        with pytest.raises(ValueError, match="trained without a BOS token"):
-            call()
-
-
 def test_detect_head_on_a_list_of_prompts_equals_the_score_by_hand(model):
     prompts = ["the cat sat on the mat", "the dog", "on the log the dog sat on the mat"]
     scores = detect_head(model, prompts, "previous_token_head")
