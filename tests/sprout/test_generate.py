@@ -318,7 +318,6 @@ def test_tl_kv_cache_and_start_at_layer(model):
     model(pre, past_kv_cache=cache)
     cache.freeze()
     full_mask = torch.ones(1, pre.size(1) + new.size(1), dtype=torch.long)  # what TL's input_to_embed returns with a cache
-    _, act = model.run_with_cache(new, stop_at_layer=1, past_kv_cache=cache)
-    resid_1 = act["blocks.1.hook_resid_pre"]
+    resid_1 = model(new, stop_at_layer=1, past_kv_cache=cache)  # the stream leaving block 0 (TL: no blocks.1.* hook fires)
     with_cache = model(resid_1, start_at_layer=1, tokens=new, attention_mask=full_mask, past_kv_cache=cache)
     assert torch.allclose(no_cache[:, -new.size(1):], with_cache, atol=ATOL)
