@@ -110,8 +110,10 @@ def attention_grid(df: pd.DataFrame, layer: Optional[int] = None, cols: int = 3,
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=[f"head {h}" for h in heads],
                         horizontal_spacing=0.08, vertical_spacing=0.12 if rows > 1 else 0.1)
     labels = [short_label(t) for t in tokens]
-    # Tick labels on a panel this small overlap beyond ~32 tokens: label every k-th token then.
-    step = max(1, math.ceil(n / 32))
+    panel = max(260, min(n * 10, 480))
+    panel = min(panel, int((MAX_WIDTH - 160) / cols - label_width(labels) - 30))  # the grid fits the page
+    # Tick labels on a small panel overlap: label every k-th token, k such that each label has a line's height.
+    step = max(1, math.ceil(n / 32), math.ceil(n * LINE_H / (0.85 * panel)))
     tickvals = list(range(0, n, step))
     for i, h in enumerate(heads):
         r, c = divmod(i, cols)
@@ -122,8 +124,6 @@ def attention_grid(df: pd.DataFrame, layer: Optional[int] = None, cols: int = 3,
         fig.update_yaxes(tickmode="array", tickvals=tickvals, ticktext=[labels[v] for v in tickvals],
                          autorange="reversed", tickfont=dict(size=FONT_SIZE - 2), showgrid=False,
                          row=r + 1, col=c + 1)
-    panel = max(260, min(n * 10, 480))
-    panel = min(panel, int((MAX_WIDTH - 160) / cols - label_width(labels) - 30))  # the grid fits the page
     fig.update_layout(**base_layout(
         f"{title}: all {len(heads)} heads of layer {layer}",
         "row = query token, column = key token" + (f"; one token in {step} labelled, hover for all" if step > 1 else ""),

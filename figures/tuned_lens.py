@@ -60,11 +60,11 @@ def _band(fig, g: pd.DataFrame, col: str, lens: str, color: str, row: int, show:
     x = by.mean().index.tolist()
     lo, hi = by.quantile(0.1).tolist(), by.quantile(0.9).tolist()
     fig.add_trace(go.Scatter(x=x + x[::-1], y=hi + lo[::-1], fill="toself", mode="lines", line=dict(width=0),
-                             fillcolor=_with_alpha(color, 0.18), hoverinfo="skip", legendgroup=name,
+                             fillcolor=_with_alpha(color, 0.18), hoverinfo="skip", legendgroup=lens,
                              name=f"{name}: 10-90% of texts", showlegend=show), row=row, col=1)
     fig.add_trace(go.Scatter(x=x, y=by.mean().tolist(), mode="lines+markers", name=f"{name}: mean",
                              line=dict(color=color, width=2.5, dash="dot" if lens == "unigram" else None),
-                             legendgroup=name, showlegend=show,
+                             legendgroup=lens, showlegend=show,
                              hovertemplate=f"{name}<br>layer %{{x}}<br>{col} %{{y:.3f}} nats<extra></extra>"),
                   row=row, col=1)
 

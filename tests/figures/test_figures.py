@@ -109,15 +109,21 @@ def test_logit_lens_grid_cells_frames_and_labels():
     assert fig.layout.xaxis.title.text and fig.layout.yaxis.title.text and "gpt-4" in fig.layout.title.text
 
 
-def test_logit_lens_grid_64_tokens_has_room_for_every_label():
+def test_logit_lens_grid_64_tokens_fits_the_page_and_no_text_overflows_its_cell():
+    from figures.style import MAX_WIDTH
+
     tokens = [f" tok{i}" if i % 5 else "\n" for i in range(64)]
     fig = figures.logit_lens_grid(lens_df(tokens, 8))
     hm = fig.data[0]
     assert np.array(hm.z).shape == (9, 64)
     assert len(fig.layout.xaxis.tickvals) == 64
+    assert fig.layout.width <= MAX_WIDTH  # the whole grid fits a 1400 px window: no panel cut off
     assert_ticks_fit(fig, "x")
-    cell_px = plot_px(fig, "x") / 64  # each cell's text fits its cell
-    assert cell_px >= max(len(t) for t in np.array(hm.text).ravel()) * CHAR_W
+    cell_px = plot_px(fig, "x") / 64
+    # each cell's text fits its cell, or (cells too narrow) no text is drawn and the hover carries it
+    assert hm.texttemplate == "" or cell_px >= max(len(t) for t in np.array(hm.text).ravel()) * CHAR_W
+    short = figures.logit_lens_grid(lens_df(tokens[:16], 8)).data[0]
+    assert short.texttemplate == "%{text}"  # a short text keeps its cell labels
 
 
 def test_logit_lens_grid_picks_one_sequence_and_labels_mid_block_rows():
