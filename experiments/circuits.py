@@ -166,6 +166,9 @@ def _phase_numbers(table: pd.DataFrame, label: str) -> list[dict]:
     for measure in table["measure"].unique():
         if measure.startswith("control") or measure.endswith("percentile"):
             continue
+        if (table["measure"] == measure).sum() < 2:  # e.g. K-composition where a snapshot's best heads are in one layer
+            rows.append(number(f"{measure}: change", "measured at fewer than two snapshots: no change to locate", None, label))
+            continue
         change = interp.phase_change(table, measure)
         rows.append(number(f"{measure}: change", change["text"], None, label))
     change = interp.phase_change(table, "induction score")

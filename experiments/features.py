@@ -28,7 +28,7 @@ from interp.saes.features import feature_report
 from sprout.synthetic import generate_story
 from sprout.tokenizer import raw
 
-from .common import held_out_text, model_dir, number, standalone
+from .common import held_out_text, model_dir, number, positive, standalone
 
 NAME = "features"
 DOC = "Feature pages for the shipped SAEs and transcoders: top contexts, activation histograms, logit effects."
@@ -50,8 +50,8 @@ figure{margin:1em 0;overflow-x:auto} section.latent{border-top:1px solid #ccc;ma
 
 
 def add_args(p):
-    p.add_argument("--chars", type=int, default=12_000, help="characters of held-out text to read the latents on")
-    p.add_argument("--show", type=int, default=8, help="latents shown per dictionary")
+    p.add_argument("--chars", type=positive, default=12_000, help="characters of held-out text to read the latents on")
+    p.add_argument("--show", type=positive, default=8, help="latents shown per dictionary")
     p.add_argument("--readme", default=None, metavar="README", help="rewrite the README's Features section and stop")
 
 

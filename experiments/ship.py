@@ -25,6 +25,7 @@ import torch
 
 import interp
 import sprout
+from interp.cli import positive
 from interp.saes.files import shipped_folder
 from interp.tuned_lens_train import model_text
 from sprout.checkpoint import demo_dir
@@ -133,8 +134,8 @@ def main(argv=None) -> int:
     p.add_argument("--only", nargs="+", choices=["lens", "saes"], default=["lens", "saes"])
     p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
                    help="with saes: the residual SAEs, the transcoders or both (each part is shipped on its own)")
-    p.add_argument("--steps", type=int, default=None, help="override the recipe's SAE and transcoder steps (a trial)")
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--steps", type=positive, default=None, help="override the recipe's SAE and transcoder steps (a trial)")
+    p.add_argument("--threads", type=positive, default=None,
                    help="torch CPU threads (default torch's; on a machine shared with other jobs 1 is much faster)")
     args = p.parse_args(argv)
     if args.threads is not None:

@@ -33,6 +33,8 @@ from typing import Callable, Iterator, Optional, Sequence
 import torch
 from transformer_lens.hook_points import HookPoint
 
+from .._inputs import token_batch
+
 POINTS = ("hook_sae_input", "hook_sae_acts_pre", "hook_sae_acts_post", "hook_sae_recons", "hook_sae_error", "hook_sae_output")
 
 
@@ -240,5 +242,10 @@ def run_with_saes(model, tokens, saes, use_error_term: bool = False,
     """
     if isinstance(names_filter, (list, tuple)):
         names_filter = list(names_filter)
+    if "attention_mask" not in kwargs and not isinstance(tokens, str):  # the token contract: ids and their mask
+        batch = token_batch(model, tokens)
+        tokens = batch.ids
+        if batch.mask is not None:
+            kwargs["attention_mask"] = batch.mask
     with spliced(model, saes, use_error_term):
         return model.run_with_cache(tokens, names_filter=names_filter, **kwargs)

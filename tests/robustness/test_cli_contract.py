@@ -212,7 +212,7 @@ TEXTS = {"--text", "--name"}
 CHOICES = {"--kind", "--only", "--recipe", "--tokenizer"}
 FLAGS = {"--tuned", "--overwrite", "--resume", "--no-progress", "--snapshots", "--no-snapshots"}
 COUNTS = {"--threads", "--top", "--chars", "--n-seqs", "--story-len", "--max-snapshots", "--stories", "--steps",
-          "--train-chars", "--held-out-chars"}
+          "--train-chars", "--held-out-chars", "--show"}
 
 
 def _recipe_flags() -> set[str]:

@@ -146,7 +146,25 @@ CALLS = {
     "lens_comparison": lambda m, x: interp.lens_comparison(m, x, interp.TunedLens(m)),
     "tuned_lens": lambda m, x: interp.tuned_lens(m, x, interp.TunedLens(m)),
     "train_tuned_lens": lambda m, x: interp.train_tuned_lens(m, x, steps=1, batch_size=1, seq_len=4, progress=False),
+    "loss_table": lambda m, x: interp.loss_table(m, {"x": x}, torch.arange(V)),
+    "sae_metrics": lambda m, x: interp.sae_metrics(m, resid_sae(m), x),
+    "run_with_saes": lambda m, x: real_logits(m, x, interp.run_with_saes(m, x, [resid_sae(m)])[0]),
+    "train_sae": lambda m, x: interp.train_sae(m, "blocks.0.hook_resid_post", data=x, d_sae=8, k=2, steps=1,
+                                               batch_size=4, seq_len=4, progress=False),
+    "train_transcoder": lambda m, x: interp.train_transcoder(m, x, 0, d_sae=8, k=2, steps=1, batch_size=4,
+                                                             seq_len=4, progress=False),
 }
+ALSO_WALKED = ["train_sae"]  # its first parameter is `source` (a model or activations), so the walk does not see it
+
+
+def real_logits(model, x, logits):
+    """The logits at real positions only (what a padded slot's logits are is nobody's business)."""
+    mask = token_batch(model, x).mask
+    return logits if mask is None else logits[mask.bool()]
+
+
+def resid_sae(model):
+    return interp.SAE(TINY.d_model, 8, kind="topk", k=2, hook_name="blocks.0.hook_resid_post", seed=0)
 TEXT_ONLY = {"induction_table"}  # reads characters: ids are refused, but not with the forward's words
 
 
@@ -159,7 +177,7 @@ def text_readers():
         params = list(inspect.signature(fn).parameters)
         if params and params[0] in ("model", "models") and TEXT_PARAMS & set(params):
             out.append(name)
-    return out
+    return out + ALSO_WALKED
 
 
 def call(name, model, x):
