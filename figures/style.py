@@ -19,7 +19,7 @@ FONT_SIZE = 11  # tick labels and cell text, in px
 CHAR_W = 0.62 * FONT_SIZE  # width of one character in px (a conservative average for sans-serif)
 LINE_H = 1.35 * FONT_SIZE  # height of one line of text in px
 MAX_LABEL = 8  # token labels are cut to this many characters (plus an ellipsis)
-MAX_WIDTH = 1360  # px: every figure fits a 1400 px window (the index page's column, less its padding)
+MAX_WIDTH = 1340  # px: every figure fits a 1400 px window (the index page's column there is 1353 px)
 MAX_TITLE = 110  # characters per title line: longer titles are cut off by narrow figures
 
 _VISIBLE = {" ": "·", "\n": "⏎", "\t": "⇥", "\r": "␍"}
