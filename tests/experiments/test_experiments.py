@@ -1,4 +1,5 @@
 """run_all on a tiny random model saved like a training run: every file, and the numbers recomputed."""
+import html
 import json
 import re
 
@@ -56,7 +57,8 @@ def test_every_file_is_written(run):
         "rope_check": {"chapter_pairs.csv", "sweep.csv", "rope_distance.html"},
         "residual_growth": {"residual_rms.csv", "residual_rms.html"},
         "logit_lens": {"lens_tiny.csv", "lens_tiny.html", "lens_summary.csv"},
-        "tuned_lens": {"side_by_side_tiny.html", "curves_tiny.html", "comparison.csv", "comparison.md"},
+        "tuned_lens": {"side_by_side_tiny.html", "curves_tiny.html", "comparison.csv", "comparison.md",
+                       "comparison_repeated.csv", "comparison_repeated.md"},
         "head_detection": {"head_scores.csv", "ablation.csv", "scores_tiny.html", "ablation_tiny.html"},
         "attention_maps": {"patterns.csv", "grid_tiny_layer0.html", "grid_tiny_layer1.html",
                            "previous_token_tiny.html", "induction_tiny.html"},
@@ -66,7 +68,7 @@ def test_every_file_is_written(run):
                               "induction_over_training_tiny.html"},
         "circuits": {"attribution_tiny.csv", "attribution_tiny.html", "circuit_tiny.csv", "circuit_tiny.txt",
                      "composition_k_tiny.csv", "composition_tiny.html", "dla_tiny.csv", "dla_tiny.html",
-                     "phase_tiny.csv", "phase_tiny.html"},
+                     "phase_tiny.csv", "phase_tiny.html", "circuit_spread_tiny.csv"},
     }
     for name, files in expected.items():
         assert {p.name for p in (out / name).iterdir()} == files | {"numbers.json"}, name
@@ -86,7 +88,7 @@ def test_index_shows_every_figure_with_its_sentence_and_the_chapter_numbers(run)
     assert index.count("Plotly.newPlot") == n_figures and index.count("<figure>") == n_figures
     assert index.count("<script src='plotly.min.js'>") == 1
     for module, _, _ in run["done"].values():
-        assert module.SUMMARY.replace("'", "&#x27;").replace('"', "&quot;") in index
+        assert html.escape(module.SUMMARY) in index
     for chapter in ["17,309,056", "20.45M", "80%", "18%"]:
         assert chapter in index
     table = pd.read_csv(run["out"] / "numbers.csv")
@@ -279,7 +281,6 @@ def test_the_readmes_phase_numbers_are_the_shipped_tables():
     from experiments import circuits
 
     table = pd.read_csv(sprout.checkpoint.demo_dir() / "gpt-4" / circuits.SHIPPED_PHASE)
-    at = table.pivot(index="step", columns="measure", values="value")
     readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
     for measure in ("induction score", "previous-token score"):  # the README states interp.phase_change's stretch
         change = interp.phase_change(table, measure)
