@@ -71,7 +71,8 @@ def _frozen(model):
             p.requires_grad_(flag)
 
 
-def _world() -> tuple[int, int]:
+def world_and_rank() -> tuple[int, int]:
+    """(processes, this one's rank): under torchrun after joining the gloo group, else (1, 0)."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
         dist.init_process_group("gloo")
     if dist.is_initialized():
@@ -249,7 +250,7 @@ def _start(model, data, s: TunedLensSettings, lens: Optional[TunedLens], world: 
 
 def _train(model, data: TextOrTokens, s: TunedLensSettings, lens: Optional[TunedLens], held_out, progress: bool,
            data_name: Optional[str]) -> TunedLens:
-    world, rank = _world()
+    world, rank = world_and_rank()
     if held_out is not None:
         token_rows(model, held_out)  # checked before training, not after it
     lens, opt, rows, start = _start(model, data, s, lens, world)
@@ -334,7 +335,7 @@ def main(argv=None) -> None:
                             seed=args.seed, held_out=held_out_stories(args.held_out_chars),
                             data_name=f"the first {args.train_chars} chars of the demos' training corpus "
                                       "(sprout.synthetic.generate_corpus, seed 0); held out: interp.held_out_stories")
-    if _world()[1] == 0:
+    if world_and_rank()[1] == 0:
         print(f"{args.model}: {time.perf_counter() - t0:.0f} s in all (data, {args.steps} steps, held-out KL), "
               f"{torch.get_num_threads()} threads; held-out KL per layer {lens.info['held_out_kl']}")
         print(f"saved {lens.save(args.out)}")

@@ -13,26 +13,14 @@ once (`run_with_cache_into`); the block's positions are then shuffled and cut in
 from __future__ import annotations
 
 import hashlib
-import os
 from typing import Optional
 
 import torch
-import torch.distributed as dist
 
 from .._model import require_hooks
-from ..tuned_lens_train import windows
+from ..tuned_lens_train import windows, world_and_rank
 from .files import hook_widths
 from .sae import hook_layer
-
-
-def world() -> tuple[int, int]:
-    """(processes, this one's rank): under torchrun after joining the gloo group, else (1, 0)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        dist.init_process_group("gloo")
-    if dist.is_initialized():
-        return dist.get_world_size(), dist.get_rank()
-    return 1, 0
-
 
 _PERMS: dict = {}
 
@@ -93,7 +81,7 @@ class TensorSource:
 
     def batch(self, step: int) -> dict:
         """{hook: this process's rows of step's batch [rows, d_in]}."""
-        n_proc, rank = world()
+        n_proc, rank = world_and_rank()
         idx = epoch_slice(self.acts.shape[0], self.batch_size, step, self.seed)[rank::n_proc]
         return {self.hooks[0]: self.acts[idx].float()}
 
@@ -127,7 +115,7 @@ class ModelSource:
 
     def _harvest(self, block: int) -> None:
         """Run this process's windows of `block` into the reused buffers [local_windows, T, d] per hook."""
-        n_proc, rank = world()
+        n_proc, rank = world_and_rank()
         mine = epoch_slice(len(self.windows), self.per_block, block, self.seed, salt=1)[rank::n_proc]
         if self.buffers is None or self.buffers[self.hooks[0]].shape[0] != len(mine):
             self.buffers = {h: torch.empty(len(mine), self.T, self.widths[h]) for h in self.hooks}
@@ -145,7 +133,7 @@ class ModelSource:
         block, j = divmod(step, self.steps_per_block)
         if self.block != block:
             self._harvest(block)
-        n_proc, rank = world()
+        n_proc, rank = world_and_rank()
         g = _perm(self.per_block * self.T, self.seed, 2 + 7919 * block)[j * self.batch_size:(j + 1) * self.batch_size]
         slot, t = g // self.T, g % self.T
         keep = slot % n_proc == rank

@@ -29,8 +29,9 @@ import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from ..tuned_lens import fingerprint, model_config
+from ..tuned_lens_train import world_and_rank
 from . import checkpoint as ckpt
-from .harvest import ModelSource, TensorSource, world
+from .harvest import ModelSource, TensorSource
 from .kinds import TOPK_KINDS, batch_threshold
 from .sae import SAE, Transcoder, input_hook, output_hook
 from .settings import SettingsError, TrainSettings
@@ -309,7 +310,7 @@ def _new_sae(s: TrainSettings, d_in: int, hook_in: str, hook_out: Optional[str],
 
 
 def _run(src, units: list, s: TrainSettings, checkpoint, every, resume, stop_at, progress) -> list:
-    n_proc, rank = world()
+    n_proc, rank = world_and_rank()
     model = src.model
     meta = {"data": src.fingerprint(), "model": fingerprint(model) if model is not None else None,
             "hooks": [[u.hook_in, u.hook_out] for u in units]}
