@@ -166,7 +166,7 @@ RECIPES: dict[str, Recipe] = {
 # formed near step 550 in the stories demos), then a fifth curriculum; 7,000 steps of batch 32 (29M tokens,
 # about 8 passes over the text), about 75 minutes each on 2 cores at the stories demos' speed.
 _ENGLISH = replace(_DEMO, data="english", story_fraction=0.15, curriculum_steps=800, repeat_fraction=0.2,
-                   max_steps=7000, warmup_steps=100, eval_every=100)
+                   max_steps=2600, warmup_steps=100, eval_every=100)
 RECIPES.update({
     "gpt-1-english": replace(_ENGLISH, n_layer=1),
     "gpt-4-english": replace(_ENGLISH, n_layer=4, snapshots=True),
