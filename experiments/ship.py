@@ -7,10 +7,11 @@ so a retrained demo never pairs with stale ones:
   reference recipe of `interp.train_tuned_lens`, 150 steps of 8 windows on the first 400,000
   characters of the demos' training corpus, held-out KL on 60,000 characters of held-out stories;
 - `saes`: a TopK sparse autoencoder at every `blocks.{l}.hook_resid_post` (saes/<hook>/) and a TopK
-  transcoder for every MLP (saes/transcoder-<l>/), in SAELens' layout, trained on the demos' training
-  corpus (`sprout.synthetic.generate_corpus`, seed 0), never the held-out seed; each one's metrics on
-  held-out stories (`interp.sae_metrics` on `interp.held_out_stories`) are recorded in its cfg.json
-  (metadata.sprout.info.held_out) and must meet TARGETS, or nothing is written.
+  transcoder for every MLP (saes/transcoder-<l>/), in SAELens' layout, trained on the demo's own training
+  text (its recipe.json: the English corpus of `sprout.training.english`, or the generated stories),
+  never its held-out text; each one's metrics on held-out text (`interp.sae_metrics`: EV, L0, CE
+  recovered; the dead fraction counted over `dead_chars` of other held-out text, about 120k tokens) are
+  recorded in its cfg.json (metadata.sprout.info.held_out) and must meet TARGETS, or nothing is written.
 
 All SAEs of a model train from one forward per batch, and all its transcoders from another.
 Run it quietly: `nice -n 5 python -m experiments.ship gpt-4 --only saes --threads 1`.
