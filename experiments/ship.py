@@ -28,7 +28,7 @@ import torch
 import interp
 import sprout
 from interp.cli import positive
-from interp.saes.files import shipped_folder
+from interp.saes.shipped import shipped_folder
 from interp.tuned_lens import fingerprint
 from interp.tuned_lens_train import model_text, windows
 from sprout.checkpoint import demo_dir
