@@ -25,6 +25,7 @@ import interp
 import interp.saes.features as interp_features
 import sprout
 from interp.saes.features import feature_report
+from sprout.names import act_name
 from sprout.synthetic import generate_story
 from sprout.tokenizer import raw
 
@@ -60,7 +61,7 @@ def dictionaries(model) -> list:
     roots = ([model_dir(model)] if model_dir(model) is not None else []) + [None]
     found = []
     for layer in range(int(model.cfg.n_layers)):
-        for label, load in ((f"resid_post {layer}", lambda r: interp.load_sae(model, f"blocks.{layer}.hook_resid_post", root=r)),
+        for label, load in ((f"resid_post {layer}", lambda r: interp.load_sae(model, act_name("resid_post", layer), root=r)),
                             (f"MLP {layer} transcoder", lambda r: interp.load_transcoder(model, layer, root=r))):
             for root in roots:
                 try:
@@ -199,18 +200,19 @@ def _clamp_line(model, sae, latent: int, text: str) -> dict:
                 confirmed=bool(up.delta_logprob.mean() > 0 > down.delta_logprob.mean()))
 
 
-def readme_section(model) -> str:
-    """The Markdown between the README's features markers, computed from the shipped dictionaries."""
+def readme_section(model, root=None) -> str:
+    """The Markdown between the README's features markers, computed from the shipped dictionaries (or those
+    of `root`, a demo-like folder with saes/ in it)."""
     n = int(model.cfg.n_layers)
     text = interp.held_out_stories(CLAMP_CHARS, seed=interp.HELD_OUT_SEED + 2)
     rows, masks = name_pieces(model)
-    tc = interp.load_transcoder(model, n - 1)
+    tc = interp.load_transcoder(model, n - 1, root=root)
     sel = interp_features.latent_selectivity(model, tc, rows, masks)
     best = sel[sel.fire_on >= 0.3].iloc[0]
     picks = [(f"MLP {n - 1} transcoder", tc, int(best.latent),
               f"the later pieces of repeated invented names ({best.fire_on:.0%} of them; {best.fire_off:.1%} of other "
               f"tokens; {best.precision:.0%} of the tokens it fires on are such pieces)")]
-    sae = interp.load_sae(model, f"blocks.{n - 1}.hook_resid_post")
+    sae = interp.load_sae(model, act_name("resid_post", n - 1), root=root)
     for j, token in _token_latents(model, sae, text, 2):
         sel = interp_features.latent_selectivity(model, sae, rows, [r == model.to_single_token(token) for r in rows]) \
             if _single(model, token) else None

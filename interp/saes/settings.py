@@ -1,4 +1,5 @@
-"""The settings of an SAE or transcoder training run: one frozen dataclass, every field checked on creation.
+"""The settings of an SAE or transcoder training run: one frozen `sprout.settings.Checked` dataclass, every
+field type- and range-checked on creation (as `sprout train` checks its recipe).
 
 A run records its settings in each dictionary's `info` and in its checkpoint; resuming with other
 settings is refused (as `sprout train --resume` refuses another recipe). An error names the field and
@@ -13,9 +14,12 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Optional
 
+from sprout.settings import Checked, range_error, type_error
+
 from .kinds import KIND_NAMES, TOPK_KINDS, check_widths
 
 B_DEC_INITS = ("geometric_median", "mean", "zeros")
+_POSITIVE, _NON_NEGATIVE = (1, None, "["), (0, None, "[")
 
 
 class SettingsError(ValueError, TypeError):
@@ -23,7 +27,7 @@ class SettingsError(ValueError, TypeError):
 
 
 @dataclass(frozen=True)
-class TrainSettings:
+class TrainSettings(Checked):
     kind: str = "topk"                      # relu | topk | batchtopk | jumprelu | matryoshka
     d_sae: int = 512                        # latents
     k: Optional[int] = None                 # latents per row, for the TopK kinds
@@ -49,40 +53,40 @@ class TrainSettings:
     harvest_batch: int = 16                 # model sources: windows per forward
     buffer_tokens: int = 1 << 15            # model sources: activations harvested and shuffled at a time
 
-    def __post_init__(self):
-        _choice("kind", self.kind, KIND_NAMES)
-        _int("d_sae", self.d_sae)
-        self._check_sparsity()
-        for name in ("steps", "batch_size", "harvest_batch", "buffer_tokens"):
-            _int(name, getattr(self, name))
-        _int("seed", self.seed, lo=0)
-        for name in ("warmup_steps", "dead_tokens", "aux_k", "seq_len"):
-            if getattr(self, name) is not None:
-                _int(name, getattr(self, name), lo=0 if name == "warmup_steps" else 1)
-        if self.lr is not None:
-            _float("lr", self.lr, positive=True)
-        _float("decay_fraction", self.decay_fraction, hi=1.0)
-        for name in ("aux_k_coefficient", "grad_clip"):
-            _float(name, getattr(self, name))
-        _float("threshold_lr", self.threshold_lr, positive=True, hi=1.0)
-        _float("bandwidth", self.bandwidth, positive=True)
-        _choice("b_dec_init", self.b_dec_init, B_DEC_INITS)
-        for name in ("normalize", "skip"):
-            if not isinstance(getattr(self, name), bool):
-                raise SettingsError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        self._check_widths()
+    RANGES = {"kind": frozenset(KIND_NAMES), "d_sae": _POSITIVE, "k": _POSITIVE, "target_l0": (0, None, "("),
+              "steps": _POSITIVE, "lr": (0, None, "("), "batch_size": _POSITIVE, "seed": _NON_NEGATIVE,
+              "warmup_steps": _NON_NEGATIVE, "decay_fraction": (0, 1, "[]"), "sparsity_coefficient": _NON_NEGATIVE,
+              "aux_k_coefficient": _NON_NEGATIVE, "aux_k": _POSITIVE, "dead_tokens": _POSITIVE,
+              "threshold_lr": (0, 1, "(]"), "bandwidth": (0, None, "("), "grad_clip": _NON_NEGATIVE,
+              "b_dec_init": frozenset(B_DEC_INITS), "seq_len": _POSITIVE, "harvest_batch": _POSITIVE,
+              "buffer_tokens": _POSITIVE}
+    WHAT = "SAE training settings"
 
-    def _check_sparsity(self) -> None:
+    def __post_init__(self):
+        # Checked's checks, but widths (a tuple, which Checked's types do not cover) is checked in check_together
+        for f in fields(self):
+            value = getattr(self, f.name)
+            expected = None if f.name == "widths" else type_error(f.type, value)
+            expected = expected or range_error(self.RANGES.get(f.name), value)
+            if expected:
+                raise self.bad(f.name, expected, value)
+        self.check_together()
+
+    @classmethod
+    def bad(cls, name: str, expected: str, value) -> SettingsError:
+        return SettingsError(f"{name} must be {expected}, got {value!r}")
+
+    def check_together(self) -> None:
         if self.kind in TOPK_KINDS:
-            _int("k", self.k, hi=self.d_sae, hi_name="d_sae")
+            if self.k is None:
+                raise self.bad("k", f"an integer in 1..d_sae={self.d_sae} for kind {self.kind!r}", None)
+            if self.k > self.d_sae:
+                raise self.bad("k", f"in 1..d_sae={self.d_sae}", self.k)
         elif self.k is not None:
             raise SettingsError(f"k is for the TopK kinds; kind {self.kind!r} takes target_l0, got k={self.k!r}")
-        if self.target_l0 is not None:
-            if self.kind in TOPK_KINDS:
-                raise SettingsError(f"target_l0 is for relu and jumprelu (kind {self.kind!r} has k)")
-            _float("target_l0", self.target_l0, positive=True)
-        if self.sparsity_coefficient is not None:
-            _float("sparsity_coefficient", self.sparsity_coefficient)
+        if self.target_l0 is not None and self.kind in TOPK_KINDS:
+            raise SettingsError(f"target_l0 is for relu and jumprelu (kind {self.kind!r} has k)")
+        self._check_widths()
 
     def _check_widths(self) -> None:
         if self.widths is None:
@@ -129,23 +133,3 @@ class TrainSettings:
             raise SettingsError(f"unknown training settings {unknown}; known: {', '.join(f.name for f in fields(cls))}")
         return cls(**d)
 
-
-def _int(name: str, value, lo: int = 1, hi: Optional[int] = None, hi_name: str = "") -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise SettingsError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    if value < lo or (hi is not None and value > hi):
-        bound = f"{lo}..{hi_name}={hi}" if hi is not None else f">= {lo}"
-        raise SettingsError(f"{name} must be {bound}, got {value}")
-
-
-def _float(name: str, value, positive: bool = False, hi: Optional[float] = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise SettingsError(f"{name} must be a finite number, got {value!r}")
-    if value < 0 or (positive and value == 0) or (hi is not None and value > hi):
-        need = "> 0" if positive else ">= 0"
-        raise SettingsError(f"{name} must be {need}{f' and <= {hi}' if hi is not None else ''}, got {value!r}")
-
-
-def _choice(name: str, value, options) -> None:
-    if value not in options:
-        raise SettingsError(f"{name} must be one of {', '.join(options)}, got {value!r}")
