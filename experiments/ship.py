@@ -69,11 +69,10 @@ LENS = dict(steps=150, batch_size=8, train_chars=400_000, held_out_chars=60_000,
 
 def ship_lens(name: str, model) -> None:
     t0 = time.perf_counter()
+    texts = demo_texts(name, Recipe(train_chars=LENS["train_chars"], held_out_chars=LENS["held_out_chars"]))
     lens = interp.train_tuned_lens(
-        model, model_text(LENS["train_chars"]), steps=LENS["steps"], batch_size=LENS["batch_size"], seed=LENS["seed"],
-        held_out=interp.held_out_stories(LENS["held_out_chars"]),
-        data_name=f"the first {LENS['train_chars']} chars of the demos' training corpus (sprout.synthetic.generate_corpus, "
-                  "seed 0); held out: interp.held_out_stories")
+        model, texts["train"], steps=LENS["steps"], batch_size=LENS["batch_size"], seed=LENS["seed"],
+        held_out=texts["held"], data_name=f"{texts['train_desc']}; held out: {texts['held_desc']}")
     path = lens.save(demo_dir() / name)
     print(f"{name}: tuned lens in {time.perf_counter() - t0:.0f} s -> {path}; held-out KL {lens.info['held_out_kl']}")
 
