@@ -8,7 +8,7 @@ so a retrained demo never pairs with stale ones:
   characters of the demos' training corpus, held-out KL on 60,000 characters of held-out stories;
 - `saes`: a TopK sparse autoencoder at every `blocks.{l}.hook_resid_post` (saes/<hook>/) and a TopK
   transcoder for every MLP (saes/transcoder-<l>/), in SAELens' layout, trained on the demos' training
-  corpus (`sprout.synthetic.generate_corpus`, seed 0), never the held-out seed; each one's metrics on
+  corpus (`sprout.material.generate_corpus`, seed 0), never the held-out seed; each one's metrics on
   held-out stories (`interp.sae_metrics` on `interp.held_out_stories`) are recorded in its cfg.json
   (metadata.sprout.info.held_out) and must meet TARGETS, or nothing is written.
 
@@ -28,7 +28,7 @@ import sprout
 from interp.cli import positive
 from interp.saes.files import shipped_folder
 from interp.tuned_lens_train import model_text
-from sprout.checkpoint import demo_dir
+from sprout.files import demo_dir
 
 # Held-out targets of the shipped dictionaries (issue 25): (explained variance, CE loss recovered).
 TARGETS = {"sae": (0.93, 0.97), "transcoder": (0.90, 0.95)}
@@ -61,7 +61,7 @@ def ship_lens(name: str, model) -> None:
     lens = interp.train_tuned_lens(
         model, model_text(LENS["train_chars"]), steps=LENS["steps"], batch_size=LENS["batch_size"], seed=LENS["seed"],
         held_out=interp.held_out_stories(LENS["held_out_chars"]),
-        data_name=f"the first {LENS['train_chars']} chars of the demos' training corpus (sprout.synthetic.generate_corpus, "
+        data_name=f"the first {LENS['train_chars']} chars of the demos' training corpus (sprout.material.generate_corpus, "
                   "seed 0); held out: interp.held_out_stories")
     path = lens.save(demo_dir() / name)
     print(f"{name}: tuned lens in {time.perf_counter() - t0:.0f} s -> {path}; held-out KL {lens.info['held_out_kl']}")
@@ -92,7 +92,7 @@ def train_dictionaries(model, r: Recipe, parts=PARTS) -> dict:
     saes = interp.train_sae(model, hooks, data=text, steps=r.steps, **common) if "resid" in parts else {}
     tcs = interp.train_transcoder(model, text, list(range(n)), steps=r.transcoder_steps, **common) \
         if "transcoders" in parts else {}
-    data = f"the first {r.train_chars} chars of the demos' training corpus (sprout.synthetic.generate_corpus, seed 0)"
+    data = f"the first {r.train_chars} chars of the demos' training corpus (sprout.material.generate_corpus, seed 0)"
     out = {}
     for key, sae in [*((h, s) for h, s in saes.items()), *((layer, t) for layer, t in tcs.items())]:
         sae.info["data"], sae.info["recipe"] = data, asdict(r)

@@ -105,7 +105,7 @@ def test_the_rule_reader_catches_each_kind_of_violation(module, source, package,
 
 
 def test_allowed_imports_pass():
-    g = {"interp.heads": imports_of("from sprout.synthetic import repeated_random_tokens\nfrom ._model import n_layers",
+    g = {"interp.heads": imports_of("from sprout.material import repeated_random_tokens\nfrom ._model import n_layers",
                                     "interp.heads"),
          "experiments.run_all": imports_of("from . import EXPERIMENTS\nimport interp, figures", "experiments.run_all"),
          "sprout_cli": imports_of("from sprout.training.cli import main\nfrom interp.cli import lens_main", "sprout_cli", True)}

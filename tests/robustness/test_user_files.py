@@ -7,9 +7,10 @@ import stat
 import pytest
 import torch
 
-from sprout import Sprout, checkpoint
-from sprout.folders import NotOursError
-from sprout.hf import export, export_main, import_, import_main
+from sprout import Sprout
+from sprout.files import checkpoint
+from sprout.files.folders import NotOursError
+from sprout.files.hf import export, export_main, import_, import_main
 from sprout.tokenizer import char_tokenizer
 from tests.conftest import TINY
 

@@ -13,8 +13,8 @@ from typing import Optional, Union
 
 import torch
 
+from ..walkthrough import WalkthroughConfig, WalkthroughGPT
 from .fit import describe, fit
-from .walkthrough import WalkthroughConfig, WalkthroughGPT
 from .weightfiles import regular_file
 
 # Our top-level modules and the walkthrough's names for them; inside a block, `attn` is its
