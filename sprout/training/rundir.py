@@ -157,6 +157,9 @@ class RunDir:
         self.lock()
         try:  # again, under the lock: another process may have started here meanwhile
             self.check_resume() if resume else self.check_new()
+            entries = set(os.listdir(self.path))
+            for stale in entries - _ours(entries):
+                os.remove(self.path / stale)  # a killed run's half-written run.json or log
             if not resume:
                 self.write_marker(None, None)
         except BaseException:
