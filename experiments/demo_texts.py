@@ -1,6 +1,6 @@
 """The text a demo trained on and the text it did not, regenerated from its recipe.
 
-A stories demo (`data=""`) trained on `sprout.synthetic.generate_corpus(..., seed=corpus_seed)`; its
+A stories demo (`data=""`) trained on `sprout.material.generate_corpus(..., seed=corpus_seed)`; its
 held-out text is `interp.held_out_stories` (names drawn at random, so no demo has seen them). An English
 demo (`data="english[:sources]"`) trained on `sprout.training.english.english_corpus(...).train`; its
 held-out text is every source's held-out split, in equal shares, the sources in their recipe's order.
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import interp
-from sprout.synthetic import generate_corpus
+from sprout.material import generate_corpus
 from sprout.training.english import english_corpus, is_english, parse_data
 from sprout.training.recipes import Recipe
 
@@ -50,5 +50,5 @@ def demo_texts(folder: Path, train_chars: int, held_out_chars: int) -> DemoTexts
     if recipe.data:
         raise ValueError(f"{folder} trained on {recipe.data!r}; give its texts yourself")
     return DemoTexts(generate_corpus(train_chars, seed=recipe.corpus_seed), interp.held_out_stories(held_out_chars),
-                     f"the first {train_chars} chars of its training corpus (sprout.synthetic.generate_corpus, "
+                     f"the first {train_chars} chars of its training corpus (sprout.material.generate_corpus, "
                      f"seed {recipe.corpus_seed})", f"interp.held_out_stories({held_out_chars})")
