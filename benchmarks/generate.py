@@ -3,7 +3,7 @@
 Greedy generation of `--new` tokens after a random prompt, on random weights of a course preset
 (default gpt-4): our `generate(use_past_kv_cache=False)` (the reference, 1.00x) and `=True`, and
 TransformerLens 4.3's `TransformerBridge.generate` (TL 4 has no HookedTransformer; the Bridge over the
-`sprout.hf.export` of the same weights is its equivalent model) both ways. Calls are interleaved
+`sprout.files.hf.export` of the same weights is its equivalent model) both ways. Calls are interleaved
 round-robin and each row is its median over the rounds divided by the reference's, on wall and CPU
 time. Every row must draw the same tokens; the last line says whether they did. No time is asserted.
 
@@ -19,7 +19,7 @@ import torch
 
 from benchmarks.run import TINY, interleaved
 from sprout import Sprout, SproutConfig
-from sprout.hf import export
+from sprout.files.hf import export
 
 
 def bridge_of(model: Sprout, folder: Path):

@@ -2,7 +2,7 @@
 
 Every row runs in this one process on the same random weights of the Sprout preset: TransformerLens'
 `patching.get_act_patch_attn_head_out_by_pos` on our Sprout and on the TransformerBridge over the
-`sprout.hf.export` of those weights (built offline as in `benchmarks/run.py`), `interp.patch(site="z",
+`sprout.files.hf.export` of those weights (built offline as in `benchmarks/run.py`), `interp.patch(site="z",
 by="head_position")`, and `interp.attribution_patch` on the same sweep. The calls are interleaved
 round-robin and the medians compared; the sweeps must agree (within 1e-4) or the table is refused.
 nnsight is not a project dependency: where it is installed (`pip install nnsight` in a venv made with

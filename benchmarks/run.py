@@ -2,7 +2,7 @@
 
 Every row runs in this one process on the same random weights of the Sprout preset, batch 4 x 256:
 a plain hook-free reference (`benchmarks/plain_sprout.py`), Hugging Face's Qwen3ForCausalLM and
-TransformerLens' TransformerBridge over the `sprout.hf.export` of those weights, and our hooked Sprout.
+TransformerLens' TransformerBridge over the `sprout.files.hf.export` of those weights, and our hooked Sprout.
 Within a group the calls are interleaved round-robin and each row's median is divided by its
 reference's median from the same rounds, so load from other processes hits both sides alike. Each call
 is timed on two clocks: wall (what a user waits) and this process's CPU time (the work done, which a
@@ -35,7 +35,7 @@ import interp
 import sprout
 from benchmarks.plain_sprout import PlainSprout
 from sprout import Sprout, SproutConfig
-from sprout.hf import export
+from sprout.files.hf import export
 
 TINY = SproutConfig(vocab_size=512, context=64, n_layer=2, n_head=4, d_model=64, d_ff=128)
 

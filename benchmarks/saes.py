@@ -36,7 +36,7 @@ from benchmarks.run import interleaved  # noqa: E402
 from interp.saes.harvest import ModelSource  # noqa: E402
 from interp.tuned_lens_train import model_text, windows  # noqa: E402
 from sprout import Sprout, SproutConfig  # noqa: E402
-from sprout.checkpoint import load  # noqa: E402
+from sprout.files import load  # noqa: E402
 
 SAELENS = Path(os.environ.get("SAELENS_PYTHON", "/work/venvs/saelens/bin/python"))
 TARGETS = {"train": 0.60, "harvest": 0.90, "peer": 0.02}
@@ -215,7 +215,7 @@ def main(argv=None) -> str:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.tiny:
-        from sprout.synthetic import generate_corpus
+        from sprout.material import generate_corpus
         from sprout.tokenizer import train_bpe
         torch.manual_seed(0)
         model = Sprout(SproutConfig(vocab_size=300, context=32, n_layer=2, n_head=2, d_model=32, d_ff=64),

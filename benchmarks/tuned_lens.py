@@ -19,7 +19,7 @@ import interp  # noqa: E402
 from benchmarks.run import interleaved  # noqa: E402
 from interp.tuned_lens_train import _frozen, _Scratch, lens_step  # noqa: E402
 from sprout import Sprout, SproutConfig  # noqa: E402
-from sprout.checkpoint import load  # noqa: E402
+from sprout.files import load  # noqa: E402
 
 TARGET = 0.70  # ours at least 70% of the floor's tokens/s
 

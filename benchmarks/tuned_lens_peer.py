@@ -26,8 +26,8 @@ if not __package__:
 import interp  # noqa: E402
 from interp._batching import batches, token_rows  # noqa: E402
 from interp.tuned_lens_train import model_text  # noqa: E402
-from sprout.checkpoint import load  # noqa: E402
-from sprout.hf import export  # noqa: E402
+from sprout.files import load  # noqa: E402
+from sprout.files.hf import export  # noqa: E402
 
 # tuned-lens 0.2.0 passes load_in_8bit=False to from_pretrained, which transformers 5 no longer accepts:
 # drop that one keyword (False means no 8-bit). It also probes TransformerLens' HookedTransformer, which

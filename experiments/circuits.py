@@ -10,8 +10,7 @@ import torch
 
 import figures
 import interp
-from sprout.folders import replace_file
-from sprout.weightfiles import read_bounded
+from sprout.files import read_bounded, replace_file
 
 from .common import ZORBIN, held_out_text, number, positive, standalone
 from .training_dynamics import run_dirs, snapshot_dirs

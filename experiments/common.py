@@ -22,9 +22,8 @@ import torch
 import interp
 import sprout
 from interp.cli import positive
-from sprout.checkpoint import demo_dir, demo_names
+from sprout.files import demo_dir, demo_names, file_in, read_bounded, replace_file
 from sprout.tokenizer import encode
-from sprout.weightfiles import file_in, read_bounded
 
 from . import EXPERIMENTS
 
@@ -185,9 +184,7 @@ class Output:
         if not path.is_file():
             from plotly.offline import get_plotlyjs
 
-            tmp = path.with_suffix(".js.tmp")
-            tmp.write_text(get_plotlyjs(), encoding="utf-8")
-            os.replace(tmp, path)
+            replace_file(path, get_plotlyjs().encode("utf-8"))
         return path
 
     def figure(self, fig, stem: str, caption: str) -> Path:

@@ -8,16 +8,13 @@ table between the README's `<!-- demo-table -->` markers is replaced by the one 
 from __future__ import annotations
 
 import argparse
-import functools
 import re
 import sys
 from pathlib import Path
 
 import interp
-from sprout import SproutConfig, synthetic
-from sprout.folders import replace_file
-from sprout.synthetic import _CODAS, _ONSETS, _VOWELS
-from sprout.weightfiles import read_bounded
+from sprout import SproutConfig
+from sprout.files import read_bounded, replace_file
 
 from .common import SETTINGS, ZORBIN, half_len, held_out_text, load_models, positive
 
@@ -25,7 +22,7 @@ MODELS = ["gpt-1", "gpt-4", "sprout-mini"]
 BEGIN, END = "<!-- demo-table -->", "<!-- /demo-table -->"
 
 # Hand-written stories: frames no generator template produces, names the generator cannot draw
-# (`generator_can_draw`, asserted in tests/experiments/test_demo_table.py), so a later piece of a name can
+# (`sprout.material.generator_can_draw`, asserted in tests/experiments/test_demo_table.py), so a later piece of a name can
 # only be predicted by copying it from the name's first occurrence.
 STORIES = [
     ("Haldric and Ulfrida", ["Haldric", "Ulfrida"],
@@ -63,45 +60,6 @@ CHAPTER = {
     "zorbin": 'gpt-1 <1%; gpt-4 98% "or", 93% "bin"', "stories": "-", "hand": "98% vs <1%",
     "rms": "0.18 -> ~10 -> ~35", "lens": "77% / 59% (Sprout)",
 }
-
-
-@functools.lru_cache(maxsize=None)
-def _syllables() -> frozenset:
-    return frozenset(o + v + c for o in _ONSETS for v in _VOWELS for c in _CODAS if o + v + c)
-
-
-@functools.lru_cache(maxsize=None)
-def _fixed_text() -> str:
-    """Every word the generator writes from its own tables: frames, word lists, places, times."""
-    parts = []
-    for value in vars(synthetic).values():
-        if isinstance(value, str):
-            parts.append(value)
-        elif isinstance(value, (list, tuple, dict)) and all(isinstance(v, str) for v in value):
-            parts += list(value)
-    return "\n".join(parts)
-
-
-def generator_can_draw(word: str) -> bool:
-    """Could the corpus generator write `word`? (True also when unsure: a False is a proof.)
-
-    The generator writes the words of its frames and word lists; invented names and nonsense words,
-    which are strings of syllables (onset + vowel + coda from its tables) capitalised at most at the
-    first letter; and codes and random strings, each all upper or all lower case. So a word in mixed
-    case that is in none of its tables can come only from syllables, which this checks for any number
-    of them.
-    """
-    if not word.isalpha() or word in (word.upper(), word.lower()) or re.search(rf"\b{word}\b", _fixed_text()):
-        return True
-    if word[1:] != word[1:].lower():  # names are str.capitalize()d: no capital after the first letter
-        return False
-    w, syllables = word.lower(), _syllables()
-
-    @functools.lru_cache(maxsize=None)
-    def splits(i: int) -> bool:
-        return i == len(w) or any(w.startswith(s, i) and splits(i + len(s)) for s in syllables)
-
-    return splits(0)
 
 
 def name_piece_probability(model, stories=STORIES) -> tuple[float, int]:

@@ -20,8 +20,8 @@ import pandas as pd
 
 import interp
 import sprout
-from sprout.checkpoint import demo_dir, demo_names, latest_checkpoint
-from sprout.synthetic import generate_corpus
+from sprout.files import demo_dir, demo_names, latest_checkpoint
+from sprout.material import generate_corpus
 from sprout.training.english import english_corpus, is_english, parse_data
 from sprout.training.recipes import Recipe
 

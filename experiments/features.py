@@ -26,7 +26,7 @@ import interp.saes.features as interp_features
 import sprout
 from interp.saes.features import feature_report
 from sprout.names import act_name
-from sprout.synthetic import generate_story
+from sprout.material import generate_story
 from sprout.tokenizer import raw
 
 from .common import held_out_text, model_dir, number, positive, standalone

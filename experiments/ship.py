@@ -31,7 +31,7 @@ from interp.cli import positive
 from interp.saes.shipped import shipped_folder
 from interp.tuned_lens import fingerprint
 from interp.tuned_lens_train import model_text, windows
-from sprout.checkpoint import demo_dir
+from sprout.files import demo_dir
 from sprout.names import act_name, layer_of
 from sprout.training.english import english_corpus, is_english, parse_data
 from sprout.training.recipes import Recipe as TrainRecipe
@@ -91,7 +91,7 @@ def demo_texts(name: str, r: Recipe) -> dict:
                     held_desc=f"each source's held-out text ({', '.join(corpus.val)}), {r.held_out_chars} chars in all")
     return dict(train=model_text(r.train_chars), held=interp.held_out_stories(r.held_out_chars),
                 dead=interp.held_out_stories(r.dead_chars, seed=DEAD_SEED),
-                train_desc=f"the first {r.train_chars} chars of the demos' training corpus (sprout.synthetic."
+                train_desc=f"the first {r.train_chars} chars of the demos' training corpus (sprout.material."
                            "generate_corpus, seed 0)", held_desc=f"interp.held_out_stories({r.held_out_chars})")
 
 

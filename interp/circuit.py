@@ -36,7 +36,7 @@ from typing import Optional
 import pandas as pd
 import torch
 
-from sprout.synthetic import generate_story
+from sprout.material import generate_story
 from sprout.tokenizer import encode
 
 from ._inputs import TokenBatch

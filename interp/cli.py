@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 import sprout
-from sprout.weightfiles import read_bounded
+from sprout.files import read_bounded
 
 from .heads import KINDS, head_scores
 from .lens import logit_lens

@@ -26,7 +26,7 @@ from typing import Optional
 import pandas as pd
 import torch
 
-from sprout.synthetic import repeated_random_tokens
+from sprout.material import repeated_random_tokens
 from sprout.text import check_integer_ids
 
 from ._batching import TextOrTokens, batches, token_rows

@@ -13,7 +13,7 @@ from typing import Optional
 import pandas as pd
 import torch
 
-from sprout.synthetic import generate_story
+from sprout.material import generate_story
 from sprout.tokenizer import raw
 
 from ._model import logits_of, model_name
@@ -132,7 +132,7 @@ def story_names(story: str) -> dict[str, list[tuple[int, int]]]:
 def induction_stories(models, n_stories: int = 50, seed: int = 0) -> pd.DataFrame:
     """The induction table aggregated over generated stories whose names no model has seen.
 
-    Stories come from `sprout.synthetic.generate_story` (names drawn fresh from random syllables); every
+    Stories come from `sprout.material.generate_story` (names drawn fresh from random syllables); every
     name (`story_names`) is scored at its first and at its later occurrences, within the models'
     context.
 
@@ -144,7 +144,7 @@ def induction_stories(models, n_stories: int = 50, seed: int = 0) -> pd.DataFram
     Example:
         >>> import interp
         >>> from sprout import Sprout, SproutConfig
-        >>> from sprout.synthetic import generate_corpus
+        >>> from sprout.material import generate_corpus
         >>> from sprout.tokenizer import train_bpe
         >>> tok = train_bpe(generate_corpus(5_000), vocab_size=300)
         >>> model = Sprout(SproutConfig(vocab_size=300, context=512, n_layer=1, n_head=2, d_model=32, d_ff=64), tok)

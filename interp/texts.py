@@ -1,23 +1,13 @@
-"""Held-out text for the analyses: stories from the corpus generator, with a seed no training run uses,
-and hand-written everyday English that no training corpus holds.
-
-The stories' names are random syllables drawn fresh for every story, so no model has seen them, and the
-seed is not the one the shipped demos trained on (their recipes' `corpus_seed` is 0).
+"""Held-out text for the analyses: stories from the corpus generator, with a seed no training run uses
+(`sprout.material.held_out_stories`), and hand-written everyday English that no training corpus holds.
 """
 from __future__ import annotations
 
 from importlib import resources
 
-from sprout.synthetic import generate_corpus
+from sprout.material import HELD_OUT_SEED, held_out_stories
 
-HELD_OUT_SEED = 20_261_129
-
-
-def held_out_stories(n_chars: int, seed: int = HELD_OUT_SEED) -> str:
-    """About `n_chars` characters of generated stories (whole stories), the same for the same arguments."""
-    if n_chars < 1:
-        raise ValueError(f"n_chars must be >= 1, got {n_chars}")
-    return generate_corpus(n_chars, seed=seed)
+__all__ = ["HELD_OUT_SEED", "everyday_english", "held_out_stories"]
 
 
 def everyday_english() -> str:

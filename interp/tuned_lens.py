@@ -23,9 +23,7 @@ from safetensors import safe_open
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_bytes
 
-from sprout.checkpoint import check_floating, warn_non_finite
-from sprout.folders import replace_file
-from sprout.weightfiles import file_in, read_json_file, regular_file
+from sprout.files import check_floating, file_in, read_json_file, regular_file, replace_file, warn_non_finite
 
 from ._batching import TextOrTokens, batches, token_rows
 from ._model import logits_of, model_name, require_hooks
@@ -242,7 +240,7 @@ def load_tuned_lens(model, path: Optional[PathLike] = None) -> TunedLens:
         FileNotFoundError: no lens there / no demo lens for these weights (the message says where it looked).
         ValueError: a lens that is there belongs to another model.
     """
-    from sprout.checkpoint import demo_dir, latest_checkpoint
+    from sprout.files import demo_dir, latest_checkpoint
 
     if path is not None:
         path = Path(path)

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from sprout.synthetic import generate_corpus, generate_story
+from sprout.material import generate_corpus, generate_story
 
 from ._batching import TextOrTokens, token_rows
 from ._lens_settings import TunedLensSettings, resume_start, schedule_of
@@ -323,7 +323,7 @@ def main(argv=None) -> None:
     ap.add_argument("--seed", type=int, default=0, help="the order windows are drawn in")
     ap.add_argument("--out", required=True, help="directory for tuned_lens.safetensors + tuned_lens.json")
     args = ap.parse_args(argv)
-    from sprout.checkpoint import load
+    from sprout.files import load
 
     try:  # --out before the model loads and the lens trains; a bad --out or model is one line
         check_save_target(args.out)
@@ -334,7 +334,7 @@ def main(argv=None) -> None:
     lens = train_tuned_lens(model, model_text(args.train_chars), steps=args.steps, batch_size=args.batch_size,
                             seed=args.seed, held_out=held_out_stories(args.held_out_chars),
                             data_name=f"the first {args.train_chars} chars of the demos' training corpus "
-                                      "(sprout.synthetic.generate_corpus, seed 0); held out: interp.held_out_stories")
+                                      "(sprout.material.generate_corpus, seed 0); held out: interp.held_out_stories")
     if world_and_rank()[1] == 0:
         print(f"{args.model}: {time.perf_counter() - t0:.0f} s in all (data, {args.steps} steps, held-out KL), "
               f"{torch.get_num_threads()} threads; held-out KL per layer {lens.info['held_out_kl']}")

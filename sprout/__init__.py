@@ -15,7 +15,7 @@ __all__ = ["PRESETS", "Sprout", "SproutConfig", "WalkthroughConfig", "Walkthroug
 def __getattr__(name):
     # Checkpoint I/O pulls in safetensors and the tokenizer; import it only when asked for.
     if name in ("save", "load"):
-        from . import checkpoint
+        from .files import checkpoint
 
         return getattr(checkpoint, name)
     raise AttributeError(f"module 'sprout' has no attribute {name!r}")

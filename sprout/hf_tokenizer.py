@@ -12,7 +12,7 @@ is id 0's character (padded positions are masked, never read), BOS and EOS are N
 """
 from __future__ import annotations
 
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 from transformers import PreTrainedTokenizerFast
 
 from .tokenizer import EOT, decode
@@ -22,18 +22,23 @@ class Ids(list):
     """Hugging Face's `encode` result (a list of ids) that also reads as the raw tokenizer's `Encoding`
     (`.ids`, `.offsets`, `.tokens`), so code written against `tokenizers.Tokenizer.encode` keeps working."""
 
-    def __init__(self, ids, encoding):
+    def __init__(self, ids, encoding: Encoding):
         super().__init__(ids)
-        self._encoding = encoding
+        self.encoding = encoding
 
     @property
-    def ids(self) -> list:
+    def ids(self) -> list[int]:
         return list(self)
 
-    def __getattr__(self, name):
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._encoding, name)
+    @property
+    def offsets(self) -> list[tuple[int, int]]:
+        """(start, end) character offsets of each token in the text."""
+        return self.encoding.offsets
+
+    @property
+    def tokens(self) -> list[str]:
+        """Each token's string, as the raw tokenizer writes it (byte-level BPE's "Ġ" for a space)."""
+        return self.encoding.tokens
 
 
 class SproutTokenizer(PreTrainedTokenizerFast):
@@ -82,3 +87,13 @@ class SproutTokenizer(PreTrainedTokenizerFast):
     def _decode(self, token_ids, skip_special_tokens: bool = False, clean_up_tokenization_spaces=None, **kwargs) -> str:
         ids = [token_ids] if isinstance(token_ids, int) else token_ids
         return decode(self.backend_tokenizer, ids, skip_special_tokens=skip_special_tokens)
+
+
+def as_hf(tok):
+    """A tokenizer as `model.tokenizer` holds it: a `SproutTokenizer` (Hugging Face's fast tokenizer)
+    over a `tokenizers.Tokenizer`. None stays None; a Hugging Face tokenizer is kept as it is."""
+    if tok is None or hasattr(tok, "backend_tokenizer"):
+        return tok
+    if not isinstance(tok, Tokenizer):
+        raise TypeError(f"expected a tokenizers.Tokenizer or a transformers fast tokenizer, got {type(tok).__name__}")
+    return SproutTokenizer.wrap(tok)

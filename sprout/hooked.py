@@ -18,8 +18,8 @@ from transformer_lens.HookedRootModule import HookedRootModule
 from . import generation, text
 from .activation_cache import SproutActivationCache
 from .forward import COURSE, Output, check_loss_tokens, check_resid, course_loss, finish, layer_range, split_positional, tl_loss
+from .hf_tokenizer import as_hf
 from .hook_checks import cache_hooks, check_buffers, checked_hook, copy_into_buffer, unknown_hook
-from .tokenizer import as_hf
 
 TextOrTokens = Union[str, list, torch.Tensor]
 

@@ -1,20 +1,17 @@
 """Tokenizers: byte-level BPE for Sprout, one id per character for the walkthrough's character GPT.
 
-Both are plain `tokenizers.Tokenizer` objects, so they save to and load from one JSON file. Use the
-helpers `encode` and `decode` rather than the raw methods: `encode` names characters a character
-tokenizer has never seen (the raw tokenizer only complains about a missing unknown token), and
-`decode` keeps special tokens, so `decode(tok, encode(tok, s)) == s` for every text `s` a tokenizer
-can represent.
+Both are plain `tokenizers.Tokenizer` objects, so they save to and load from one JSON file
+(`sprout.files.save_tokenizer` / `load_tokenizer`); `model.tokenizer` wraps one as Hugging Face's fast
+tokenizer (`sprout.hf_tokenizer`). Use the helpers `encode` and `decode` rather than the raw methods:
+`encode` names characters a character tokenizer has never seen (the raw tokenizer only complains about
+a missing unknown token), and `decode` keeps special tokens, so `decode(tok, encode(tok, s)) == s` for
+every text `s` a tokenizer can represent.
 """
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Iterable, Iterator, Union
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-
-from .weightfiles import regular_file
 
 EOT = "<|endoftext|>"
 # WordLevel needs the name of an unknown token; it is deliberately not in the vocabulary, so an
@@ -162,31 +159,3 @@ def _as_int(i) -> int:
     if isinstance(i, bool) or isinstance(i, float) or getattr(i, "is_floating_point", lambda: False)():
         raise TypeError(f"token ids must be integers, got {i!r}")
     return int(i)
-
-
-def save_tokenizer(tok: Tokenizer, path: Union[str, Path]) -> None:
-    """Writes the tokenizer as one JSON file (parent folders are created)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    raw(tok).save(str(path))
-
-
-def load_tokenizer(path: Union[str, Path]) -> Tokenizer:
-    """Reads a tokenizer JSON file written by `save_tokenizer` (or any `tokenizers` JSON)."""
-    path = Path(path)
-    if not os.path.lexists(path):
-        raise ValueError(f"no tokenizer file at {path}")
-    regular_file(path, "tokenizer file")  # a pipe would block the reader
-    return Tokenizer.from_file(str(path))
-
-
-def as_hf(tok):
-    """A tokenizer as `model.tokenizer` holds it: a Hugging Face `PreTrainedTokenizerFast` (see
-    `sprout.hf_tokenizer`). None stays None; a Hugging Face tokenizer is kept as it is."""
-    if tok is None or hasattr(tok, "backend_tokenizer"):
-        return tok
-    if not isinstance(tok, Tokenizer):
-        raise TypeError(f"expected a tokenizers.Tokenizer or a transformers fast tokenizer, got {type(tok).__name__}")
-    from .hf_tokenizer import SproutTokenizer  # transformers takes a second to import: only when needed
-
-    return SproutTokenizer.wrap(tok)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 
 from interp.cli import heads_main, lens_main, rms_main
-from sprout.hf import export_main, import_main
+from sprout.files.hf import export_main, import_main
 from sprout.training.cli import main as train_main
 
 # subcommand -> (main(argv) -> int, one line of help)

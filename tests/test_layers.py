@@ -2,7 +2,10 @@
 
 sprout (the model) <- sprout.training; sprout <- interp <- figures / experiments; the `sprout` command
 (sprout_cli) sits above sprout.training and interp. figures imports nothing of the project; nothing
-imports experiments.
+imports experiments. Inside the packages: no import circle among module-level imports (a module that
+imports `a.b.c` also runs the packages `a.b` and `a` it is not part of), the probe material
+(sprout.material) imports nothing of the model or its files, and no module imports another package's
+private (`_name`) names or modules.
 """
 import ast
 import subprocess
@@ -50,13 +53,17 @@ def imports_of(source: str, module: str, is_package: bool = False) -> set[str]:
     return {n for n in found if n.split(".")[0] in OURS}
 
 
-def graph() -> dict[str, set[str]]:
+def sources() -> dict[str, tuple[str, bool]]:
+    """{module: (source, is_package)} for every module of ours."""
     out = {}
     for pkg in PACKAGES:
         for path in sorted((ROOT / pkg).rglob("*.py")):
-            name = module_name(path)
-            out[name] = imports_of(path.read_text(encoding="utf-8"), name, path.name == "__init__.py")
+            out[module_name(path)] = (path.read_text(encoding="utf-8"), path.name == "__init__.py")
     return out
+
+
+def graph() -> dict[str, set[str]]:
+    return {name: imports_of(src, name, is_pkg) for name, (src, is_pkg) in sources().items()}
 
 
 def within(name: str, package: str) -> bool:
@@ -83,6 +90,193 @@ def violations(g: dict[str, set[str]]) -> list[str]:
     return bad
 
 
+# --- module-level imports: circles, the material package, private names ----------------------------------
+
+def _top_level(tree: ast.Module):
+    """The import statements that run when the module is imported: at module level, in if/try/with blocks
+    and class bodies, not in functions, and not under `if TYPE_CHECKING:`."""
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop(0)
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, ast.If):
+            if not (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
+                todo += node.body + node.orelse
+        elif isinstance(node, (ast.Try, ast.With, ast.ClassDef)):
+            todo += node.body + [n for h in getattr(node, "handlers", ()) for n in h.body]
+            todo += getattr(node, "orelse", []) + getattr(node, "finalbody", [])
+
+
+def _ran_by(target: str, module: str) -> set[str]:
+    """What importing `target` from `module` runs: target and the packages above it that `module` is not in
+    (those are already running when `module` runs)."""
+    parts = target.split(".")
+    return {p for p in (".".join(parts[:i]) for i in range(1, len(parts) + 1)) if not within(module, p)}
+
+
+def _resolve(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    if node.level == 0:
+        return node.module
+    base = module.split(".")
+    base = base[: len(base) - node.level + (1 if is_package else 0)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def load_graph(srcs: dict[str, tuple[str, bool]]) -> dict[str, set[str]]:
+    """{module: the modules of ours that importing it runs directly}: `from a import b` is the module a.b when
+    there is one, else a."""
+    out = {}
+    for name, (src, is_pkg) in srcs.items():
+        deps = set()
+        for node in _top_level(ast.parse(src)):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                base = _resolve(node, name, is_pkg)
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in srcs else base for a in node.names]
+            for t in targets:
+                deps |= _ran_by(t, name)
+        out[name] = {d for d in deps if d in srcs and d != name}
+    return out
+
+
+def circles(g: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index, low, stack, on, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(g.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+MATERIAL = "sprout.material"
+MODEL_SIDE = ("sprout.model", "sprout.tl", "sprout.files", "sprout.walkthrough", "sprout.hooked", "sprout.training")
+
+
+def material_reaches(g: dict[str, set[str]]) -> list[str]:
+    """The model-side modules that importing the material package runs (it must run none)."""
+    seen, todo = set(), [m for m in g if within(m, MATERIAL)]
+    while todo:
+        for dep in g.get(todo.pop(), ()):
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    return sorted(m for m in seen if not within(m, MATERIAL) and m.split(".")[0] == "sprout"
+                  and (m == "sprout" or any(within(m, side) for side in MODEL_SIDE)))
+
+
+def _package_of(module: str, srcs) -> str:
+    return module if srcs.get(module, ("", False))[1] else module.rpartition(".")[0]
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_imports(srcs: dict[str, tuple[str, bool]]) -> list[str]:
+    """`from X import _name` with X in another package than the importer, and imports of a private module
+    (`pkg._mod`) from outside pkg; every import counts, in functions too."""
+    bad = []
+    for name, (src, is_pkg) in srcs.items():
+        mine = name if is_pkg else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, ast.Import):
+                pairs = [(a.name, None) for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _resolve(node, name, is_pkg)
+                pairs = [(f"{base}.{a.name}", None) if f"{base}.{a.name}" in srcs else (base, a.name) for a in node.names]
+            else:
+                continue
+            for target, attr in pairs:
+                if target.split(".")[0] not in OURS:
+                    continue
+                parts = target.split(".")
+                hidden = [".".join(parts[:i]) for i in range(1, len(parts)) if _private(parts[i])]
+                if any(not within(name, pkg) for pkg in hidden):
+                    bad.append(f"{name} imports the private module {target}")
+                elif attr is not None and _private(attr) and _package_of(target, srcs) != mine:
+                    bad.append(f"{name} imports {target}.{attr}, a private name of another package")
+    return sorted(set(bad))
+
+
+LOOKED_AT = ("sprout", "interp", "figures", "experiments")
+
+
+def test_no_import_circles():
+    srcs = {m: v for m, v in sources().items() if m.split(".")[0] in LOOKED_AT}
+    assert circles(load_graph(srcs)) == []
+
+
+def test_the_material_package_runs_nothing_of_the_model():
+    g = load_graph(sources())
+    assert {m for m in g if within(m, MATERIAL)} >= {MATERIAL, f"{MATERIAL}.stories"}
+    assert material_reaches(g) == []
+
+
+def test_no_private_names_cross_a_package():
+    srcs = {m: v for m, v in sources().items() if m.split(".")[0] in LOOKED_AT}
+    assert private_imports(srcs) == []
+
+
+def test_the_circle_finder_sees_circles_through_a_package_init_and_not_in_functions():
+    srcs = {"a": ("from .b import f", True), "a.b": ("from a.c import g\ndef f(): pass", False),
+            "a.c": ("import a.d\ndef g():\n    from a import b", False), "a.d": ("from .b import f", False),
+            "p": ("from .q import x", True), "p.q": ("x = 1", False), "r": ("from p.q import x", False)}
+    assert circles(load_graph(srcs)) == [["a.b", "a.c", "a.d"]]
+    srcs["a.d"] = ("", False)
+    srcs["p.q"] = ("from r import y\nx = 1", False)  # r runs p (p/__init__ imports p.q): a real circle
+    assert circles(load_graph(srcs)) == [["p", "p.q", "r"]]
+
+
+def test_the_material_check_follows_imports_through_other_modules():
+    srcs = {"sprout": ("from .model import M", True), "sprout.model": ("M = 1", False),
+            "sprout.material": ("from .stories import s", True), "sprout.material.stories": ("import sprout.names", False),
+            "sprout.names": ("", False)}
+    assert material_reaches(load_graph(srcs)) == []
+    srcs["sprout.names"] = ("from sprout.files.checkpoint import load", False)
+    srcs["sprout.files"], srcs["sprout.files.checkpoint"] = ("", True), ("from ..model import M", False)
+    assert material_reaches(load_graph(srcs)) == ["sprout.files", "sprout.files.checkpoint", "sprout.model"]
+
+
+@pytest.mark.parametrize("module,source,package,found", [
+    ("experiments.demo_table", "from sprout.material import _CODAS", False, "private name of another package"),
+    ("sprout.training.loop", "from ..tokenizer import _as_int", False, "private name of another package"),
+    ("interp.heads", "def f():\n    from sprout.model import _rope", False, "private name of another package"),
+    ("interp.rope", "import sprout._malloc", False, "private module"),
+    ("interp.heads", "from ._model import n_layers\nfrom .lens import _unembed", False, None),
+    ("interp.saes.train", "from .._model import n_layers\nfrom . import _util", False, None),
+    ("sprout.material.stories", "from .names import _syllable_set", False, None),
+])
+def test_the_private_import_reader(module, source, package, found):
+    srcs = {module: (source, package), "interp._model": ("", False), "interp.saes._util": ("", False),
+            "interp.saes": ("", True), "interp": ("", True), "sprout": ("", True), "sprout._malloc": ("", False)}
+    bad = [b for b in private_imports(srcs) if b.startswith(module + " ")]
+    assert (bad == []) if found is None else (bad and all(found in b for b in bad)), bad
+
+
 def test_the_import_graph_follows_the_layers():
     g = graph()
     assert {"sprout", "sprout.model", "interp", "figures", "experiments.run_all", "sprout_cli"} <= set(g)
@@ -105,7 +299,7 @@ def test_the_rule_reader_catches_each_kind_of_violation(module, source, package,
 
 
 def test_allowed_imports_pass():
-    g = {"interp.heads": imports_of("from sprout.synthetic import repeated_random_tokens\nfrom ._model import n_layers",
+    g = {"interp.heads": imports_of("from sprout.material import repeated_random_tokens\nfrom ._model import n_layers",
                                     "interp.heads"),
          "experiments.run_all": imports_of("from . import EXPERIMENTS\nimport interp, figures", "experiments.run_all"),
          "sprout_cli": imports_of("from sprout.training.cli import main\nfrom interp.cli import lens_main", "sprout_cli", True)}

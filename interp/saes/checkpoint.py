@@ -5,7 +5,7 @@
     trainer.safetensors   "{i}.sae.<name>" (parameters and buffers, in training's scaled units),
                           "{i}.opt.<param>.exp_avg" / "exp_avg_sq" (Adam's moments; its step count in the JSON), "{i}.since_fired"
 
-Written whole by rank 0 (`sprout.folders.write_folder`: a folder that is not a checkpoint of ours is
+Written whole by rank 0 (`sprout.files.folders.write_folder`: a folder that is not a checkpoint of ours is
 never replaced). Resuming checks the settings, hooks, data and model and names what differs; since
 every step's batch is a function of the step alone, the resumed run takes the steps the uninterrupted
 one would have taken.
@@ -19,7 +19,7 @@ import torch.distributed as dist
 from safetensors.torch import load as load_bytes
 from safetensors.torch import save as save_bytes
 
-from sprout.folders import write_bytes, write_folder
+from sprout.files import write_bytes, write_folder
 
 from .files import SAEFileError, _read, read_json
 from .settings import TrainSettings

@@ -35,7 +35,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_bytes
 from safetensors.torch import save as save_bytes
 
-from sprout.folders import write_bytes, write_folder
+from sprout.files import write_bytes, write_folder
 
 from .._model import model_name, require_hooks
 from ..tuned_lens import fingerprint, model_config

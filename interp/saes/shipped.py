@@ -22,7 +22,7 @@ def shipped_folder(root, hook: Optional[str] = None, layer: Optional[int] = None
 
 
 def _find(model, root, name_of, what: str, expect: type) -> SAE:
-    from sprout.checkpoint import demo_dir
+    from sprout.files import demo_dir
 
     roots = [Path(root)] if root is not None else sorted(p for p in demo_dir().iterdir() if p.is_dir())
     mine = fingerprint(model)

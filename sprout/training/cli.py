@@ -13,7 +13,7 @@ from dataclasses import fields
 import torch
 import torch.distributed as dist
 
-from ..checkpoint import latest_checkpoint
+from ..files import latest_checkpoint
 from .loop import NonFiniteLoss, train
 from .recipes import RECIPES, Recipe, flag, get_recipe
 

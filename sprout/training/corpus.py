@@ -1,6 +1,6 @@
 """Training text as token files: user corpora or generated stories, tokenised once and cached by content.
 
-Pipeline: `read_text` (a user's files) or `sprout.synthetic.generate_corpus` -> `sprout.tokenizer.train_bpe`
+Pipeline: `read_text` (a user's files) or `sprout.material.generate_corpus` -> `sprout.tokenizer.train_bpe`
 -> `build_token_files` (train.bin / val.bin, uint16) -> `get_batch`, random windows drawn with a
 `torch.Generator`, so a run resumes bit-exactly by restoring the generator's state. `prepare_data` keys
 the cache by `data_stamp`: every input file's name, size and SHA-256 plus the tokenizer settings, so a
@@ -20,10 +20,9 @@ from typing import Optional, Union
 import numpy as np
 import torch
 
-from ..folders import remove_ours
-from ..synthetic import generate_corpus
-from ..tokenizer import char_tokenizer, encode, is_char_level, load_tokenizer, save_tokenizer, train_bpe
-from ..weightfiles import file_in, regular_file
+from ..files import file_in, load_tokenizer, regular_file, remove_ours, save_tokenizer
+from ..material import generate_corpus
+from ..tokenizer import char_tokenizer, encode, is_char_level, train_bpe
 from .english import english_corpus, english_stamp, is_english, package_files, parse_data
 from .recipes import Recipe
 

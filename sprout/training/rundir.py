@@ -4,7 +4,7 @@
     OUT/run.lock                  an exclusive OS lock (fcntl.flock) held for the whole run; holds the PID
     OUT/recipe.json               the recipe
     OUT/train_log.csv             one row per evaluation
-    OUT/checkpoints/step_XXXXXXXX/  config.json, model.safetensors, tokenizer.json (sprout.checkpoint.save)
+    OUT/checkpoints/step_XXXXXXXX/  config.json, model.safetensors, tokenizer.json (sprout.files.checkpoint.save)
                                   trainer.pt (optimizer, step, every RNG state; weights_only-safe)
     OUT/data/                     the tokenised-data cache, unless --data-cache says elsewhere
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import fcntl
+import io
 import json
 import os
 import shutil
@@ -26,14 +27,12 @@ from typing import Optional
 
 import torch
 
-from ..checkpoint import latest_checkpoint
-from ..tokenizer import load_tokenizer
-from ..weightfiles import read_json_file, regular_file
+from ..files import is_temp_sibling, latest_checkpoint, load_tokenizer, read_json_file, regular_file, replace_file, write_bytes
 from .recipes import Recipe
 
 MARKER, LOCK, RECIPE, LOG = "run.json", "run.lock", "recipe.json", "train_log.csv"
 FORMAT = "sprout-run"
-OURS = {MARKER, LOCK, RECIPE, LOG, "checkpoints", "data", MARKER + ".tmp", LOG + ".tmp"}
+OURS = {MARKER, LOCK, RECIPE, LOG, "checkpoints", "data", MARKER + ".tmp", LOG + ".tmp"}  # *.tmp: older versions'
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "trainer.pt")
 LOG_COLUMNS = ["step", "tokens", "lr", "train_loss", "val_loss", "rep_first", "rep_second", "elapsed_s"]
 KEEP_LAST = 2  # non-snapshot checkpoints kept
@@ -46,6 +45,11 @@ class RunDirError(ValueError):
 
 class RunLocked(RunDirError):
     """Another process holds the run directory's lock."""
+
+
+def _ours(entries: set[str]) -> set[str]:
+    """`entries` without what a write killed half way left (`replace_file`'s temporary run.json or log)."""
+    return {e for e in entries if not (is_temp_sibling(e, MARKER) or is_temp_sibling(e, LOG))}
 
 
 def _listing(folder: Path, names) -> str:
@@ -94,7 +98,7 @@ class RunDir:
     def _is_legacy_run(self) -> bool:
         # A run written before run.json existed: only our names, a recipe and a checkpoint with trainer.pt.
         last = self.latest()
-        return (set(os.listdir(self.path)) <= OURS and self.recipe_path.is_file() and last is not None
+        return (_ours(set(os.listdir(self.path))) <= OURS and self.recipe_path.is_file() and last is not None
                 and (last / "trainer.pt").is_file())
 
     def is_run(self) -> bool:
@@ -110,7 +114,7 @@ class RunDir:
         if not self.path.exists():
             return
         entries = set(os.listdir(self.path))
-        if entries <= {LOCK, MARKER + ".tmp"}:  # empty, or a run killed as it began
+        if _ours(entries) <= {LOCK, MARKER + ".tmp"}:  # empty, or a run killed as it began
             return
         if not self.is_run():
             raise RunDirError(f"--out {self.path} is not empty and is not a sprout run directory (it holds "
@@ -153,6 +157,9 @@ class RunDir:
         self.lock()
         try:  # again, under the lock: another process may have started here meanwhile
             self.check_resume() if resume else self.check_new()
+            entries = set(os.listdir(self.path))
+            for stale in entries - _ours(entries):
+                os.remove(self.path / stale)  # a killed run's half-written run.json or log
             if not resume:
                 self.write_marker(None, None)
         except BaseException:
@@ -172,10 +179,8 @@ class RunDir:
 
     # --- what the run was made from
     def write_marker(self, stamp: Optional[dict], tokenizer: Optional[dict]) -> None:
-        tmp = self.path / (MARKER + ".tmp")
-        tmp.write_text(json.dumps({"format": FORMAT, "version": 1, "data": stamp, "tokenizer": tokenizer},
-                                  indent=2) + "\n")
-        os.replace(tmp, self.path / MARKER)
+        marker = {"format": FORMAT, "version": 1, "data": stamp, "tokenizer": tokenizer}
+        replace_file(self.path / MARKER, (json.dumps(marker, indent=2) + "\n").encode())
 
     def read_recipe(self) -> Recipe:
         try:
@@ -214,10 +219,7 @@ def prune(root: Path, keep: set[int]) -> None:
 
 
 def write_trainer_state(path: Path, state: dict) -> None:
-    with open(path, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
+    write_bytes(path, lambda f: torch.save(state, f))
 
 
 def publish(tmp: Path, final: Path) -> None:
@@ -262,9 +264,8 @@ def read_log(path: Path, upto: Optional[int] = None) -> list[dict]:
 
 
 def write_log(path: Path, rows: list[dict]) -> None:
-    tmp = path.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, LOG_COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
-    os.replace(tmp, path)
+    text = io.StringIO(newline="")
+    w = csv.DictWriter(text, LOG_COLUMNS)
+    w.writeheader()
+    w.writerows(rows)
+    replace_file(path, text.getvalue().encode())

@@ -1,7 +1,7 @@
 """Ship a finished training run as a demo model: `python -m sprout.training.ship runs/gpt-4 gpt-4`.
 
 Writes `sprout/demo/<name>/` = the run's latest checkpoint (config.json, model.safetensors,
-tokenizer.json, via `sprout.checkpoint.save`) plus its recipe.json and train_log.csv, so that
+tokenizer.json, via `sprout.files.checkpoint.save`) plus its recipe.json and train_log.csv, so that
 `sprout.load("<name>")` works on a fresh clone.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from ..checkpoint import demo_dir, latest_checkpoint, load, save
+from ..files import demo_dir, latest_checkpoint, load, save
 from .recipes import Recipe
 
 MAX_BYTES = 15 * 2**20  # what one demo may add to the repository

@@ -17,7 +17,7 @@ import torch
 import sprout
 from experiments.run_all import run_all
 from sprout import Sprout, SproutConfig
-from sprout.synthetic import generate_corpus
+from sprout.material import generate_corpus
 from sprout.tokenizer import train_bpe
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")

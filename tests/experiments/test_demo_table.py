@@ -54,7 +54,7 @@ def test_the_index_page_measures_with_the_readme_tables_functions_and_settings(t
     import sprout
     from experiments.run_all import run_all
     from sprout import Sprout, SproutConfig
-    from sprout.synthetic import generate_corpus
+    from sprout.material import generate_corpus
     from sprout.tokenizer import train_bpe
 
     torch.manual_seed(1)

@@ -7,7 +7,7 @@ import interp
 import sprout
 from experiments import english_loss
 from sprout import Sprout, SproutConfig
-from sprout.synthetic import generate_corpus
+from sprout.material import generate_corpus
 from sprout.tokenizer import train_bpe
 from sprout.training.recipes import RECIPES
 

@@ -14,7 +14,7 @@ from experiments import EXPERIMENTS
 from experiments.common import SETTINGS, ZORBIN, Output, held_out_text
 from experiments.run_all import run_all
 from sprout import Sprout, SproutConfig
-from sprout.synthetic import generate_corpus
+from sprout.material import generate_corpus
 from sprout.tokenizer import train_bpe
 
 CFG = SproutConfig(vocab_size=300, context=128, n_layer=2, n_head=2, d_model=32, d_ff=64)
@@ -265,7 +265,7 @@ def test_a_demo_without_snapshots_draws_its_shipped_phase_table(tmp_path):
     model.spec = "gpt-4"  # as run_all's loader marks a demo
     out = Output(tmp_path, "circuits")
     rows = circuits._phase({"gpt-4": model}, out, Namespace(max_snapshots=6))
-    shipped = pd.read_csv(sprout.checkpoint.demo_dir() / "gpt-4" / circuits.SHIPPED_PHASE)
+    shipped = pd.read_csv(sprout.files.checkpoint.demo_dir() / "gpt-4" / circuits.SHIPPED_PHASE)
     written = pd.read_csv(tmp_path / "phase_gpt-4.csv")
     pd.testing.assert_frame_equal(written, shipped)
     assert set(shipped["measure"]) == {"previous-token score", "induction score", "K-composition (x random)",
@@ -280,7 +280,7 @@ def test_the_readmes_phase_numbers_are_the_shipped_tables():
 
     from experiments import circuits
 
-    table = pd.read_csv(sprout.checkpoint.demo_dir() / "gpt-4" / circuits.SHIPPED_PHASE)
+    table = pd.read_csv(sprout.files.checkpoint.demo_dir() / "gpt-4" / circuits.SHIPPED_PHASE)
     readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
     for measure in ("induction score", "previous-token score"):  # the README states interp.phase_change's stretch
         change = interp.phase_change(table, measure)

@@ -15,7 +15,7 @@ import sprout
 from experiments.run_all import run_all
 from interp.tuned_lens import fingerprint, model_config
 from sprout import Sprout, SproutConfig
-from sprout.synthetic import generate_corpus
+from sprout.material import generate_corpus
 from sprout.tokenizer import train_bpe
 
 from .test_browser import BROWSERS, browse, ink, js_errors, read_png

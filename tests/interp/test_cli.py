@@ -10,7 +10,7 @@ import sprout
 import sprout_cli
 from interp import cli
 from sprout import Sprout, SproutConfig
-from sprout.synthetic import generate_corpus
+from sprout.material import generate_corpus
 from sprout.tokenizer import encode, train_bpe
 
 CFG = SproutConfig(vocab_size=300, context=16, n_layer=2, n_head=2, d_model=32, d_ff=64)

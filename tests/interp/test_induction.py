@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 import interp
 from sprout import Sprout, SproutConfig
-from sprout.synthetic import generate_corpus, generate_story
+from sprout.material import generate_corpus, generate_story
 from sprout.tokenizer import train_bpe
 
 TEXT = "Once there was a fox called Zorbin Plax. The fox slept. Everyone liked Zorbin Plax, and Zorbin Plax ran."

@@ -10,7 +10,7 @@ import interp
 from interp._model import logits_of, unembed
 from interp.tuned_lens_train import _frozen, _Scratch, _UnembedCrossEntropy, lens_step, model_text, windows
 from sprout import Sprout
-from sprout.checkpoint import load
+from sprout.files.checkpoint import load
 from tests.conftest import TINY, randomize_gains
 
 

@@ -11,8 +11,9 @@ import warnings
 import pytest
 import torch
 
-from sprout import Sprout, SproutConfig, checkpoint
-from sprout.checkpoint import from_state_dict
+from sprout import Sprout, SproutConfig
+from sprout.files import checkpoint
+from sprout.files.checkpoint import from_state_dict
 from sprout.tokenizer import char_tokenizer
 from tests.conftest import TINY
 from tests.sprout.test_checkpoint import assert_same_model, fresh

@@ -13,7 +13,8 @@ import sprout_cli
 from experiments import EXPERIMENTS
 from experiments.common import MARKER
 from interp import cli, tuned_lens_train
-from sprout import Sprout, checkpoint
+from sprout import Sprout
+from sprout.files import checkpoint
 from sprout.tokenizer import char_tokenizer
 from tests.conftest import TINY
 from tests.robustness.test_file_contract import pipes  # noqa: F401 (a fixture)

@@ -13,7 +13,7 @@ import interp
 from interp import _inputs
 from interp._inputs import TokenBatch, token_batch, token_rows
 from sprout import Sprout, SproutConfig
-from sprout.synthetic import generate_corpus
+from sprout.material import generate_corpus
 from sprout.tokenizer import encode, train_bpe
 from tests.conftest import TINY
 

@@ -1,4 +1,4 @@
-"""The file contract (`sprout.weightfiles`): every file we read is a regular file inside its folder, refused
+"""The file contract (`sprout.files.weightfiles`): every file we read is a regular file inside its folder, refused
 before it is opened otherwise, and tampered JSON is named by file and field; tuned lenses are replaced
 only when both files are ours. Named pipes are watched by a process that unblocks any reader, so a
 regression fails the test instead of hanging it."""
@@ -14,12 +14,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import interp
-from sprout import Sprout, checkpoint
-from sprout.hf import export, import_
-from sprout.tokenizer import char_tokenizer, load_tokenizer
+from sprout import Sprout
+from sprout.files import checkpoint, load_tokenizer
+from sprout.files.hf import export, import_
+from sprout.files.walkthrough_keys import from_walkthrough_state_dict
+from sprout.files.weightfiles import file_in, read_json_file, regular_file
+from sprout.tokenizer import char_tokenizer
 from sprout.training.corpus import TokenDataset, input_files
-from sprout.walkthrough_keys import from_walkthrough_state_dict
-from sprout.weightfiles import file_in, read_json_file, regular_file
 from tests.conftest import TINY
 
 # A process, not a thread: a reader in Rust (tokenizers, safetensors) may block in open() holding the GIL.
@@ -150,7 +151,7 @@ def test_import_hf_refuses_pipes_for_config_weights_index_and_shards(tmp_path, h
 
 
 def test_import_hf_cli_on_a_pipe_is_one_line(tmp_path, hf, pipes, capsys):
-    from sprout.hf import import_main
+    from sprout.files.hf import import_main
 
     os.remove(hf / "model.safetensors")
     p = pipes(hf / "model.safetensors")

@@ -9,9 +9,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from sprout import Sprout, SproutConfig, checkpoint
+from sprout import Sprout, SproutConfig
 from sprout import model as model_module
-from sprout.hf import export, import_
+from sprout.files import checkpoint
+from sprout.files.hf import export, import_
 from tests.conftest import TINY
 
 
@@ -161,7 +162,7 @@ def test_a_bare_demo_name_means_the_demo(tmp_path, monkeypatch):
 OOM = textwrap.dedent("""
     import json, resource, struct, sys
     from pathlib import Path
-    from sprout import checkpoint
+    from sprout.files import checkpoint
     path = Path(sys.argv[1])
     n = 1 << 29  # float32: a 2 GiB tensor, in a sparse file
     header = json.dumps({"big": {"dtype": "F32", "shape": [n], "data_offsets": [0, 4 * n]}}).encode()

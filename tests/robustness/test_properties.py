@@ -8,10 +8,11 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from sprout import Sprout, checkpoint
-from sprout.checkpoint import from_state_dict
+from sprout import Sprout
+from sprout.files import checkpoint
+from sprout.files.checkpoint import from_state_dict
+from sprout.material import generate_corpus
 from sprout.model import apply_rope, rope_tables
-from sprout.synthetic import generate_corpus
 from sprout.tokenizer import char_tokenizer, decode, encode, train_bpe
 from tests.conftest import TINY, randomize_gains
 

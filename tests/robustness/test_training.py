@@ -21,7 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from sprout import checkpoint
+from sprout.files import checkpoint
 from sprout.training import rundir
 from sprout.training.cli import main as train_main
 from sprout.training.cli import parse_args
@@ -45,7 +45,7 @@ def die():
 
 def kill_during_write(name, n):
     """SIGKILL half way through the n-th write of `name` (model.safetensors, config.json, tokenizer.json)."""
-    real, seen = checkpoint._write, [0]
+    real, seen = checkpoint.write_bytes, [0]
 
     def write(path, data):
         if Path(path).name == name:
@@ -58,7 +58,7 @@ def kill_during_write(name, n):
                 die()
         real(path, data)
 
-    checkpoint._write = write
+    checkpoint.write_bytes = write
 
 
 def kill_during_trainer_state(n):
@@ -130,7 +130,7 @@ def keep_every_checkpoint():
 
 def disk_full(target, fail_at):
     """The fail_at-th write of `target` (model.safetensors or trainer.pt) writes a third, then ENOSPC."""
-    real_write, real_save, seen = checkpoint._write, torch.save, [0]
+    real_write, real_save, seen = checkpoint.write_bytes, torch.save, [0]
 
     def write(path, data):
         if Path(path).name == target:
@@ -148,7 +148,7 @@ def disk_full(target, fail_at):
                 raise OSError(errno.ENOSPC, "No space left on device")
         return real_save(obj, f, *args, **kwargs)
 
-    checkpoint._write, torch.save = write, save
+    checkpoint.write_bytes, torch.save = write, save
 
 
 SETUPS = {"keep every checkpoint": keep_every_checkpoint, "disk full": disk_full,
@@ -173,8 +173,8 @@ def _child(args, log, setup, setup_args):
 # Children are forked from a fork server (imports done, kernels warmed up on one thread): a process that
 # has run torch on several threads, as the test process has, cannot safely fork; its children can hang.
 FORKS = multiprocessing.get_context("forkserver")
-FORKS.set_forkserver_preload(["torch", "torch._dynamo", "safetensors.torch", "tqdm", "sprout.training.cli", "sprout.synthetic",
-                              "sprout.checkpoint", "sprout.tokenizer", __name__, "tests.robustness._warm_fork_server"])
+FORKS.set_forkserver_preload(["torch", "torch._dynamo", "safetensors.torch", "tqdm", "sprout.training.cli", "sprout.material",
+                              "sprout.files.checkpoint", "sprout.tokenizer", __name__, "tests.robustness._warm_fork_server"])
 
 
 def run(args, log: Path, setup=None, setup_args=(), kill_after=None) -> int:

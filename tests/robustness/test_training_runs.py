@@ -91,6 +91,25 @@ def test_a_new_run_may_use_an_empty_folder_and_refuses_a_run_with_checkpoints(tm
     assert snapshot(out) == before
 
 
+def test_a_run_killed_while_writing_run_json_starts_again_and_its_half_written_file_goes(tmp_path):
+    """replace_file's temporary sibling of run.json (or of the log) is ours; a look-alike name is not."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / rundir.LOCK).write_text("")
+    (out / ".run.json.tmp-0123abcd").write_text('{"format": "sprout-')
+    (out / ".train_log.csv.tmp-89abcdef").write_text("step,tok")
+    with RunDir(out) as run:
+        run.open(resume=False)
+    assert sorted(os.listdir(out)) == sorted([rundir.LOCK, rundir.MARKER])
+    assert json.loads((out / rundir.MARKER).read_text())["format"] == rundir.FORMAT
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / ".run.json.tmp-my-notes").write_text("keep me")
+    with pytest.raises(rundir.RunDirError, match="not a sprout run directory"):
+        RunDir(mine).open(resume=False)
+    assert os.listdir(mine) == [".run.json.tmp-my-notes"]
+
+
 def test_pruning_deletes_only_what_a_checkpoint_is_made_of(tmp_path, finished):
     root = tmp_path / "checkpoints"
     for step in (10, 20, 30):

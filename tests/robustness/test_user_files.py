@@ -1,5 +1,7 @@
 """Nothing of the user's is deleted: save, export-hf and import-hf replace only a folder they can show
-they wrote; anything else is refused with the path and the files that would have been lost."""
+they wrote; anything else is refused with the path and the files that would have been lost. A single
+file is replaced all or nothing (`replace_file`, the one atomic write)."""
+import errno
 import json
 import os
 import stat
@@ -7,9 +9,10 @@ import stat
 import pytest
 import torch
 
-from sprout import Sprout, checkpoint
-from sprout.folders import NotOursError
-from sprout.hf import export, export_main, import_, import_main
+from sprout import Sprout
+from sprout.files import checkpoint
+from sprout.files.folders import NotOursError, is_temp_sibling, replace_file
+from sprout.files.hf import export, export_main, import_, import_main
 from sprout.tokenizer import char_tokenizer
 from tests.conftest import TINY
 
@@ -139,3 +142,28 @@ def test_leftovers_of_a_killed_save_are_cleaned_only_when_ours(tmp_path):
     checkpoint.save(model(1), tmp_path / "ckpt")
     assert not ours.exists()
     assert (theirs / "diary.txt").read_text() == "keep"
+
+
+def test_replace_file_leaves_the_old_file_or_the_new_one_and_nothing_else(tmp_path):
+    target = tmp_path / "table.md"
+    target.write_bytes(b"old")
+
+    def half_then_disk_full(f):
+        f.write(b"new, ha")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        replace_file(target, half_then_disk_full)
+    assert target.read_bytes() == b"old" and os.listdir(tmp_path) == ["table.md"]
+    assert replace_file(target, lambda f: f.write(b"new")) == target and target.read_bytes() == b"new"
+    replace_file(target, b"bytes")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert target.read_bytes() == b"bytes" and os.listdir(tmp_path) == ["table.md"]
+    assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~umask
+
+
+def test_only_replace_files_own_temporary_names_count_as_its_debris():
+    assert is_temp_sibling(".run.json.tmp-0123abcd", "run.json")
+    assert not any(is_temp_sibling(e, "run.json") for e in
+                   ("run.json.tmp", ".run.json.tmp-notes.txt", ".run.json.tmp-0123ABCD", ".log.tmp-0123abcd", ".run.json.tmp-"))

@@ -10,7 +10,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from sprout import Sprout, SproutConfig, checkpoint
+from sprout import Sprout, SproutConfig
+from sprout.files import checkpoint
 from sprout.tokenizer import char_tokenizer
 from tests.conftest import TINY, randomize_gains
 
@@ -280,7 +281,7 @@ def test_failed_write_keeps_the_old_checkpoint(tmp_path, monkeypatch):
     a, b = fresh(seed=0), fresh(seed=1)
     a.tokenizer = char_tokenizer("abc")
     checkpoint.save(a, tmp_path / "ckpt")
-    real_write = checkpoint._write
+    real_write = checkpoint.write_bytes
 
     def disk_full(path, data):
         if path.name == "model.safetensors":
@@ -288,7 +289,7 @@ def test_failed_write_keeps_the_old_checkpoint(tmp_path, monkeypatch):
             raise OSError(errno.ENOSPC, "No space left on device")
         real_write(path, data)
 
-    monkeypatch.setattr(checkpoint, "_write", disk_full)
+    monkeypatch.setattr(checkpoint, "write_bytes", disk_full)
     with pytest.raises(OSError, match="No space left"):
         checkpoint.save(b, tmp_path / "ckpt")
     assert os.listdir(tmp_path) == ["ckpt"]  # no temporary directory left
@@ -346,7 +347,7 @@ def test_empty_run_directory(tmp_path):
 
 
 def test_demo_names(tmp_path, monkeypatch):
-    assert checkpoint.demo_dir() == Path(checkpoint.__file__).resolve().parent / "demo"
+    assert checkpoint.demo_dir() == Path(checkpoint.__file__).resolve().parent.parent / "demo"
     monkeypatch.setattr(checkpoint, "demo_dir", lambda: tmp_path / "demo")
     with pytest.raises(FileNotFoundError, match="'gpt-9'.*none are shipped yet"):
         checkpoint.load("gpt-9")
@@ -382,7 +383,7 @@ def test_walkthrough_round_trip(tmp_path):
 
 @pytest.mark.parametrize("step", ["4.2", "4.10"])
 def test_walkthrough_state_dict_dispatch(tmp_path, step):
-    from sprout.walkthrough_keys import to_walkthrough_state_dict
+    from sprout.files.walkthrough_keys import to_walkthrough_state_dict
 
     model = walkthrough_model(step)
     sd = to_walkthrough_state_dict(model)

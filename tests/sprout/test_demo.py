@@ -5,7 +5,7 @@ import json
 import pytest
 
 import sprout
-from sprout.checkpoint import demo_dir, demo_names
+from sprout.files.checkpoint import demo_dir, demo_names
 from sprout.training.recipes import Recipe, get_recipe
 
 DEMOS = ["gpt-1", "gpt-4", "sprout-mini", "walkthrough"]

@@ -11,7 +11,7 @@ import re
 import pytest
 
 from experiments import demo_table
-from sprout import synthetic
+from sprout import material
 
 STORIES = [
     ("harbour", ["Trembalow", "Sigfrund"],
@@ -35,16 +35,16 @@ STORIES = [
 
 def test_the_drawability_check_accepts_every_name_the_generator_draws():
     rng = random.Random(0)
-    words = {w for _ in range(3000) for w in synthetic.random_name(rng).split()}
-    assert all(demo_table.generator_can_draw(w) for w in words)
-    assert demo_table.generator_can_draw("Zorbin") and demo_table.generator_can_draw("Quorvath")  # qu-o-r, v-a-th
+    words = {w for _ in range(3000) for w in material.random_name(rng).split()}
+    assert all(material.generator_can_draw(w) for w in words)
+    assert material.generator_can_draw("Zorbin") and material.generator_can_draw("Quorvath")  # qu-o-r, v-a-th
 
 
 @pytest.mark.parametrize("stories", [STORIES, demo_table.STORIES], ids=["this test's", "the README's"])
 def test_the_held_out_names_cannot_be_drawn_by_the_generator(stories):
     names = [n for _, ns, _ in stories for n in ns]
-    assert [n for n in names if demo_table.generator_can_draw(n)] == []
-    corpus = synthetic.generate_corpus(300_000, seed=0)  # the demos' corpus seed: none of them occurs in it
+    assert [n for n in names if material.generator_can_draw(n)] == []
+    corpus = material.generate_corpus(300_000, seed=0)  # the demos' corpus seed: none of them occurs in it
     assert [n for n in names if n in corpus] == []
 
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import sprout.hf as hf_module
+import sprout.files.hf as hf_module
 from sprout import Sprout
-from sprout.checkpoint import load, save
-from sprout.hf import export, import_
+from sprout.files.checkpoint import load, save
+from sprout.files.hf import export, import_
 from sprout.tokenizer import train_bpe
 from sprout_cli import main as cli
 from tests.conftest import TINY, randomize_gains

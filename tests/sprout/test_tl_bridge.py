@@ -253,7 +253,7 @@ def test_helpers_agree_with_transformer_bridge_in_compatibility_mode(model, run,
     from transformer_lens.model_bridge import TransformerBridge
     from transformers import AutoModelForCausalLM
 
-    from sprout.hf import export
+    from sprout.files.hf import export
 
     folder = export(model, tmp_path / "qwen3")
     qwen3 = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")

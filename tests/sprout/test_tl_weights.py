@@ -116,7 +116,7 @@ def test_weights_against_transformer_lens_bridge_folding(model, tmp_path):
     from transformer_lens.model_bridge import TransformerBridge
     from transformers import AutoModelForCausalLM
 
-    from sprout.hf import export
+    from sprout.files.hf import export
 
     logging.disable(logging.WARNING)
     try:

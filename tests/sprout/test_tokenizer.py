@@ -5,16 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sprout.synthetic import generate_corpus, random_name
-from sprout.tokenizer import (
-    char_tokenizer,
-    decode,
-    encode,
-    is_char_level,
-    load_tokenizer,
-    save_tokenizer,
-    train_bpe,
-)
+from sprout.files import load_tokenizer, save_tokenizer
+from sprout.material import generate_corpus, random_name
+from sprout.tokenizer import char_tokenizer, decode, encode, is_char_level, train_bpe
 
 
 @pytest.fixture(scope="module")

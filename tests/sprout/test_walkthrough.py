@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from sprout.files.walkthrough_keys import from_walkthrough_state_dict, infer_config, to_walkthrough_state_dict
 from sprout.tokenizer import char_tokenizer
 from sprout.walkthrough import (
     STEPS,
@@ -17,7 +18,6 @@ from sprout.walkthrough import (
     missing_hooks,
     step_config,
 )
-from sprout.walkthrough_keys import from_walkthrough_state_dict, infer_config, to_walkthrough_state_dict
 from tests.conftest import randomize_gains
 
 # The seed's table (C 32, 4 heads, context 8, 65 characters), and karpathy's 10.788929M for the final size.

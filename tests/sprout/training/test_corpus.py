@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sprout.synthetic import generate_corpus
+from sprout.material import generate_corpus
 from sprout.tokenizer import char_tokenizer, decode, encode, train_bpe
 from sprout.training import corpus as data
 from sprout.training.corpus import TokenDataset, build_token_files, get_batch, read_text

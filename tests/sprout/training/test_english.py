@@ -13,7 +13,7 @@ import random
 
 import pytest
 
-from sprout.synthetic import generate_corpus
+from sprout.material import generate_corpus
 from sprout.training import english
 from sprout.training.english import (
     Document,
@@ -201,7 +201,7 @@ def test_bad_english_fields_name_the_field(changes, field):
 
 
 def test_english_recipes_and_the_shipped_ones_load():
-    from sprout.checkpoint import demo_dir, demo_names
+    from sprout.files.checkpoint import demo_dir, demo_names
 
     for name in ("gpt-1-english", "gpt-4-english", "sprout-mini-english", "walkthrough-shakespeare"):
         r = RECIPES[name]

@@ -23,10 +23,12 @@ from safetensors import safe_open
 from safetensors.torch import save as safetensors_bytes
 from tokenizers import Tokenizer
 
-from .config import SproutConfig
+from ..config import SproutConfig
+from ..model import Sprout
+from .checkpoint import from_state_dict, save
+from .checkpoint import load as load_checkpoint
 from .fit import layers_present
 from .folders import write_bytes, write_folder
-from .model import Sprout
 from .weightfiles import check_fields, file_in, read_json_file, read_safetensors, regular_file
 
 PathLike = Union[str, os.PathLike]
@@ -167,7 +169,7 @@ def _exported_here(directory: Path) -> bool:
 
 
 def _write_json(path: Path, obj: dict) -> None:
-    path.write_text(json.dumps(obj, indent=2) + "\n")
+    write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode())
 
 
 # --- Qwen3 -> Sprout ------------------------------------------------------------------------------
@@ -326,7 +328,7 @@ def _tokenizer(path: Path):
 
 
 def load(directory: PathLike) -> Sprout:
-    """Read a Qwen3ForCausalLM folder (as `export` writes) into a Sprout, in eval mode: `sprout.hf.load(dir)`.
+    """Read a Qwen3ForCausalLM folder (as `export` writes) into a Sprout, in eval mode: `sprout.files.hf.load(dir)`.
 
     Args:
         directory: a folder with config.json and model.safetensors (or safetensors shards), and
@@ -339,8 +341,6 @@ def load(directory: PathLike) -> Sprout:
         ValueError: the config describes a model Sprout cannot represent (the message says why), or
             the weights do not fit it (the message lists every offending key).
     """
-    from .checkpoint import from_state_dict
-
     directory = Path(directory)
     if not directory.is_dir():
         regular_file(directory, "Hugging Face folder")  # missing: FileNotFoundError; a pipe: named
@@ -362,8 +362,6 @@ import_ = load  # the first name of `load`, kept so code written for it runs
 
 def export_main(argv=None) -> int:
     """`sprout export-hf CHECKPOINT OUT_DIR`: write a checkpoint as a Qwen3ForCausalLM folder."""
-    from .checkpoint import load as load_checkpoint
-
     ap = argparse.ArgumentParser(prog="sprout export-hf", description=export_main.__doc__)
     ap.add_argument("checkpoint", help="a Sprout checkpoint (anything sprout.load reads)")
     ap.add_argument("out_dir", help="the Hugging Face folder to write")
@@ -385,8 +383,6 @@ def export_main(argv=None) -> int:
 
 def import_main(argv=None) -> int:
     """`sprout import-hf DIR OUT_CHECKPOINT`: read a Qwen3ForCausalLM folder into a Sprout checkpoint."""
-    from .checkpoint import save
-
     ap = argparse.ArgumentParser(prog="sprout import-hf", description=import_main.__doc__)
     ap.add_argument("hf_dir", help="a Hugging Face Qwen3ForCausalLM folder")
     ap.add_argument("out_checkpoint", help="the Sprout checkpoint folder to write")

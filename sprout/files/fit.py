@@ -7,7 +7,7 @@ first read against the embedding's shape and the number of blocks in the weights
 is built on the meta device (no memory) and its keys are repeated for every layer. The real model
 is built only once everything fits.
 
-One implementation serves every family: `sprout.checkpoint` checks Sprout and WalkthroughGPT
+One implementation serves every family: `sprout.files.checkpoint` checks Sprout and WalkthroughGPT
 weights under our own keys, `sprout.walkthrough` checks the walkthrough script's weights through
 `rename` (our key -> the walkthrough's name).
 """

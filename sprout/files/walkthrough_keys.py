@@ -3,7 +3,7 @@
 The walkthrough script names its tensors `token_embedding_table`, `multi_head_attention.heads.{h}.query`
 and so on, and stores a causal `mask` buffer per head; `WalkthroughGPT` keeps TransformerLens-style
 module names. This module maps between the two, so weights saved from the walkthrough's own classes load
-unchanged, and checks them with the same fit check as every other checkpoint (sprout/fit.py).
+unchanged, and checks them with the same fit check as every other checkpoint (sprout/files/fit.py).
 """
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from typing import Optional, Union
 
 import torch
 
+from ..tokenizer import char_tokenizer
+from ..walkthrough import WalkthroughConfig, WalkthroughGPT
 from .fit import describe, fit
-from .walkthrough import WalkthroughConfig, WalkthroughGPT
 from .weightfiles import regular_file
 
 # Our top-level modules and the walkthrough's names for them; inside a block, `attn` is its
@@ -130,8 +131,6 @@ def from_walkthrough_state_dict(state_dict: Union[dict, str, Path], config: Opti
     if text is not None:
         if tokenizer is not None:
             raise ValueError("pass a tokenizer or the training text, not both")
-        from .tokenizer import char_tokenizer
-
         tokenizer = char_tokenizer(text)
     cfg = config if config is not None else infer_config(state_dict)
     if tokenizer is not None and tokenizer.get_vocab_size() != cfg.vocab_size:

@@ -1,4 +1,5 @@
-"""The neutral synthetic text: the story generator and repeated random tokens (sprout.synthetic)."""
+"""The neutral synthetic text: the story generator and repeated random tokens (sprout.material)."""
+import hashlib
 import random
 import re
 import time
@@ -7,8 +8,18 @@ from collections import Counter
 import pytest
 import torch
 
-from sprout import synthetic as data
-from sprout.synthetic import MIX, generate_corpus, generate_story, random_name, repeated_fraction, repeated_random_tokens
+from sprout.material import (
+    HELD_OUT_SEED,
+    MIX,
+    generate_corpus,
+    generate_story,
+    held_out_stories,
+    random_name,
+    repeated_fraction,
+    repeated_random_tokens,
+    vocabulary,
+)
+from sprout.material import stories as data
 
 
 @pytest.fixture(scope="module")
@@ -22,6 +33,22 @@ def test_corpus_is_deterministic_per_seed():
     assert generate_corpus(30_000, seed=3) == generate_corpus(30_000, seed=3)
     assert generate_corpus(30_000, seed=3) != generate_corpus(30_000, seed=4)
     assert generate_story(random.Random(9)) == generate_story(random.Random(9))
+
+
+def test_the_text_is_the_one_the_demos_trained_on():
+    """Pinned: the same seed gives the same stories, names and tokens as the generator the demos were trained
+    with (sprout/synthetic.py before the material package), byte for byte."""
+    assert hashlib.sha256(generate_corpus(50_000, seed=0).encode()).hexdigest() == \
+        "716a3493adb6eb213be67b27d34aa2022e1d7afb00e719023e83a1c3fcdb09d7"
+    assert (random_name(random.Random(0)), random_name(random.Random(1))) == ("Redraindai", "Prikail")
+    assert repeated_random_tokens(1, 6, 100, torch.Generator().manual_seed(0)).tolist() == \
+        [[99, 19, 57, 70, 53, 70, 99, 19, 57, 70, 53, 70]]
+
+
+def test_held_out_stories_are_the_generator_at_a_seed_no_demo_trained_on():
+    assert held_out_stories(5_000) == generate_corpus(5_000, seed=HELD_OUT_SEED) != generate_corpus(5_000, seed=0)
+    with pytest.raises(ValueError, match="n_chars must be >= 1"):
+        held_out_stories(0)
 
 
 def test_corpus_length_and_story_boundaries(corpus):
@@ -49,7 +76,7 @@ def test_names_are_invented_and_fresh():
 
 def _vocabulary():
     words = set()
-    for value in vars(data).values():
+    for value in vars(vocabulary).values():
         if isinstance(value, list) and value and isinstance(value[0], str):
             words.update(w.lower() for item in value for w in re.findall(r"[A-Za-z]+", item))
     return words

@@ -3,12 +3,12 @@
 A checkpoint is a directory holding `config.json` ({"family": ..., **config}), `model.safetensors`
 (the config again in its metadata) and, when the model has one, `tokenizer.json`. `save` writes it
 atomically: a crash or a full disk leaves either the old checkpoint or the new one, never half of one;
-it replaces only a folder that is provably a checkpoint (`sprout.folders`), never a user's folder.
+it replaces only a folder that is provably a checkpoint (`sprout.files.folders`), never a user's folder.
 
 `load` also reads a lone `.safetensors` file, a torch file (.pt/.pth/.bin, read with weights_only=True
 and never with code), a training run directory (its latest `checkpoints/step_*`), or the name of a
 demo model shipped in `sprout/demo/`. The config is compared with the weights' keys and shapes before
-any module is built (`sprout.fit`); weights that do not fit raise one error that lists every offending
+any module is built (`sprout.files.fit`); weights that do not fit raise one error that lists every offending
 key, integer weights are refused, and nothing is loaded halfway.
 """
 from __future__ import annotations
@@ -26,11 +26,11 @@ from safetensors import safe_open
 from safetensors.torch import save as _safetensors_bytes
 from tokenizers import Tokenizer
 
-from .config import SproutConfig
+from ..config import SproutConfig
+from ..model import Sprout
+from ..walkthrough import WalkthroughConfig, WalkthroughGPT
 from .fit import describe, fit
-from .folders import NotOursError, write_folder
-from .model import Sprout
-from .walkthrough import WalkthroughConfig, WalkthroughGPT
+from .folders import NotOursError, write_bytes, write_folder
 from .walkthrough_keys import from_walkthrough_state_dict
 from .weightfiles import check_fields, config_beside, file_in, read_json, read_safetensors_file, read_torch_file, regular_file
 
@@ -72,10 +72,10 @@ def save(model: torch.nn.Module, directory: PathLike) -> Path:
     metadata = {"format": "pt", "config": json.dumps(config), "tied": json.dumps(tied)}
 
     def fill(tmp: Path) -> None:
-        _write(tmp / CONFIG, (json.dumps(config, indent=2) + "\n").encode())
-        _write(tmp / WEIGHTS, _safetensors_bytes(tensors, metadata=metadata))
+        write_bytes(tmp / CONFIG, (json.dumps(config, indent=2) + "\n").encode())
+        write_bytes(tmp / WEIGHTS, _safetensors_bytes(tensors, metadata=metadata))
         if getattr(model, "tokenizer", None) is not None:
-            _write(tmp / TOKENIZER, model.tokenizer.to_str().encode())
+            write_bytes(tmp / TOKENIZER, model.tokenizer.to_str().encode())
 
     return Path(write_folder(directory, fill, OWN_FILES, is_checkpoint, "a Sprout checkpoint"))
 
@@ -106,13 +106,6 @@ def _untie(state_dict: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor]
             seen[key] = name
             kept[name] = t.detach().contiguous()
     return kept, tied
-
-
-def _write(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 # --- load -----------------------------------------------------------------------------------------
@@ -224,7 +217,7 @@ def _resolve(given: PathLike) -> Path:
 
 def demo_dir() -> Path:
     """Where the shipped demo models live: `<package dir of sprout>/demo/<name>/`."""
-    return Path(__file__).resolve().parent / "demo"
+    return Path(__file__).resolve().parent.parent / "demo"
 
 
 def demo_names() -> list[str]:
@@ -272,7 +265,7 @@ def from_state_dict(state_dict: dict[str, torch.Tensor], config: Union[SproutCon
     """Build the model these weights belong to and load them (strict: every key, every shape).
 
     The config is compared with the weights' keys and shapes before any module is built
-    (`sprout.fit`), so a config.json asking for a huge model over small weights is refused at once.
+    (`sprout.files.fit`), so a config.json asking for a huge model over small weights is refused at once.
 
     Args:
         state_dict: the weights, with model.py's keys; or the walkthrough GPT's, under its own names

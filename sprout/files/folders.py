@@ -1,4 +1,4 @@
-"""Folders written whole: built beside their target, then renamed into place; nothing of the user's deleted.
+"""Folders and files written whole: built beside their target, then renamed into place; nothing of the user's deleted.
 
 A checkpoint or an exported Hugging Face folder is written into a temporary sibling and swapped in,
 so a crash leaves the old folder or the new one, never half of one. The swap replaces an existing
@@ -7,6 +7,9 @@ carries our proof (a config.json or safetensors header only we write). Anything 
 folder with a config.json beside a thesis, a downloaded model with its README) is refused with the
 list of what would have been lost. Old folders are emptied file by file, never with `rmtree`, so a
 file that appears in one meanwhile survives. New folders get the user's umask.
+
+A single file is written the same way by `replace_file`, the project's one atomic write (checkpoint
+files, tuned lenses, run markers and logs, README tables, plotly.js).
 """
 from __future__ import annotations
 
@@ -14,9 +17,10 @@ import os
 import uuid
 import warnings
 from pathlib import Path
-from typing import Callable
+from typing import BinaryIO, Callable, Union
 
 SHOWN = 12  # entries named in a refusal
+Data = Union[bytes, Callable[[BinaryIO], None]]  # what a file is written from
 
 
 class NotOursError(FileExistsError, ValueError):
@@ -109,11 +113,20 @@ def _glob_escape(name: str) -> str:
     return "".join(f"[{c}]" if c in "*?[" else c for c in name)
 
 
-def replace_file(path: Path, data: bytes) -> None:
-    """Write one file atomically: the bytes go to a temporary sibling, fsynced, then renamed over `path`
-    (mode 0o666 less the umask). A crash leaves the old file or the new one, never half of one."""
+def replace_file(path, data: Data) -> Path:
+    """The one atomic write: `data` goes to a temporary sibling (`temp_sibling`), is fsynced, and is renamed
+    over `path` (mode 0o666 less the umask). A crash leaves the old file or the new one, never half of one.
+
+    Args:
+        path: the file to write or replace.
+        data: its bytes, or a function that writes them into the binary file object it is given
+            (`lambda f: torch.save(state, f)`).
+
+    Returns:
+        `path`.
+    """
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp = temp_sibling(path)
     try:
         write_bytes(tmp, data)
         os.replace(tmp, path)
@@ -121,12 +134,29 @@ def replace_file(path: Path, data: bytes) -> None:
     finally:
         if os.path.lexists(tmp):
             tmp.unlink()
+    return path
 
 
-def write_bytes(path: Path, data: bytes) -> None:
-    """Write and fsync a file (its mode is 0o666 less the umask)."""
+def temp_sibling(path: Path) -> Path:
+    """Where `replace_file` writes before the rename: `.NAME.tmp-XXXXXXXX` beside `path`."""
+    return path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+
+
+def is_temp_sibling(entry: str, name: str) -> bool:
+    """Whether the folder entry `entry` is a temporary sibling of the file `name` (a write killed half way)."""
+    prefix = f".{name}.tmp-"
+    rest = entry[len(prefix):]
+    return entry.startswith(prefix) and len(rest) == 8 and all(c in "0123456789abcdef" for c in rest)
+
+
+def write_bytes(path: Path, data: Data) -> None:
+    """Write and fsync a file (its mode is 0o666 less the umask): `data` is bytes, or a function that
+    writes into the binary file object it is given."""
     with open(path, "wb") as f:
-        f.write(data)
+        if callable(data):
+            data(f)
+        else:
+            f.write(data)
         f.flush()
         os.fsync(f.fileno())
 
