@@ -14,6 +14,8 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from sprout.names import act_name
+
 from ._batching import TextOrTokens, batches, token_rows
 from ._model import require_hooks
 from ._specs import Head, as_heads
@@ -50,7 +52,7 @@ def _ablate_hook(heads_in_layer: list[int], value: Optional[torch.Tensor]):
 
 @torch.inference_mode()
 def _mean_z(model, rows, layers, batch_size) -> dict[int, torch.Tensor]:
-    names = [f"blocks.{l}.attn.hook_z" for l in layers]
+    names = [act_name("z", l) for l in layers]
     total, n = {}, 0
     for _, ids in batches(rows, batch_size, device=model.cfg.device):
         _, cache = model.run_with_cache(ids, names_filter=names)
@@ -111,7 +113,7 @@ def ablate_heads(model, heads: Union[list, pd.DataFrame], text_or_tokens: Option
         raise ValueError(f"unknown ablation method {method!r}; choose one of {list(METHODS)}")
     heads, scores = _as_heads(model, heads, top_k)
     layers = sorted({l for l, _ in heads})
-    require_hooks(model, [f"blocks.{l}.attn.hook_z" for l in layers])
+    require_hooks(model, [act_name("z", l) for l in layers])
     if text_or_tokens is None:
         rows, loss_from = token_rows(model, repeated_tokens(model, half_len, n_seqs, token_range, seed)), half_len
     else:
@@ -122,7 +124,7 @@ def ablate_heads(model, heads: Union[list, pd.DataFrame], text_or_tokens: Option
         by_layer: dict[int, list[int]] = {}
         for l, h in group:
             by_layer.setdefault(l, []).append(h)
-        return [(f"blocks.{l}.attn.hook_z", _ablate_hook(hs, means.get(l))) for l, hs in by_layer.items()]
+        return [(act_name("z", l), _ablate_hook(hs, means.get(l))) for l, hs in by_layer.items()]
 
     clean = _loss(model, rows, batch_size, loss_from, [])
     groups = [[lh] for lh in heads] + ([heads] if together and len(heads) > 1 else [])

@@ -6,6 +6,8 @@ from typing import Optional, Union
 import pandas as pd
 import torch
 
+from sprout.names import act_name
+
 from ._batching import TextOrTokens, token_rows
 from ._model import heads_of, require_hooks, str_tokens
 
@@ -24,7 +26,7 @@ def pattern_tensor(model, text_or_tokens: TextOrTokens, layer: Selection = None,
         raise ValueError(f"attention patterns are for one sequence of at most {model.cfg.n_ctx} tokens; "
                          f"got {len(rows)} sequences/windows")
     layers, heads = heads_of(model, layer, head)
-    names = [f"blocks.{l}.attn.hook_pattern" for l in layers]
+    names = [act_name("pattern", l) for l in layers]
     require_hooks(model, names)
     _, cache = model.run_with_cache(rows[0][None].to(model.cfg.device), names_filter=names)
     return torch.stack([cache[name][0, heads] for name in names]).float()

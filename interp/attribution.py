@@ -18,6 +18,8 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
+from sprout.names import act_name
+
 from ._inputs import token_batch
 from ._metrics import Metric, check_metric, differentiable_value, hide, refuse_nan
 from ._model import model_name, n_heads, n_layers, require_hooks, str_tokens
@@ -35,13 +37,15 @@ from .patching import (
     patches,
 )
 
+FINAL_SCALE = act_name("scale", layer_type="ln_final")  # the final RMSNorm's one scale per position
+
 
 def _components(model) -> list[tuple[str, int, int, str]]:
     """(label, layer, head, hook) of every write to the stream, in order: embedding, then each layer's heads and MLP."""
-    out = [("embed", -1, -1, "hook_embed")]
+    out = [("embed", -1, -1, act_name("embed"))]
     for l in range(n_layers(model)):
-        out += [(Component("head", l, h).label, l, h, f"blocks.{l}.attn.hook_result") for h in range(n_heads(model))]
-        out.append((Component("mlp", l).label, l, -1, f"blocks.{l}.hook_mlp_out"))
+        out += [(Component("head", l, h).label, l, h, act_name("result", l)) for h in range(n_heads(model))]
+        out.append((Component("mlp", l).label, l, -1, act_name("mlp_out", l)))
     return out
 
 
@@ -113,12 +117,12 @@ def logit_attribution(model, text_or_tokens, target=None, baseline=None) -> pd.D
     _check_rms_final(model)
     ids, mask = token_batch(model, text_or_tokens)
     comps = _components(model)
-    names = sorted({c[3] for c in comps}) + ["ln_final.hook_scale"]
+    names = sorted({c[3] for c in comps}) + [FINAL_SCALE]
     require_hooks(model, names)
     _, cache = model.run_with_cache(ids, names_filter=names, **masked(mask))
     tgt, base, direction = _direction(model, ids, target, baseline)
     T = tgt.shape[1]
-    scale = cache["ln_final.hook_scale"][:, :T]  # [batch, pos, 1]
+    scale = cache[FINAL_SCALE][:, :T]  # [batch, pos, 1]
     shares = [_share(cache, hook, head, T) / scale for _, _, head, hook in comps]
     values = (torch.stack(shares) * direction).sum(-1)  # [component, batch, pos]
     frame = _dla_frame(model, ids, tgt, base, comps, values)
@@ -173,7 +177,7 @@ def _grad_run(model, tokens: torch.Tensor, metric: Metric, names: list[str], mas
         return act
 
     with torch.enable_grad():
-        logits = model.run_with_hooks(tokens, fwd_hooks=[("hook_embed", start_graph)] + [(n, keep) for n in names],
+        logits = model.run_with_hooks(tokens, fwd_hooks=[(act_name("embed"), start_graph)] + [(n, keep) for n in names],
                                       **masked(mask))
         out = differentiable_value(metric, hide(logits, mask))
         refuse_nan([float(out.detach())], mask=mask)  # before a backward through NaN
@@ -217,7 +221,7 @@ def attribution_patch(model, clean, corrupted, metric: Metric, site: str = "resi
     with torch.inference_mode():
         _, clean_cache = model.run_with_cache(clean, names_filter=names, **masked(mask))
     acts, grads = _grad_run(model, corrupted, metric, names, mask)
-    layout = SITES[site][1]
+    layout = SITES[site]
     per_element = {n: (clean_cache[n] - acts[n]) * grads[n] for n in names}
     attribution = [_region(per_element[hook_name(site, p.layer)], p, layout) for p in todo]
     clean_value, corrupted_value = baselines(model, clean, corrupted, metric, mask)

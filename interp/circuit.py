@@ -36,6 +36,7 @@ from typing import Optional
 import pandas as pd
 import torch
 
+from sprout.names import act_name
 from sprout.synthetic import generate_story
 from sprout.tokenizer import encode
 
@@ -149,7 +150,7 @@ def induction_circuit(model, data=None, min_score: float = 0.3, min_share: float
     Example:
         >>> frame, summary = interp.induction_circuit(sprout.load("gpt-4")); print(summary)
     """
-    require_hooks(model, ["hook_embed"])
+    require_hooks(model, [act_name("embed")])
     for name, value in (("min_score", min_score), ("min_share", min_share), ("relative", relative)):
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
             raise ValueError(f"induction_circuit: {name} must be a finite number, got {value!r}")

@@ -25,6 +25,8 @@ import pandas as pd
 import torch
 from transformer_lens.FactoredMatrix import FactoredMatrix
 
+from sprout.names import act_name
+
 from ._inputs import token_batch
 from ._model import model_name, n_heads, n_layers, require_hooks
 from ._specs import head_label
@@ -198,8 +200,8 @@ def positional_qk_scores(model, tokens: Optional[torch.Tensor] = None) -> pd.Dat
     if tokens.shape[1] < 2:
         raise ValueError("positional_qk_scores reads attention on the previous position: it needs at least 2 tokens")
     L = n_layers(model)
-    names = [f"blocks.{l}.ln1.hook_normalized" for l in range(L)]
-    patterns = [f"blocks.{l}.attn.hook_pattern" for l in range(L)]
+    names = [act_name("normalized", l, "ln1") for l in range(L)]
+    patterns = [act_name("pattern", l) for l in range(L)]
     require_hooks(model, names + patterns)
     _, cache = model.run_with_cache(tokens, names_filter=names)
     means = {n: cache[n].mean((0, 1)) for n in names}  # [d_model]

@@ -26,6 +26,7 @@ from typing import Optional
 import pandas as pd
 import torch
 
+from sprout.names import act_name
 from sprout.synthetic import repeated_random_tokens
 from sprout.text import check_integer_ids
 
@@ -81,7 +82,7 @@ def repeated_tokens(model, half_len: int = 32, n_seqs: int = 16, token_range: Op
 @torch.inference_mode()
 def head_score_tensor(model, kind: str, tokens: torch.Tensor, batch_size: int = 8) -> tuple[torch.Tensor, int]:
     """Scores [n_layers, n_heads] of every head on these ids [batch, pos], and the number of target rows."""
-    names = [f"blocks.{l}.attn.hook_pattern" for l in range(n_layers(model))]
+    names = [act_name("pattern", l) for l in range(n_layers(model))]
     require_hooks(model, names)
     mass = torch.zeros(n_layers(model), n_heads(model), dtype=torch.float64)
     n_rows = 0

@@ -20,19 +20,21 @@ from typing import Optional
 import pandas as pd
 import torch
 
+from sprout.names import act_name
+
 from ._model import require_hooks
 from .patching import Metric, batched_forward_from, chunk_size, clean_and_corrupted, metric_value, split_metric
 from .path_patching import VIA, _input, as_node
 
 
 def _result(l: int) -> str:
-    return f"blocks.{l}.attn.hook_result"
+    return act_name("result", l)
 
 
 def _streams(model, clean, corrupted, receiver):
     """The clean stream into the receiver's block [batch, pos, d_model], and every earlier head's
     corrupted-minus-clean write {layer: [batch, pos, head, d_model]}."""
-    start = f"blocks.{receiver.layer}.hook_resid_pre"
+    start = act_name("resid_pre", receiver.layer)
     names = [_result(l) for l in range(receiver.layer)]
     require_hooks(model, names + [start, _input(receiver.layer, "q")])
     _, clean_cache = model.run_with_cache(clean, names_filter=names + [start])

@@ -16,17 +16,19 @@ import numpy as np
 import pandas as pd
 import torch
 
+from sprout.names import act_name
+
 from ._batching import TextOrTokens, batches, token_rows
 from ._model import n_layers, require_hooks, str_tokens, unembed
 
 
 def lens_sites(model, include_mid: bool = False) -> list[tuple[float, str]]:
     """(layer, hook name) for every layer boundary the lens reads, in depth order."""
-    sites = [(0, "blocks.0.hook_resid_pre")]
+    sites = [(0, act_name("resid_pre", 0))]
     for l in range(n_layers(model)):
         if include_mid:
-            sites.append((l + 0.5, f"blocks.{l}.hook_resid_mid"))
-        sites.append((l + 1, f"blocks.{l}.hook_resid_post"))
+            sites.append((l + 0.5, act_name("resid_mid", l)))
+        sites.append((l + 1, act_name("resid_post", l)))
     return sites
 
 

@@ -25,6 +25,8 @@ from typing import Optional
 import pandas as pd
 import torch
 
+from sprout.names import act_name
+
 from ._inputs import token_batch
 from ._metrics import Metric, check_metric, degenerate, hide, metric_value, refuse_nan
 from ._model import n_heads, n_layers, require_hooks, unembed
@@ -32,18 +34,10 @@ from ._specs import head_label
 
 __all__ = ["SITES", "Metric", "metric_value", "patch", "patch_tensor"]
 
-# site -> (hook name template, layout): "vector" acts are [batch, pos, ...], "head" [batch, pos, head, ...],
-# "pattern" [batch, head, query_pos, key_pos].
-SITES = {
-    "resid_pre": ("blocks.{l}.hook_resid_pre", "vector"),
-    "attn_out": ("blocks.{l}.hook_attn_out", "vector"),
-    "mlp_out": ("blocks.{l}.hook_mlp_out", "vector"),
-    "z": ("blocks.{l}.attn.hook_z", "head"),
-    "q": ("blocks.{l}.attn.hook_q", "head"),
-    "k": ("blocks.{l}.attn.hook_k", "head"),
-    "v": ("blocks.{l}.attn.hook_v", "head"),
-    "pattern": ("blocks.{l}.attn.hook_pattern", "pattern"),
-}
+# site (an activation name of `sprout.names.act_name`) -> layout: "vector" acts are [batch, pos, ...],
+# "head" [batch, pos, head, ...], "pattern" [batch, head, query_pos, key_pos].
+SITES = {"resid_pre": "vector", "attn_out": "vector", "mlp_out": "vector", "z": "head", "q": "head", "k": "head",
+         "v": "head", "pattern": "pattern"}
 BY = ("layer", "position", "head", "head_position")
 # elements of logits held at once by one batched forward (copies x batch x pos x d_vocab): 256 MB of float32
 LOGIT_BUDGET = 2 ** 26
@@ -64,7 +58,7 @@ class Patch:
 
 
 def hook_name(site: str, layer: int) -> str:
-    return SITES[site][0].format(l=layer)
+    return act_name(site, layer)
 
 
 def check_site(model, site: str, by: str) -> None:
@@ -73,7 +67,7 @@ def check_site(model, site: str, by: str) -> None:
         raise ValueError(f"unknown site {site!r}; choose one of {list(SITES)}")
     if by not in BY:
         raise ValueError(f"unknown by={by!r}; choose one of {list(BY)}")
-    if SITES[site][1] == "vector" and by in ("head", "head_position"):
+    if SITES[site] == "vector" and by in ("head", "head_position"):
         raise ValueError(f"site {site!r} has no heads: patch it by 'layer' or 'position'")
     require_hooks(model, [hook_name(site, l) for l in range(n_layers(model))])
 
@@ -218,15 +212,15 @@ def patch_values(model, clean: torch.Tensor, corrupted: torch.Tensor, metric: Me
                  logit_positions: Optional[list[int]] = None, mask: Optional[torch.Tensor] = None) -> list[float]:
     """The metric after each patch in `todo`, in its order (clean/corrupted already checked ids, with
     their attention mask or None)."""
-    layout = SITES[site][1]
+    layout = SITES[site]
     names = sorted({hook_name(site, p.layer) for p in todo})
     _, cache = model.run_with_cache(clean, names_filter=names, **masked(mask))
-    starts = [f"blocks.{layer}.hook_resid_pre" for layer in by_layer(todo)]
+    starts = [act_name("resid_pre", layer) for layer in by_layer(todo)]
     starts = [name for name in starts if name in model.hook_dict]  # a walkthrough step without residuals has none
     _, streams = model.run_with_cache(corrupted, names_filter=starts, **masked(mask)) if starts else (None, {})
     n_max, values = chunk_size(model, corrupted, patches_per_forward), {}
     for layer, group in by_layer(todo).items():
-        source, start_name = cache[hook_name(site, layer)], f"blocks.{layer}.hook_resid_pre"
+        source, start_name = cache[hook_name(site, layer)], act_name("resid_pre", layer)
         run_from = (streams[start_name], "stream") if start_name in starts else (corrupted, "tokens")
         for start in range(0, len(group), n_max):
             chunk = group[start:start + n_max]

@@ -24,6 +24,8 @@ from typing import Optional
 import pandas as pd
 import torch
 
+from sprout.names import act_name, layer_of
+
 from ._metrics import Metric, check_metric, degenerate
 from ._model import require_hooks
 from ._specs import Component, as_component, as_components
@@ -32,6 +34,7 @@ from .patching import batched_forward, by_layer, chunk_size, clean_and_corrupted
 
 VIA = ("q", "k", "v")
 DIRECTIONS = ("noising", "denoising")
+EMBED = act_name("embed")
 
 
 # a sender or receiver (kind "head", "mlp" or "embed"); kept under its old name for callers of path_patching
@@ -44,19 +47,19 @@ def as_node(model, spec) -> Component:
 
 
 def _z(l):
-    return f"blocks.{l}.attn.hook_z"
+    return act_name("z", l)
 
 
 def _mlp(l):
-    return f"blocks.{l}.hook_mlp_out"
+    return act_name("mlp_out", l)
 
 
 def _input(l, via):
-    return f"blocks.{l}.attn.hook_{via}"
+    return act_name(via, l)
 
 
 def _source_name(node: Node) -> str:
-    return {"head": _z(node.layer), "mlp": _mlp(node.layer), "embed": "hook_embed"}[node.kind]
+    return {"head": _z(node.layer), "mlp": _mlp(node.layer), "embed": EMBED}[node.kind]
 
 
 def _freeze_hook(base: torch.Tensor, senders: list[Node], source: torch.Tensor):
@@ -88,12 +91,12 @@ def _record(model, base_tokens, senders, base_cache, source_cache, receiver_laye
         for name in (_z(l), _mlp(l)):
             source = source_cache[name] if name in sender_names else None
             hooks.append((name, _freeze_hook(base_cache[name], senders, source)))
-    if "hook_embed" in sender_names:
-        hooks.append(("hook_embed", _freeze_hook(base_cache["hook_embed"], senders, source_cache["hook_embed"])))
+    if EMBED in sender_names:
+        hooks.append((EMBED, _freeze_hook(base_cache[EMBED], senders, source_cache[EMBED])))
     wanted = {(l, via) for l in receiver_layers for via in vias}
 
     def keep(act, hook):
-        recorded[int(hook.name.split(".")[1]), hook.name[-1]] = act.clone()
+        recorded[layer_of(hook.name), hook.name[-1]] = act.clone()
         if len(recorded) == len(wanted):
             raise _Recorded
     hooks += [(_input(l, via), keep) for l, via in sorted(wanted)]
@@ -133,7 +136,7 @@ def _nodes(model, senders, receivers) -> tuple[list[Node], list[Node]]:
 
 def _caches(model, base, source, receivers, vias, mask):
     last = max(r.layer for r in receivers)
-    names = [n for l in range(last) for n in (_z(l), _mlp(l))] + ["hook_embed"]
+    names = [n for l in range(last) for n in (_z(l), _mlp(l))] + [EMBED]
     require_hooks(model, names + [_input(r.layer, via) for r in receivers for via in vias])
     _, base_cache = model.run_with_cache(base, names_filter=names, **masked(mask))
     _, source_cache = model.run_with_cache(source, names_filter=names, **masked(mask))
@@ -175,7 +178,7 @@ def path_patch(model, clean, corrupted, metric: Metric, senders, receivers, via=
         raise ValueError(f"direction must be one of {list(DIRECTIONS)}, got {direction!r}")
     # a direct path is a sender's write into the residual stream that a later head reads: a model (a
     # walkthrough step) without residual connections has none, and every effect would read 0
-    require_hooks(model, ["blocks.0.hook_resid_pre"])
+    require_hooks(model, [act_name("resid_pre", 0)])
     check_metric(metric)
     senders, receivers = _nodes(model, senders, receivers)
     pairs = _pairs(senders, receivers)

@@ -15,6 +15,8 @@ from typing import Optional
 import pandas as pd
 import torch
 
+from sprout.names import act_name
+
 from ._batching import TextOrTokens, batches, token_rows
 from ._model import n_layers, require_hooks
 
@@ -65,18 +67,19 @@ def rms(x: torch.Tensor) -> torch.Tensor:
 
 def rms_sites(model, include_mid: bool = True, include_writes: bool = True) -> list[dict]:
     """What `residual_rms` reads: hook name, kind, depth, and (for writes) the stream written to."""
-    sites = [dict(site="blocks.0.hook_resid_pre", kind="stream", layer=0.0, block_in="blocks.0.hook_resid_pre")]
+    first = act_name("resid_pre", 0)
+    sites = [dict(site=first, kind="stream", layer=0.0, block_in=first)]
     for l in range(n_layers(model)):
         # the stream entering block l is resid_pre l, the same tensor as resid_post l - 1: read it once
-        pre = "blocks.0.hook_resid_pre" if l == 0 else f"blocks.{l - 1}.hook_resid_post"
-        mid = f"blocks.{l}.hook_resid_mid"
+        pre = first if l == 0 else act_name("resid_post", l - 1)
+        mid = act_name("resid_mid", l)
         if include_writes:
-            sites.append(dict(site=f"blocks.{l}.hook_attn_out", kind="attn_out", layer=l + 0.5, adds_to=pre))
+            sites.append(dict(site=act_name("attn_out", l), kind="attn_out", layer=l + 0.5, adds_to=pre))
         if include_mid:
             sites.append(dict(site=mid, kind="stream", layer=l + 0.5, block_in=pre))
         if include_writes:
-            sites.append(dict(site=f"blocks.{l}.hook_mlp_out", kind="mlp_out", layer=l + 1.0, adds_to=mid))
-        sites.append(dict(site=f"blocks.{l}.hook_resid_post", kind="stream", layer=l + 1.0, block_in=pre))
+            sites.append(dict(site=act_name("mlp_out", l), kind="mlp_out", layer=l + 1.0, adds_to=mid))
+        sites.append(dict(site=act_name("resid_post", l), kind="stream", layer=l + 1.0, block_in=pre))
     return sites
 
 

@@ -48,7 +48,7 @@ def test_attribution_is_the_derivative_along_the_patch(tiny_model, site, by):
         step = eps * (cc[name] - rc[name])
         mask = torch.zeros_like(step, dtype=torch.bool)
         p = interp.patching.Patch(row.layer, None if row.head < 0 else row.head, None if row.pos < 0 else row.pos)
-        interp.patching._write(mask, torch.ones_like(mask), p, interp.patching.SITES[site][1])
+        interp.patching._write(mask, torch.ones_like(mask), p, interp.patching.SITES[site])
 
         def nudge(act, hook, step=step, mask=mask):
             return act + step * mask
