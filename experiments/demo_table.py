@@ -124,8 +124,8 @@ def _heads(model, half: int) -> dict:
     top = list(zip(ind["layer"][: s.top], ind["head"][: s.top]))
     abl = interp.ablate_heads(model, top, half_len=half, n_seqs=s.n_seqs, seed=s.seed)
     best, p = ind.iloc[0], prev.iloc[0]
-    return dict(induction=(f"L{best.layer}H{best['head']}", float(best.score)),
-                prev=(f"L{p.layer}H{p['head']}", float(p.score)),
+    return dict(induction=(interp.Head(int(best.layer), int(best["head"])).label, float(best.score)),
+                prev=(interp.Head(int(p.layer), int(p["head"])).label, float(p.score)),
                 ablation=(float(abl["delta"].iloc[0]), float(abl["delta"].iloc[-1]), len(top)))
 
 

@@ -23,6 +23,7 @@ import torch
 from sprout.names import act_name
 
 from ._model import require_hooks
+from ._specs import all_heads
 from .patching import Metric, batched_forward_from, chunk_size, clean_and_corrupted, metric_value, split_metric
 from .path_patching import VIA, _input, as_node
 
@@ -147,7 +148,7 @@ def greedy_feeders(model, clean, corrupted, metric: Metric, receiver, via: str =
         raise ValueError(f"threshold must be in (0, 1], got {threshold}")
     receiver = as_node(model, receiver)
     pool = [as_node(model, c).label for c in candidates] if candidates is not None else \
-        [f"L{l}H{h}" for l in range(receiver.layer) for h in range(int(model.cfg.n_heads))]
+        [h.label for h in all_heads(model, below=receiver.layer)]
 
     def shares(sets):
         return joint_path_patch(model, clean, corrupted, metric, sets, receiver, via)["share"].tolist()

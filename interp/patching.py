@@ -30,7 +30,7 @@ from sprout.names import act_name
 from ._inputs import token_batch
 from ._metrics import Metric, check_metric, degenerate, hide, metric_value, refuse_nan
 from ._model import n_heads, n_layers, require_hooks, unembed
-from ._specs import head_label
+from ._specs import patch_label
 
 __all__ = ["SITES", "Metric", "metric_value", "patch", "patch_tensor"]
 
@@ -53,8 +53,7 @@ class Patch:
 
     @property
     def label(self) -> str:
-        name = f"L{self.layer}" if self.head is None else head_label(self.layer, self.head)
-        return name if self.pos is None else f"{name}@{self.pos}"
+        return patch_label(self.layer, self.head, self.pos)
 
 
 def hook_name(site: str, layer: int) -> str:

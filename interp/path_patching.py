@@ -59,7 +59,9 @@ def _input(l, via):
 
 
 def _source_name(node: Node) -> str:
-    return {"head": _z(node.layer), "mlp": _mlp(node.layer), "embed": EMBED}[node.kind]
+    if node.kind == "embed":
+        return EMBED
+    return _z(node.layer) if node.kind == "head" else _mlp(node.layer)
 
 
 def _freeze_hook(base: torch.Tensor, senders: list[Node], source: torch.Tensor):
