@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+import interp
 from sprout.tokenizer import encode
 
 from .common import held_out_text, load_models
@@ -53,7 +54,7 @@ def bos_losses(model, text: str) -> pd.DataFrame:
     size = int(model.cfg.n_ctx) - 1
     stories = [encode(model.tokenizer, s)[:size] for s in text.split("\n\n") if s.strip()]
     ids = encode(model.tokenizer, text)
-    windows = [ids[i:i + size] for i in range(0, len(ids), size)]
+    windows = interp.windows(ids, size)
     out = []
     for where, rows in (("story starts", stories), ("windows", windows)):
         rows = [r for r in rows if len(r) > 1]

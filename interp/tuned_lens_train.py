@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from sprout.synthetic import generate_corpus, generate_story
 
 from ._batching import TextOrTokens, token_rows
+from ._inputs import windows
 from ._lens_settings import TunedLensSettings, resume_start, schedule_of
 from ._model import final_modules, unembed
 from .cli import positive
@@ -33,16 +34,15 @@ from .texts import held_out_stories
 from .tuned_lens import TunedLens, check_save_target, lens_comparison
 
 
-def windows(model, data: TextOrTokens, seq_len: Optional[int] = None) -> torch.Tensor:
+def training_windows(model, data: TextOrTokens, seq_len: Optional[int] = None) -> torch.Tensor:
     """The data's tokens as one stream cut into [n_windows, seq_len] rows (a shorter tail is dropped)."""
-    rows = token_rows(model, data, seq_len)
     seq_len = int(model.cfg.n_ctx) if seq_len is None else int(seq_len)
-    stream = torch.cat(rows)
-    n = stream.numel() // seq_len
-    if n == 0:
+    stream = torch.cat(token_rows(model, data, seq_len))
+    rows = windows(stream, seq_len, drop_last=True)
+    if not rows:
         raise ValueError(f"the data has {stream.numel()} tokens, fewer than one window of seq_len={seq_len}: "
                          "pass more text or a smaller seq_len")
-    return stream[:n * seq_len].view(n, seq_len)
+    return torch.stack(rows)
 
 
 def _batch_rows(n_windows: int, batch_size: int, step: int, seed: int) -> torch.Tensor:
@@ -237,7 +237,7 @@ def _start(model, data, s: TunedLensSettings, lens: Optional[TunedLens], world: 
         lens.check_model(model, "the lens to resume")
     dtype = next(model.parameters()).dtype
     unembed(model, torch.zeros(1, int(model.cfg.d_model), device=model.cfg.device, dtype=dtype))  # fails early on a model it cannot read
-    rows = windows(model, data, s.seq_len)
+    rows = training_windows(model, data, s.seq_len)
     schedule = schedule_of(s, rows)
     start = resume_start(lens, schedule)
     opt = torch.optim.SGD(lens.parameters(), lr=s.lr * (1 - s.momentum), momentum=s.momentum,

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import interp
 from interp._model import logits_of, unembed
-from interp.tuned_lens_train import _frozen, _Scratch, _UnembedCrossEntropy, lens_step, model_text, windows
+from interp.tuned_lens_train import _frozen, _Scratch, _UnembedCrossEntropy, lens_step, model_text, training_windows
 from sprout import Sprout
 from sprout.checkpoint import load
 from tests.conftest import TINY, randomize_gains
@@ -162,7 +162,7 @@ def test_bad_input_gets_a_clear_error(tiny_model):
 
 
 def test_windows_cut_one_stream_without_padding(tiny_model):
-    w = windows(tiny_model, [torch.arange(50), torch.arange(50, 100)], seq_len=30)
+    w = training_windows(tiny_model, [torch.arange(50), torch.arange(50, 100)], seq_len=30)
     assert torch.equal(w, torch.arange(90).view(3, 30))
 
 
