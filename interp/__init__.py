@@ -8,10 +8,11 @@ from ._inputs import windows
 from ._specs import Component, Head
 from .ablation import ablate_heads
 from .attention import attention_patterns, pattern_tensor
-from .attribution import attribution_patch, attribution_summary, logit_attribution
+from .attribution_patching import attribution_patch, attribution_summary
 from .circuit import induction_circuit
 from .circuit_spread import circuit_spread, spread_ranges, spread_sentences
 from .composition import composition_scores, ov_copying_scores, positional_qk_scores
+from .direct_logit_attribution import logit_attribution
 from .heads import KINDS, head_score_tensor, head_scores, repeated_tokens, target_mask
 from .induction import induction_stories, induction_table, story_names
 from .lens import first_top1_layer, lens_dataset_summary, lens_summary, logit_lens

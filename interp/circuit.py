@@ -42,12 +42,12 @@ from sprout.tokenizer import encode
 
 from ._inputs import TokenBatch
 from ._model import require_hooks
+from ._patch_engine import clean_and_corrupted
 from ._specs import Head, all_heads, as_head
 from .ablation import ablate_heads
 from .composition import composition_scores
 from .heads import head_scores, repeated_tokens, target_mask
 from .joint import GREEDY_COLUMNS, greedy_feeders
-from .patching import clean_and_corrupted
 from .path_patching import VIA, path_patch
 
 

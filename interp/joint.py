@@ -22,9 +22,10 @@ import torch
 
 from sprout.names import act_name
 
+from ._metrics import Metric, metric_value
 from ._model import require_hooks
+from ._patch_engine import batched_forward_from, chunk_size, clean_and_corrupted, split_metric
 from ._specs import all_heads
-from .patching import Metric, batched_forward_from, chunk_size, clean_and_corrupted, metric_value, split_metric
 from .path_patching import VIA, _input, as_node
 
 

@@ -14,7 +14,7 @@ write added to the receiver's own copy of the residual), and the values agree (t
 
 Everything is read and written through hooks (`hook_z`, `hook_mlp_out`, `hook_embed`, `hook_q/k/v`),
 so no weight matrix is needed. Recording runs one forward per chunk of senders, the patched runs one
-forward per chunk of (sender, receiver) pairs, as in `patching`.
+forward per chunk of (sender, receiver) pairs (the batched engine, `_patch_engine`).
 """
 from __future__ import annotations
 
@@ -28,9 +28,9 @@ from sprout.names import act_name, layer_of
 
 from ._metrics import Metric, check_metric, degenerate
 from ._model import require_hooks
+from ._patch_engine import batched_forward, by_layer, chunk_size, clean_and_corrupted, masked, split_metric
 from ._specs import Component, as_component, as_components
 from ._specs import all_heads as _all_heads
-from .patching import batched_forward, by_layer, chunk_size, clean_and_corrupted, masked, split_metric
 
 VIA = ("q", "k", "v")
 DIRECTIONS = ("noising", "denoising")
