@@ -168,6 +168,17 @@ def windows(ids: Sequence, length: int, stride: Optional[int] = None, drop_last:
     return out
 
 
+def stream_windows(model, data: TextOrTokens, seq_len: Optional[int] = None) -> torch.Tensor:
+    """The data's tokens as one stream cut into [n_windows, seq_len] rows (a shorter tail is dropped)."""
+    stream = torch.cat(token_rows(model, data, seq_len))  # seq_len checked there
+    seq_len = int(model.cfg.n_ctx) if seq_len is None else int(seq_len)
+    rows = windows(stream, seq_len, drop_last=True)
+    if not rows:
+        raise ValueError(f"the data has {stream.numel()} tokens, fewer than one window of seq_len={seq_len}: "
+                         "pass more text or a smaller seq_len")
+    return torch.stack(rows)
+
+
 def sequences(model, data) -> list[torch.Tensor]:
     """The data as whole 1-D id sequences, integer-checked; a text may be longer than the context here (the
     caller cuts it and passes each piece through `check_tokens`)."""

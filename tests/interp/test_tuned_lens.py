@@ -7,8 +7,11 @@ import torch
 import torch.nn.functional as F
 
 import interp
+from interp._inputs import stream_windows
+from interp._lens_loss import Scratch, _UnembedCrossEntropy
 from interp._model import logits_of, unembed
-from interp.tuned_lens_train import _frozen, _Scratch, _UnembedCrossEntropy, lens_step, model_text, training_windows
+from interp.texts import model_text
+from interp.tuned_lens_train import _frozen, lens_step
 from sprout import Sprout
 from sprout.checkpoint import load
 from tests.conftest import TINY, randomize_gains
@@ -162,7 +165,7 @@ def test_bad_input_gets_a_clear_error(tiny_model):
 
 
 def test_windows_cut_one_stream_without_padding(tiny_model):
-    w = training_windows(tiny_model, [torch.arange(50), torch.arange(50, 100)], seq_len=30)
+    w = stream_windows(tiny_model, [torch.arange(50), torch.arange(50, 100)], seq_len=30)
     assert torch.equal(w, torch.arange(90).view(3, 30))
 
 
@@ -227,8 +230,8 @@ def test_the_fused_unembedding_loss_and_its_buffers():
     x = torch.randn(6, 8, generator=g, dtype=torch.float64, requires_grad=True)
     w = torch.randn(11, 8, generator=g, dtype=torch.float64, requires_grad=True)
     p = torch.softmax(torch.randn(6, 11, generator=g, dtype=torch.float64), -1)
-    scratch = _Scratch()
-    assert torch.autograd.gradcheck(lambda a, b: _UnembedCrossEntropy.apply(a, b, p, _Scratch()), (x, w))
+    scratch = Scratch()
+    assert torch.autograd.gradcheck(lambda a, b: _UnembedCrossEntropy.apply(a, b, p, Scratch()), (x, w))
     loss = _UnembedCrossEntropy.apply(x, w, p, scratch)
     expected = -(p * torch.log_softmax(x @ w.T, -1)).sum(-1).mean()
     assert float(loss.detach()) == pytest.approx(float(expected.detach()), abs=1e-12)
