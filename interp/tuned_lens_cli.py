@@ -39,9 +39,9 @@ def main(argv: Optional[list[str]], train: Callable[..., TunedLens]) -> None:
         raise SystemExit(f"python -m interp.tuned_lens_train: {e}") from None
     t0 = time.perf_counter()
     lens = train(model, model_text(args.train_chars), steps=args.steps, batch_size=args.batch_size,
-                            seed=args.seed, held_out=held_out_stories(args.held_out_chars),
-                            data_name=f"the first {args.train_chars} chars of the demos' training corpus "
-                                      "(sprout.synthetic.generate_corpus, seed 0); held out: interp.held_out_stories")
+                 seed=args.seed, held_out=held_out_stories(args.held_out_chars),
+                 data_name=f"the first {args.train_chars} chars of the demos' training corpus "
+                           "(sprout.synthetic.generate_corpus, seed 0); held out: interp.held_out_stories")
     if world_and_rank()[1] == 0:
         print(f"{args.model}: {time.perf_counter() - t0:.0f} s in all (data, {args.steps} steps, held-out KL), "
               f"{torch.get_num_threads()} threads; held-out KL per layer {lens.info['held_out_kl']}")
