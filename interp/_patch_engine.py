@@ -60,9 +60,9 @@ def check_site(model, site: str, by: str) -> None:
     require_hooks(model, [hook_name(site, l) for l in range(n_layers(model))])
 
 
-def as_tokens(model, text_or_tokens) -> torch.Tensor:
+def as_tokens(model, data) -> torch.Tensor:
     """Token ids [batch, pos] from ids ([pos] or [batch, pos]) or text (one text, or a list of equal length)."""
-    return token_batch(model, text_or_tokens).unpadded("this analysis")
+    return token_batch(model, data).unpadded("this analysis")
 
 
 def clean_and_corrupted(model, clean, corrupted) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
@@ -138,7 +138,7 @@ def batched_forward_from(model, resid: torch.Tensor, layer: int, hooks: list, n:
     return model.run_with_hooks(resid.repeat(n, 1, 1), start_at_layer=layer, fwd_hooks=hooks, **masked(mask, n))
 
 
-def chunk_size(model, tokens: torch.Tensor, limit: Optional[int], what: str = "patches_per_forward") -> int:
+def chunk_size(model, tokens: torch.Tensor, limit: Optional[int], what: str = "batch_size") -> int:
     if limit is not None:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"{what} must be None or an integer >= 1, got {limit!r}")
@@ -196,7 +196,7 @@ def _logits(model, run_from, layer: int, hooks: list, n: int, positions: Optiona
 
 @torch.inference_mode()
 def patch_values(model, clean: torch.Tensor, corrupted: torch.Tensor, metric: Metric, site: str,
-                 todo: list[Patch], patches_per_forward: Optional[int] = None,
+                 todo: list[Patch], batch_size: Optional[int] = None,
                  logit_positions: Optional[list[int]] = None, mask: Optional[torch.Tensor] = None) -> list[float]:
     """The metric after each patch in `todo`, in its order (clean/corrupted already checked ids, with
     their attention mask or None)."""
@@ -206,7 +206,7 @@ def patch_values(model, clean: torch.Tensor, corrupted: torch.Tensor, metric: Me
     starts = [act_name("resid_pre", layer) for layer in by_layer(todo)]
     starts = [name for name in starts if name in model.hook_dict]  # a walkthrough step without residuals has none
     _, streams = model.run_with_cache(corrupted, names_filter=starts, **masked(mask)) if starts else (None, {})
-    n_max, values = chunk_size(model, corrupted, patches_per_forward), {}
+    n_max, values = chunk_size(model, corrupted, batch_size), {}
     for layer, group in by_layer(todo).items():
         source, start_name = cache[hook_name(site, layer)], act_name("resid_pre", layer)
         run_from = (streams[start_name], "stream") if start_name in starts else (corrupted, "tokens")

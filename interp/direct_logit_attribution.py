@@ -14,6 +14,7 @@ import torch
 
 from sprout.names import act_name
 
+from ._deprecated import renamed
 from ._inputs import token_batch
 from ._model import model_name, n_heads, n_layers, require_hooks, str_tokens
 from ._patch_engine import masked
@@ -75,13 +76,14 @@ def _check_rms_final(model) -> None:
                          "LayerNorm, whose centring and bias are not a per-write share")
 
 
+@renamed(text_or_tokens="data")
 @torch.inference_mode()
-def logit_attribution(model, text_or_tokens, target=None, baseline=None) -> pd.DataFrame:
+def logit_attribution(model, data, target=None, baseline=None) -> pd.DataFrame:
     """Each write to the residual stream's share of a position's logit (or logit difference).
 
     Args:
         model: a Sprout (RMS final norm, `W_U`).
-        text_or_tokens: text, a list of texts (padded: rows come for real tokens only) or ids [pos] /
+        data: text, a list of texts (padded: rows come for real tokens only) or ids [pos] /
             [batch, pos].
         target: None (each position's actual next token; the last position is then not scored), one
             token (id or single-token text) for every position, or ids [pos] / [batch, pos].
@@ -97,7 +99,7 @@ def logit_attribution(model, text_or_tokens, target=None, baseline=None) -> pd.D
         >>> dla = interp.logit_attribution(model, "When Mary and John went out, John gave a drink to", target=" Mary", baseline=" John")
     """
     _check_rms_final(model)
-    ids, mask = token_batch(model, text_or_tokens)
+    ids, mask = token_batch(model, data)
     comps = _components(model)
     names = sorted({c[3] for c in comps}) + [FINAL_SCALE]
     require_hooks(model, names)

@@ -31,6 +31,7 @@ from sprout.synthetic import repeated_random_tokens
 from sprout.text import check_integer_ids
 
 from ._batching import TextOrTokens, batches, token_rows
+from ._deprecated import renamed
 from ._model import n_heads, n_layers, require_hooks
 
 KINDS = ("previous_token", "duplicate_token", "induction", "prefix_matching")
@@ -100,7 +101,8 @@ def head_score_tensor(model, kind: str, tokens: torch.Tensor, batch_size: int = 
     return (mass / n_rows).float(), n_rows
 
 
-def head_scores(model, kind: str, text_or_tokens: Optional[TextOrTokens] = None, *, half_len: int = 32,
+@renamed(text_or_tokens="data")
+def head_scores(model, kind: str, data: Optional[TextOrTokens] = None, *, half_len: int = 32,
                 n_seqs: int = 16, token_range: Optional[tuple] = None, seed: int = 0,
                 batch_size: int = 8) -> pd.DataFrame:
     """Score every (layer, head) as a kind of head, best first.
@@ -108,7 +110,7 @@ def head_scores(model, kind: str, text_or_tokens: Optional[TextOrTokens] = None,
     Args:
         model: a hooked model.
         kind: "previous_token", "duplicate_token", "induction" or "prefix_matching" (see the module).
-        text_or_tokens: text(s) or ids to measure on; by default `n_seqs` seeded random sequences of
+        data: text(s) or ids to measure on; by default `n_seqs` seeded random sequences of
             `half_len` tokens drawn from `token_range`, each followed by itself (`repeated_tokens`).
         seed: the random sequences' seed.
         batch_size: sequences per forward pass.
@@ -127,7 +129,7 @@ def head_scores(model, kind: str, text_or_tokens: Optional[TextOrTokens] = None,
     """
     if kind not in KINDS:
         raise ValueError(f"unknown head kind {kind!r}; choose one of {list(KINDS)}")
-    tokens = repeated_tokens(model, half_len, n_seqs, token_range, seed) if text_or_tokens is None else text_or_tokens
+    tokens = repeated_tokens(model, half_len, n_seqs, token_range, seed) if data is None else data
     scores, n_rows = head_score_tensor(model, kind, tokens, batch_size)
     L, H = scores.shape
     df = pd.DataFrame({

@@ -22,6 +22,7 @@ import torch
 
 from sprout.names import act_name
 
+from ._deprecated import renamed
 from ._metrics import Metric, metric_value
 from ._model import require_hooks
 from ._patch_engine import batched_forward_from, chunk_size, clean_and_corrupted, split_metric
@@ -73,9 +74,10 @@ def _sets(model, sets, receiver) -> list[list]:
     return out
 
 
+@renamed(sets_per_forward="batch_size")
 @torch.inference_mode()
 def joint_path_patch(model, clean, corrupted, metric: Metric, sets: list, receiver, via: str = "k",
-                     sets_per_forward: Optional[int] = None) -> pd.DataFrame:
+                     batch_size: Optional[int] = None) -> pd.DataFrame:
     """The effect of each set of sender heads, corrupted together, on `receiver` through its `via` input.
 
     Args:
@@ -85,6 +87,7 @@ def joint_path_patch(model, clean, corrupted, metric: Metric, sets: list, receiv
             (an empty set has effect 0).
         receiver: the receiving head, "L{l}H{h}" or (l, h).
         via: "q", "k" or "v".
+        batch_size: sets sharing one forward (default: as many as 256 MB of logits allow).
 
     Returns:
         One row per set: `set` ("L1H2+L2H2"), `size`, `receiver`, `via`, `metric`, `base` (clean metric),
@@ -105,7 +108,7 @@ def joint_path_patch(model, clean, corrupted, metric: Metric, sets: list, receiv
     groups = _sets(model, sets, receiver)
     resid, delta = _streams(model, clean, corrupted, receiver)
     base, source = metric_value(metric, model.run_with_hooks(clean)), metric_value(metric, model.run_with_hooks(corrupted))
-    n_max, values = chunk_size(model, clean, sets_per_forward), []
+    n_max, values = chunk_size(model, clean, batch_size), []
     for a in range(0, len(groups), n_max):
         chunk = groups[a:a + n_max]
         recorded = _recorded_input(model, resid, delta, chunk, receiver, via)

@@ -21,6 +21,7 @@ from typing import Optional
 import pandas as pd
 import torch
 
+from ._deprecated import renamed
 from ._metrics import Metric, check_metric
 from ._patch_engine import (
     SITES,
@@ -36,8 +37,9 @@ from ._patch_engine import (
 __all__ = ["SITES", "patch", "patch_tensor"]
 
 
+@renamed(patches_per_forward="batch_size")
 def patch(model, clean, corrupted, metric: Metric, site: str = "resid_pre", by: str = "position",
-          patches_per_forward: Optional[int] = None, logit_positions=None) -> pd.DataFrame:
+          batch_size: Optional[int] = None, logit_positions=None) -> pd.DataFrame:
     """Activation patching sweep (denoising): the metric with one clean piece of `site` in the corrupted run.
 
     Args:
@@ -48,7 +50,7 @@ def patch(model, clean, corrupted, metric: Metric, site: str = "resid_pre", by: 
         site: one of `SITES`: resid_pre, attn_out, mlp_out, z, q, k, v, pattern.
         by: "layer" (the whole activation), "position", "head" (all positions), or "head_position";
             a pattern's position is its destination (query) row, as in TransformerLens.
-        patches_per_forward: patches sharing one forward (default: as many as 256 MB of logits allow).
+        batch_size: patches sharing one forward (default: as many as 256 MB of logits allow).
         logit_positions: the positions whose logits the metric reads (an int or a list, e.g. -1): only
             those are unembedded in the sweep's forwards (the unembedding is a large share of their cost)
             and the metric sees NaN everywhere else; a metric that then returns NaN is refused. The
@@ -67,7 +69,7 @@ def patch(model, clean, corrupted, metric: Metric, site: str = "resid_pre", by: 
     clean, corrupted, mask = clean_and_corrupted(model, clean, corrupted)
     todo = patches(model, site, by, corrupted.shape[1])
     positions = check_logit_positions(logit_positions, corrupted.shape[1])
-    values = patch_values(model, clean, corrupted, metric, site, todo, patches_per_forward, positions, mask)
+    values = patch_values(model, clean, corrupted, metric, site, todo, batch_size, positions, mask)
     clean_value, corrupted_value = baselines(model, clean, corrupted, metric, mask)
     return patch_frame(todo, site, {"metric": values}, clean_value, corrupted_value)
 

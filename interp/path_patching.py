@@ -26,6 +26,7 @@ import torch
 
 from sprout.names import act_name, layer_of
 
+from ._deprecated import renamed
 from ._metrics import Metric, check_metric, degenerate
 from ._model import require_hooks
 from ._patch_engine import batched_forward, by_layer, chunk_size, clean_and_corrupted, masked, split_metric
@@ -145,9 +146,10 @@ def _caches(model, base, source, receivers, vias, mask):
     return base_cache, source_cache
 
 
+@renamed(pairs_per_forward="batch_size")
 @torch.inference_mode()
 def path_patch(model, clean, corrupted, metric: Metric, senders, receivers, via="k",
-               direction: str = "noising", pairs_per_forward: Optional[int] = None) -> pd.DataFrame:
+               direction: str = "noising", batch_size: Optional[int] = None) -> pd.DataFrame:
     """The effect of each sender on each later receiver head through its `via` input alone.
 
     Args:
@@ -162,6 +164,7 @@ def path_patch(model, clean, corrupted, metric: Metric, senders, receivers, via=
             recording run serves them all).
         direction: "noising" (clean base run, corrupted sender) or "denoising" (corrupted base run,
             clean sender: TransformerLens' `get_act_patch_direct_path`).
+        batch_size: (sender, receiver) pairs sharing one forward (default: as many as 256 MB of logits allow).
 
     Returns:
         One row per (sender, receiver): `sender`, `receiver`, `sender_layer`, `sender_head` (-1 for an
@@ -191,7 +194,7 @@ def path_patch(model, clean, corrupted, metric: Metric, senders, receivers, via=
     recorded = _record(model, base, senders, base_cache, source_cache, layers, vias, mask)
     base_value, source_value = (split_metric(metric, model.run_with_hooks(ids, **masked(mask)), 1, mask)[0]
                                 for ids in (base, source))
-    frames = [_frame(pairs, _patched_values(model, base, metric, pairs, recorded, senders, v, pairs_per_forward, mask),
+    frames = [_frame(pairs, _patched_values(model, base, metric, pairs, recorded, senders, v, batch_size, mask),
                      v, direction, base_value, source_value) for v in vias]
     frame = pd.concat(frames, ignore_index=True)
     frame.attrs["degenerate"] = degenerate(base_value, source_value, "base and source")
@@ -200,7 +203,7 @@ def path_patch(model, clean, corrupted, metric: Metric, senders, receivers, via=
 
 def _patched_values(model, base, metric, pairs, recorded, senders, via, limit, mask) -> list[float]:
     sender_index = {s: i for i, s in enumerate(senders)}
-    n_max, B, values = chunk_size(model, base, limit, "pairs_per_forward"), base.shape[0], {}
+    n_max, B, values = chunk_size(model, base, limit), base.shape[0], {}
     grouped = by_layer([_Pair(s, r) for s, r in pairs])
     for layer, group in grouped.items():
         for start in range(0, len(group), n_max):

@@ -18,6 +18,7 @@ import torch
 from sprout.names import act_name
 
 from ._batching import TextOrTokens, batches, token_rows
+from ._deprecated import renamed
 from ._model import n_layers, require_hooks
 
 
@@ -91,15 +92,16 @@ def _check_quantiles(quantiles) -> None:
             raise ValueError(f"quantiles must be numbers in [0, 1], got {q!r} in {tuple(quantiles)}")
 
 
+@renamed(text_or_tokens="data")
 @torch.inference_mode()
-def residual_rms(model, text_or_tokens: TextOrTokens, batch_size: int = 8, seq_len: Optional[int] = None,
+def residual_rms(model, data: TextOrTokens, batch_size: int = 8, seq_len: Optional[int] = None,
                  include_mid: bool = True, include_writes: bool = True,
                  quantiles: tuple = (0.05, 0.5, 0.95)) -> pd.DataFrame:
     """RMS of the residual stream per token at every layer boundary, and of what each block writes.
 
     Args:
         model: a hooked model.
-        text_or_tokens: held-out text(s) or ids [pos] / [batch, pos]; cut into windows of `seq_len`
+        data: held-out text(s) or ids [pos] / [batch, pos]; cut into windows of `seq_len`
             tokens (default the model's context), run `batch_size` windows at a time.
         include_mid: also read the stream after each attention (`resid_mid`).
         include_writes: also read the attention and MLP outputs (needs `resid_mid` for the MLP's ratio).
@@ -131,7 +133,7 @@ def residual_rms(model, text_or_tokens: TextOrTokens, batch_size: int = 8, seq_l
     total = {name: 0.0 for name in names}
     ratio = {s["site"]: 0.0 for s in sites}
     n = 0
-    for _, ids in batches(token_rows(model, text_or_tokens, seq_len), batch_size, device=model.cfg.device):
+    for _, ids in batches(token_rows(model, data, seq_len), batch_size, device=model.cfg.device):
         _, cache = model.run_with_cache(ids, names_filter=names)
         r = {name: rms(cache[name]) for name in names}  # [batch, pos] each
         for name in names:

@@ -121,7 +121,7 @@ def test_save_load_is_bit_exact_and_a_foreign_lens_is_refused(tiny_model, tmp_pa
     lens = random_lens(tiny_model, seed=4)
     lens.info = {"data": "random ids", "steps": 7, "held_out_kl": {"0": 1.5}}
     path = lens.save(tmp_path / "lens")
-    again = interp.TunedLens.load(tmp_path / "lens", tiny_model)
+    again = interp.TunedLens.load(tiny_model, tmp_path / "lens")
     assert again.state_dict().keys() == lens.state_dict().keys()
     assert all(torch.equal(a, b) for a, b in zip(lens.state_dict().values(), again.state_dict().values()))
     assert again.info == lens.info and again.sites == lens.sites
@@ -130,14 +130,14 @@ def test_save_load_is_bit_exact_and_a_foreign_lens_is_refused(tiny_model, tmp_pa
     torch.manual_seed(1)
     other = randomize_gains(Sprout(TINY).eval(), seed=1)  # same config, other weights
     with pytest.raises(ValueError, match="fingerprint"):
-        interp.TunedLens.load(tmp_path / "lens", other)
+        interp.TunedLens.load(other, tmp_path / "lens")
     with pytest.raises(ValueError, match="another model"):
         interp.tuned_lens(other, ids_of(0), lens)
     with pytest.raises(ValueError, match="another model"):
         interp.train_tuned_lens(other, ids_of(0), steps=1, lens=lens, progress=False)
     wider = Sprout(TINY.__class__(**{**TINY.to_dict(), "n_layer": 3})).eval()
     with pytest.raises(ValueError, match="n_layer: lens 2, model 3"):
-        interp.TunedLens.load(path, wider)
+        interp.TunedLens.load(wider, path)
 
 
 def test_save_never_overwrites_a_file_that_is_not_a_lens(tiny_model, tmp_path):
