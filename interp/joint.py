@@ -90,7 +90,8 @@ def joint_path_patch(model, clean, corrupted, metric: Metric, sets: list, receiv
         batch_size: sets sharing one forward (default: as many as 256 MB of logits allow).
 
     Returns:
-        One row per set: `set` ("L1H2+L2H2"), `size`, `receiver`, `via`, `metric`, `base` (clean metric),
+        One row per set: `set` ("L1H2+L2H2"), `size`, `receiver` (and its `receiver_layer`,
+        `receiver_head`), `via`, `metric`, `base` (clean metric),
         `source` (corrupted metric), `effect` = metric - base, `share` = effect / (source - base).
 
     Example:
@@ -120,7 +121,8 @@ def joint_path_patch(model, clean, corrupted, metric: Metric, sets: list, receiv
         logits = batched_forward_from(model, resid, receiver.layer, [(_input(receiver.layer, via), replace)], len(chunk))
         values += split_metric(metric, logits, len(chunk))
     frame = pd.DataFrame({"set": ["+".join(n.label for n in g) for g in groups], "size": [len(g) for g in groups],
-                          "receiver": receiver.label, "via": via, "metric": values})
+                          "receiver": receiver.label, "receiver_layer": receiver.layer, "receiver_head": receiver.head,
+                          "via": via, "metric": values})
     frame["base"], frame["source"] = base, source
     frame["effect"] = frame["metric"] - base
     frame["share"] = frame["effect"] / (source - base) if source != base else float("nan")
@@ -143,6 +145,7 @@ def greedy_feeders(model, clean, corrupted, metric: Metric, receiver, via: str =
 
     Returns:
         One row per member, in the order chosen: `receiver`, `via`, `sender`, `order` (1, 2, ...),
+        the heads as integers (`receiver_layer`, `receiver_head`, `sender_layer`, `sender_head`),
         `own_share` (the member alone), `cumulative_share` (the set up to this member),
         `marginal_share`, `joint_share` (the whole set), `all_share` (all candidates together),
         `target` (threshold x all_share), `reached` (the set reached the target). No rows when all
@@ -170,11 +173,14 @@ def greedy_feeders(model, clean, corrupted, metric: Metric, receiver, via: str =
         step = dict(zip(rest, shares([chosen + [c] for c in rest]))) if rest and cumulative[-1] < target else {}
     joint = cumulative[-1]
     without = shares([[m for m in chosen if m != c] for c in chosen]) if len(chosen) > 1 else [0.0]
+    heads = [as_node(model, c) for c in chosen]
     return pd.DataFrame({"receiver": receiver.label, "via": via, "sender": chosen, "order": range(1, len(chosen) + 1),
+                         "receiver_layer": receiver.layer, "receiver_head": receiver.head,
+                         "sender_layer": [h.layer for h in heads], "sender_head": [h.head for h in heads],
                          "own_share": [own[c] for c in chosen], "cumulative_share": cumulative,
                          "marginal_share": [joint - w for w in without], "joint_share": joint, "all_share": all_share,
                          "target": target, "reached": joint >= target})
 
 
-GREEDY_COLUMNS = ["receiver", "via", "sender", "order", "own_share", "cumulative_share", "marginal_share", "joint_share",
-                  "all_share", "target", "reached"]
+GREEDY_COLUMNS = ["receiver", "via", "sender", "order", "receiver_layer", "receiver_head", "sender_layer", "sender_head",
+                  "own_share", "cumulative_share", "marginal_share", "joint_share", "all_share", "target", "reached"]
