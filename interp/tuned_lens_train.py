@@ -9,6 +9,10 @@ and the gradients are averaged over processes (gloo on a CPU), so N processes ta
 one process on the same data.
 
     torchrun --standalone --nproc_per_node=2 -m interp.tuned_lens_train gpt-4 --steps 200 --out lens_dir
+
+This module is the trainer; its settings are one dataclass (`_lens_settings.TunedLensSettings`), its fused
+loss is `_lens_loss`, its command line `tuned_lens_cli` (run through `main` here), torchrun's helpers
+`_distributed`.
 """
 from __future__ import annotations
 
