@@ -32,11 +32,12 @@ def run(models, out, args) -> list[dict]:
         for kind in ("previous_token", "induction"):
             best = interp.head_scores(model, kind, half_len=half, n_seqs=8).iloc[0]  # as in head_detection
             l, h = int(best.layer), int(best['head'])
+            name = interp.Head(l, h).label
             out.figure(figures.attention_heatmap(pat, l, h, title=f"Top {kind.replace('_', '-')} head of {label} (score {best.score:.2f})"),
                        f"{kind}_{label}", f"{label}: the head with the highest {kind.replace('_', '-')} score, "
-                       f"L{l}H{h} ({best.score:.2f}), on the text.")
+                       f"{name} ({best.score:.2f}), on the text.")
             rows.append(number(f"top {kind.replace('_', '-')} head (score on random tokens)",
-                               f"L{l}H{h} ({best.score:.2f})", None, label))
+                               f"{name} ({best.score:.2f})", None, label))
     out.table(pd.concat(tables, ignore_index=True), "patterns")
     return rows
 

@@ -19,9 +19,10 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+import interp
 from sprout.tokenizer import encode
 
-from .common import held_out_text, load_models
+from .common import folder_of, held_out_text, load_models, positive, set_threads
 
 MODELS = ["gpt-1", "gpt-4", "sprout-mini"]
 BEGIN, END = "<!-- bos-table -->", "<!-- /bos-table -->"
@@ -53,7 +54,7 @@ def bos_losses(model, text: str) -> pd.DataFrame:
     size = int(model.cfg.n_ctx) - 1
     stories = [encode(model.tokenizer, s)[:size] for s in text.split("\n\n") if s.strip()]
     ids = encode(model.tokenizer, text)
-    windows = [ids[i:i + size] for i in range(0, len(ids), size)]
+    windows = interp.windows(ids, size)
     out = []
     for where, rows in (("story starts", stories), ("windows", windows)):
         rows = [r for r in rows if len(r) > 1]
@@ -66,7 +67,7 @@ def table(models: dict) -> str:
     """The README's Markdown table: one row per demo and place."""
     lines = ["| demo | where | loss without BOS | with BOS first | change | tokens |", "|---|---|---|---|---|---|"]
     for name, model in models.items():
-        for r in bos_losses(model, held_out_text(model)).itertuples():
+        for r in bos_losses(model, held_out_text(model, folder=folder_of(models, name))).itertuples():
             lines.append(f"| {name} | {r.where} | {r.without_bos:.3f} | {r.with_bos:.3f} | {r.change:+.3f} | {r.tokens:,} |")
     return "\n".join(lines)
 
@@ -81,7 +82,9 @@ def replace_readme_table(readme: str, new: str) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.bos_loss", description=__doc__.splitlines()[0])
     p.add_argument("--readme", default=None, help="rewrite the table between this file's bos-table markers")
+    p.add_argument("--threads", type=positive, default=2, help="torch CPU threads")
     args = p.parse_args(argv)
+    set_threads(args.threads)
     out = table(load_models(MODELS))
     print(out)
     if args.readme:

@@ -224,7 +224,7 @@ def _held_out(model, n_windows: int = 32):
     ids = torch.tensor(encode(model.tokenizer, held_out_text(model, 40_000)))
     if len(ids) < n:
         return None
-    return torch.stack([ids[i:i + n] for i in range(0, len(ids) - n + 1, n)][:n_windows])
+    return torch.stack(interp.windows(ids, n, drop_last=True)[:n_windows])
 
 
 def run(models, out, args) -> list[dict]:

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -90,37 +91,66 @@ def model_label(spec: str) -> str:
     return p.name or str(spec)
 
 
-def load_models(specs, threads: int = 2) -> dict:
-    """{label: model} for demo names or paths, loaded once, in eval mode, on the CPU."""
-    torch.set_num_threads(max(1, threads))
-    models = {}
+class Models(dict):
+    """{label: model}, as `load_models` loaded them, and the folder each came from (`folder(label)`):
+    what an experiment needs to find the files beside a model (val.txt, a tuned lens, a run's snapshots)."""
+
+    def __init__(self, models: dict, folders: Optional[dict] = None):
+        super().__init__(models)
+        self.folders = {label: None for label in models} | dict(folders or {})
+
+    def folder(self, label: str) -> Optional[Path]:
+        """The folder model `label` was loaded from (a demo's or a checkpoint's), None if it has none."""
+        return self.folders.get(label)
+
+
+def load_models(specs) -> Models:
+    """{label: model} for demo names or paths, loaded once, in eval mode, on the CPU, with each one's folder.
+
+    Nothing is set on the models or on torch: the thread count is the caller's (`set_threads`)."""
+    models, folders = {}, {}
     for spec in specs or default_models():
         label = model_label(spec)
         if label in models:
             raise ValueError(f"two models are called {label!r}; rename one of the checkpoint folders")
-        models[label] = sprout.load(spec)
-        models[label].spec = str(spec)
-    return models
+        models[label], folders[label] = sprout.load(spec), model_dir(spec)
+    return Models(models, folders)
 
 
-def model_dir(model) -> Optional[Path]:
-    """The folder a model was loaded from (a demo's or a checkpoint's), if it can be found."""
-    spec = getattr(model, "spec", None)
-    if spec is None:
-        return None
+def set_threads(threads: int) -> None:
+    """torch's CPU threads for this process: a script's `--threads`, set by its main, never by a library."""
+    torch.set_num_threads(max(1, int(threads)))
+
+
+def folder_of(models: dict, label: str) -> Optional[Path]:
+    """The folder of model `label` in `models` (a `Models`; a plain dict knows none)."""
+    return models.folder(label) if isinstance(models, Models) else None
+
+
+def model_dir(spec) -> Optional[Path]:
+    """The folder a model spec names (a demo name, a checkpoint folder or a weights file in one), if it exists.
+
+    `model_dir(model)` (a loaded model, read through a `spec` attribute that `load_models` no longer sets)
+    is deprecated: a model does not know its folder; use `folder_of(models, label)`."""
+    if not isinstance(spec, (str, os.PathLike)):
+        warnings.warn("model_dir(model) is deprecated: a loaded model does not know its folder; use "
+                      "folder_of(models, label) (load_models returns the folders)", DeprecationWarning, stacklevel=2)
+        spec = getattr(spec, "spec", None)
+        if spec is None:
+            return None
     p = Path(spec)
     if p.is_file():
         return p.parent
     if p.is_dir():
         return p
-    d = demo_dir() / spec
+    d = demo_dir() / str(spec)
     return d if d.is_dir() else None
 
 
-def held_out_text(model, n_chars: int = SETTINGS.held_out_chars) -> str:
-    """Text the model did not train on: a `val.txt` beside its weights, else `interp.held_out_stories`
-    (generated stories whose names are drawn at random, so no model has seen them)."""
-    d = model_dir(model)
+def held_out_text(model, n_chars: int = SETTINGS.held_out_chars, folder: Optional[Path] = None) -> str:
+    """Text the model did not train on: a `val.txt` in its `folder` (`Models.folder`), else
+    `interp.held_out_stories` (generated stories whose names are drawn at random, so no model has seen them)."""
+    d = folder
     for name in ("val.txt", "held_out.txt"):
         if d is not None and os.path.lexists(d / name):
             return read_bounded(file_in(d, name, "held-out text"), "held-out text", 1 << 30).decode("utf-8")[:n_chars]
@@ -272,7 +302,8 @@ def standalone(module, argv=None) -> int:
     needs = getattr(module, "NEEDS_MODELS", True)
     try:  # a bad --out, model or text is one line, not a traceback; --out is checked before any work
         claim_out(where, create=False)
-        models = load_models(args.models, args.threads) if (args.models or needs) else {}
+        set_threads(args.threads)
+        models = load_models(args.models) if (args.models or needs) else Models({})
         out = Output(claim_out(where), module.NAME)
         rows = out.numbers(module.run(models, out, args))
     except (OSError, ValueError, MemoryError) as e:

@@ -11,12 +11,13 @@ import argparse
 import re
 import sys
 from pathlib import Path
+from typing import Optional
 
 import interp
 from sprout import SproutConfig
 from sprout.files import read_bounded, replace_file
 
-from .common import SETTINGS, ZORBIN, half_len, held_out_text, load_models, positive
+from .common import SETTINGS, ZORBIN, half_len, held_out_text, load_models, positive, set_threads
 
 MODELS = ["gpt-1", "gpt-4", "sprout-mini"]
 BEGIN, END = "<!-- demo-table -->", "<!-- /demo-table -->"
@@ -82,15 +83,16 @@ def _heads(model, half: int) -> dict:
     top = list(zip(ind["layer"][: s.top], ind["head"][: s.top]))
     abl = interp.ablate_heads(model, top, half_len=half, n_seqs=s.n_seqs, seed=s.seed)
     best, p = ind.iloc[0], prev.iloc[0]
-    return dict(induction=(f"L{best.layer}H{best['head']}", float(best.score)),
-                prev=(f"L{p.layer}H{p['head']}", float(p.score)),
+    return dict(induction=(interp.Head(int(best.layer), int(best["head"])).label, float(best.score)),
+                prev=(interp.Head(int(p.layer), int(p["head"])).label, float(p.score)),
                 ablation=(float(abl["delta"].iloc[0]), float(abl["delta"].iloc[-1]), len(top)))
 
 
-def measure(model, label: str) -> dict:
-    """Every number of the README's table for one model (see SETTINGS for what each is measured on)."""
+def measure(model, label: str, folder: Optional[Path] = None) -> dict:
+    """Every number of the README's table for one model (see SETTINGS for what each is measured on); its
+    held-out text is the `val.txt` in its `folder`, if any."""
     s, half = SETTINGS, half_len(model)
-    text = held_out_text(model, s.held_out_chars)
+    text = held_out_text(model, s.held_out_chars, folder)
     rep = interp.repeat_loss(model, half_len=half, n_seqs=s.n_seqs, seed=s.seed).set_index("copy")
     zorbin = interp.induction_table(model, ZORBIN, "Zorbin Plax")
     zorbin = zorbin[zorbin["occurrence"] == 2].set_index("token_index")
@@ -186,8 +188,9 @@ def main(argv=None) -> int:
     try:  # a README without the markers or a bad model is one line, before three minutes of measuring
         if path is not None:
             readme_table(read_bounded(path, "README").decode("utf-8"))
-        models = load_models(args.models, args.threads)
-        table = markdown({label: measure(model, label) for label, model in models.items()})
+        set_threads(args.threads)
+        models = load_models(args.models)
+        table = markdown({label: measure(model, label, models.folder(label)) for label, model in models.items()})
         print(table)
         if path is not None:
             replace_file(path.resolve(), replace_readme_table(path.read_text(encoding="utf-8"), table).encode())

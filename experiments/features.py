@@ -25,8 +25,8 @@ import interp
 import interp.saes.features as interp_features
 import sprout
 from interp.saes.features import feature_report
-from sprout.names import act_name
 from sprout.material import generate_story
+from sprout.names import act_name
 from sprout.tokenizer import raw
 
 from .common import held_out_text, model_dir, number, positive, standalone

@@ -56,12 +56,12 @@ def run(models, out, args) -> list[dict]:
                    "zeroed or set to their mean, one at a time and together.")
         best, prev = ind.iloc[0], scores["previous_token"].iloc[0]
         zero = abl[abl["method"] == "zero"].set_index("label")
-        first = f"L{int(best.layer)}H{int(best['head'])}"
+        first = interp.Head(int(best.layer), int(best["head"])).label
         ch = label == "gpt-4"
         rows += [
             number("top induction head (score)", f"{first} ({best.score:.2f})",
                    "an induction head in layer 3 (of 4)" if ch else None, label),
-            number("top previous-token head (score)", f"L{int(prev.layer)}H{int(prev['head'])} ({prev.score:.2f})",
+            number("top previous-token head (score)", f"{interp.Head(int(prev.layer), int(prev['head']))} ({prev.score:.2f})",
                    "a previous-token head in layer 2 (of 4)" if ch else None, label),
             number(f"loss change, {first} zero-ablated (nats/token)", float(zero.loc[first, "delta"]), None, label,
                    fmt="{:+.3f}"),

@@ -8,7 +8,7 @@ import pandas as pd
 import figures
 import interp
 
-from .common import LENS_TEXT, SETTINGS, fit_text, held_out_text, number, positive, standalone
+from .common import LENS_TEXT, SETTINGS, fit_text, folder_of, held_out_text, number, positive, standalone
 
 NAME = "logit_lens"
 DOC = "Logit-lens grid for a text, and the lens' mean confidence per layer on held-out text."
@@ -32,7 +32,7 @@ def run(models, out, args) -> list[dict]:
                    f"{label}: the top-1 token after each block; frames mark the actual next token; hover for the top 5.")
         short = lens[lens["pos"] < DOC_TOKENS]  # a README-sized grid
         out.extra[f"lens_{label}_short"] = figures.logit_lens_grid(short, title=f"Logit lens, {label}")
-        summary = interp.lens_dataset_summary(model, held_out_text(model, args.chars)).assign(model=label)
+        summary = interp.lens_dataset_summary(model, held_out_text(model, args.chars, folder_of(models, label))).assign(model=label)
         summaries.append(summary)
         conf = summary.set_index("layer")["mean_top1_prob"]
         last = int(conf.index.max())

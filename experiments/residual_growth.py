@@ -8,7 +8,7 @@ import pandas as pd
 import figures
 import interp
 
-from .common import SETTINGS, held_out_text, number, positive, standalone
+from .common import SETTINGS, folder_of, held_out_text, number, positive, standalone
 
 NAME = "residual_growth"
 DOC = "Residual-stream RMS against depth on held-out text, several models on one plot."
@@ -25,7 +25,7 @@ def add_args(p):
 def run(models, out, args) -> list[dict]:
     frames, rows = [], []
     for label, model in models.items():
-        df = interp.residual_rms(model, held_out_text(model, args.chars)).assign(model=label)
+        df = interp.residual_rms(model, held_out_text(model, args.chars, folder_of(models, label))).assign(model=label)
         frames.append(df)
         stream = df[df["kind"] == "stream"].set_index("layer")["mean"]
         last = int(max(l for l in stream.index if float(l).is_integer()))

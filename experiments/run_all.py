@@ -17,7 +17,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from . import EXPERIMENTS
-from .common import DEMOS, MARKER, Output, args_for, claim_out, format_numbers, load_models, positive  # noqa: F401 (MARKER)
+from .common import DEMOS, MARKER, Output, args_for, claim_out, format_numbers, load_models, positive, set_threads  # noqa: F401 (MARKER)
 
 
 def parse_args(argv=None):
@@ -143,7 +143,8 @@ def main(argv=None) -> int:
     start = time.time()
     try:  # a bad --out or model name is one line, not a traceback
         claim_out(Path(args.out), create=False)
-        models = load_models(args.models, args.threads)
+        set_threads(args.threads)
+        models = load_models(args.models)
     except (OSError, ValueError, MemoryError) as e:
         print(f"run_all: {e}", file=sys.stderr)
         return 2

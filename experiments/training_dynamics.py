@@ -12,7 +12,7 @@ import pandas as pd
 import figures
 import interp
 
-from .common import SETTINGS, half_len, held_out_text, model_dir, number, positive, standalone
+from .common import SETTINGS, folder_of, half_len, held_out_text, number, positive, standalone
 
 NAME = "training_dynamics"
 DOC = "Loss curves from train_log.csv and the induction score of every head at each saved snapshot."
@@ -33,8 +33,8 @@ def run_dirs(models, extra) -> dict[str, Path]:
     """{label: folder with a train_log.csv}: given run folders, then each model's own folder (or the run it
     came from, for a checkpoint inside `checkpoints/`)."""
     found = {Path(r).name: Path(r) for r in extra}
-    for label, model in models.items():
-        d = model_dir(model)
+    for label in models:
+        d = folder_of(models, label)
         for cand in [d, d and d.parent.parent, Path("runs") / label]:
             if cand is not None and (cand / "train_log.csv").is_file() and label not in found:
                 found[label] = cand
@@ -77,9 +77,9 @@ def induction_snapshots(run: Path, log: pd.DataFrame, limit: int) -> Optional[pd
 def run(models, out, args) -> list[dict]:
     rows, logs, snaps = [], [], []
     for label, model in models.items():
+        text = held_out_text(model, args.chars, folder_of(models, label))
         rows.append(number("held-out loss on fresh stories (nats/token), measured here",
-                           interp.mean_loss(model, held_out_text(model, args.chars)), CHAPTER_LOSS.get(label), label,
-                           fmt="{:.2f}"))
+                           interp.mean_loss(model, text), CHAPTER_LOSS.get(label), label, fmt="{:.2f}"))
     runs = run_dirs(models, args.runs)
     for label in list(models) + [l for l in runs if l not in models]:
         if label not in runs:

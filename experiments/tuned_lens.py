@@ -12,7 +12,7 @@ import pandas as pd
 import figures
 import interp
 
-from .common import LENS_TEXT, fit_text, held_out_text, model_dir, number, positive, standalone
+from .common import LENS_TEXT, fit_text, folder_of, held_out_text, number, positive, standalone
 
 NAME = "tuned_lens"
 DOC = "Logit lens and tuned lens side by side, and their per-layer KL to the output on held-out text."
@@ -29,9 +29,9 @@ def add_args(p):
     p.add_argument("--chars", type=positive, default=4_000, help="characters of held-out text for the per-layer curves")
 
 
-def find_lens(model):
-    """The lens beside the model's checkpoint, else the shipped one for these weights, else None."""
-    for where in ([model_dir(model)] if model_dir(model) is not None else []) + [None]:
+def find_lens(model, folder=None):
+    """The lens in the model's `folder` (beside its checkpoint), else the shipped one for these weights, else None."""
+    for where in ([folder] if folder is not None else []) + [None]:
         try:
             return interp.load_tuned_lens(model, where)
         except FileNotFoundError:
@@ -87,7 +87,8 @@ def _repeated(model, lens, label: str) -> tuple[list[dict], pd.DataFrame]:
 def run(models, out, args) -> list[dict]:
     rows, tables, repeated_tables = [], [], []
     for label, model in models.items():
-        lens = find_lens(model)
+        folder = folder_of(models, label)
+        lens = find_lens(model, folder)
         if lens is None:
             rows.append(number("tuned lens", "none shipped or beside the checkpoint", None, label))
             continue
@@ -97,7 +98,7 @@ def run(models, out, args) -> list[dict]:
                    f"{label}: the logit lens (top) and the tuned lens (bottom) on the same text; frames mark the actual next token.")
         short = (logit[logit.pos < DOC_TOKENS], tuned[tuned.pos < DOC_TOKENS])
         out.extra[f"side_by_side_{label}_short"] = figures.lens_side_by_side(*short, title=f"{label}")
-        cmp = interp.lens_comparison(model, held_out_text(model, args.chars), lens, by_seq=True)
+        cmp = interp.lens_comparison(model, held_out_text(model, args.chars, folder), lens, by_seq=True)
         out.figure(figures.lens_comparison_curves(cmp, title=label), f"curves_{label}",
                    f"{label}: KL to the output and next-token cross-entropy per layer, logit vs tuned lens, on held-out text.")
         tables.append(cmp.assign(model=label))

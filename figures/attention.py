@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .style import FONT_SIZE, LINE_H, MAX_WIDTH, SCALE, base_layout, escape_token, label_width, require, short_label
+from .style import FONT_SIZE, LINE_H, MAX_WIDTH, SCALE, base_layout, escape_token, head_label, label_width, require, short_label
 
 ATTN_COLUMNS = ["layer", "head", "query_pos", "key_pos", "query_token", "key_token", "weight"]
 
@@ -69,7 +69,7 @@ def attention_heatmap(df: pd.DataFrame, layer: Optional[int] = None, head: Optio
     layer, head = int(df["layer"].iloc[0]), int(df["head"].iloc[0])
     tokens = _tokens(df)
     n = len(tokens)
-    fig = go.Figure(_heatmap(_pattern(df, n), tokens, f"L{layer}H{head}", True))
+    fig = go.Figure(_heatmap(_pattern(df, n), tokens, head_label(layer, head), True))
     labels = [short_label(t) for t in tokens]
     cell = 22 if n <= 24 else LINE_H + 1  # px per token: at least one line of tick text
     side = min(max(int(n * cell), 360), int(MAX_WIDTH - label_width(labels) - 180))
@@ -118,7 +118,7 @@ def attention_grid(df: pd.DataFrame, layer: Optional[int] = None, cols: int = 3,
     for i, h in enumerate(heads):
         r, c = divmod(i, cols)
         z = _pattern(df[df["head"] == h], n)
-        fig.add_trace(_heatmap(z, tokens, f"L{layer}H{h}", i == 0), row=r + 1, col=c + 1)
+        fig.add_trace(_heatmap(z, tokens, head_label(layer, h), i == 0), row=r + 1, col=c + 1)
         fig.update_xaxes(tickmode="array", tickvals=tickvals, ticktext=[labels[v] for v in tickvals],
                          tickangle=-90, tickfont=dict(size=FONT_SIZE - 2), showgrid=False, row=r + 1, col=c + 1)
         fig.update_yaxes(tickmode="array", tickvals=tickvals, ticktext=[labels[v] for v in tickvals],

@@ -9,21 +9,33 @@ from .style import MAX_WIDTH, PALETTE, SCALE, base_layout, cell_text, require
 
 VIA_COLOURS = {"k": PALETTE[1], "q": PALETTE[0], "v": PALETTE[2]}
 VIA_NAMES = {"k": "keys", "q": "queries", "v": "values"}
+# the integer columns that place a sender and a receiver (figures never parse a label)
+LAYERS = ["sender_layer", "receiver_layer"]
 
 
-def _order(labels) -> list[str]:
-    def key(label):
-        layer, _, head = label[1:].partition("H")
-        return (int(layer), int(head)) if head else (int(layer), -1)
-    return sorted(set(labels), key=key)
+def _positions(frame: pd.DataFrame, roles=("sender", "receiver")) -> dict[str, tuple[int, int]]:
+    """{label: (layer, head)} of the frame's senders and receivers, read from their integer
+    `<role>_layer` / `<role>_head` columns (head -1 or missing: not a head), never from the label."""
+    where: dict[str, tuple[int, int]] = {}
+    for role in roles:
+        heads = frame[f"{role}_head"].fillna(-1) if f"{role}_head" in frame.columns else -1
+        for label, layer, head in zip(frame[role], frame[f"{role}_layer"], pd.Series(heads, index=frame.index)):
+            where.setdefault(label, (int(layer), int(head)))
+    return where
+
+
+def _order(frame: pd.DataFrame, role: str) -> list[str]:
+    """The frame's distinct `role` labels, in (layer, head) order."""
+    where = _positions(frame, (role,))
+    return sorted(where, key=where.get)
 
 
 def composition_heatmap(frame: pd.DataFrame, title: str = "Composition scores") -> go.Figure:
     """Senders (rows) x receivers (columns) of `interp.composition_scores`; the colour bar marks the random
     baseline and the median of the model's own pairs (the baseline that discriminates), cells at or below
     the random baseline are left blank, and hovering shows each score's percentile among the model's pairs."""
-    require(frame, ["sender", "receiver", "score", "baseline"], "composition_heatmap")
-    senders, receivers = _order(frame["sender"]), _order(frame["receiver"])
+    require(frame, ["sender", "receiver", "score", "baseline"] + LAYERS, "composition_heatmap")
+    senders, receivers = _order(frame, "sender"), _order(frame, "receiver")
     grid = frame.pivot(index="sender", columns="receiver", values="score").reindex(index=senders, columns=receivers)
     pct = (frame.pivot(index="sender", columns="receiver", values="percentile").reindex(index=senders, columns=receivers)
            if "percentile" in frame.columns else grid * float("nan"))
@@ -54,11 +66,11 @@ def composition_heatmap(frame: pd.DataFrame, title: str = "Composition scores") 
 
 def path_patching_matrix(frame: pd.DataFrame, value: str = "share_repeated", title: str = "Path patching") -> go.Figure:
     """Senders (rows) x (receiver, input) columns of `interp.induction_circuit`'s frame: each edge's share."""
-    require(frame, ["sender", "receiver", "via", value], "path_patching_matrix")
+    require(frame, ["sender", "receiver", "via", value] + LAYERS, "path_patching_matrix")
     df = frame.assign(column=frame["receiver"] + " " + frame["via"].map(VIA_NAMES))
-    columns = [f"{r} {VIA_NAMES[v]}" for r in _order(df["receiver"]) for v in ("q", "k", "v")]
+    columns = [f"{r} {VIA_NAMES[v]}" for r in _order(df, "receiver") for v in ("q", "k", "v")]
     columns = [c for c in columns if c in set(df["column"])]
-    senders = _order(df["sender"])
+    senders = _order(df, "sender")
     grid = df.pivot(index="sender", columns="column", values=value).reindex(index=senders, columns=columns)
     fig = go.Figure(go.Heatmap(
         z=grid.to_numpy(), x=columns, y=senders, colorscale="RdBu", zmid=0, text=cell_text(grid.to_numpy(), "{:.3f}"),
@@ -95,11 +107,11 @@ def circuit_graph(frame: pd.DataFrame, title: str = "Induction circuit") -> go.F
     """Heads as nodes (x = layer, y = head), every feeding edge of `interp.induction_circuit` as a line
     whose width is its share on repeated tokens, coloured by the input it enters; members of an input's
     joint set that do not feed it alone (a `joint_order` column) are dashed, width = marginal share."""
-    require(frame, ["sender", "receiver", "via", "share_repeated", "feeds"], "circuit_graph")
+    require(frame, ["sender", "receiver", "via", "share_repeated", "feeds"] + LAYERS, "circuit_graph")
     joint = frame["joint_order"] > 0 if "joint_order" in frame.columns else False
     edges = frame[frame["feeds"] | joint]
-    nodes = _order(list(frame["sender"]) + list(frame["receiver"]))
-    where = {n: (int(n[1:].split("H")[0]), -int(n.split("H")[1])) for n in nodes}
+    where = {n: (layer, -head) for n, (layer, head) in _positions(frame).items()}
+    nodes = sorted(where, key=lambda n: (where[n][0], -where[n][1]))
     fig = go.Figure()
     offsets = {"q": 0.12, "k": 0.0, "v": -0.12}
     for via in ("q", "k", "v"):

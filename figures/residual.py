@@ -1,27 +1,12 @@
 """Residual-stream RMS against depth, several models on one log-scale plot."""
 from __future__ import annotations
 
-import re
-
 import pandas as pd
 import plotly.graph_objects as go
 
 from .style import PALETTE, base_layout, require
 
-RMS_COLUMNS = ["site", "mean", "q05", "q95"]
-_SITE = re.compile(r"^(?:hook_embed|blocks\.(\d+)\.hook_resid_(pre|mid|post))$")
-
-
-def site_depth(site: str) -> float | None:
-    """Where a hook sits, in blocks: embedding and resid_pre 0 = 0, resid_mid l = l + 0.5,
-    resid_post l = l + 1 (so resid_pre l+1 and resid_post l share a depth). None for other sites."""
-    m = _SITE.match(site)
-    if m is None:
-        return None
-    if m.group(1) is None:
-        return 0.0
-    layer, where = int(m.group(1)), m.group(2)
-    return layer + {"pre": 0.0, "mid": 0.5, "post": 1.0}[where]
+RMS_COLUMNS = ["kind", "layer", "mean", "q05", "q95"]
 
 
 def _with_alpha(hex_color: str, alpha: float) -> str:
@@ -33,10 +18,10 @@ def residual_rms(df: pd.DataFrame, title: str = "Residual-stream growth") -> go.
     """RMS of the residual stream per token against depth: the mean with a 5-95% quantile band.
 
     Args:
-        df: `interp.residual_rms` output (columns `site`, `mean`, `q05`, `q95`; `q50` drawn if present),
-            with a `model` column when several models are shown. Rows whose site is not the embedding
-            or a resid_pre/mid/post hook (e.g. attention outputs) are left out; a depth shared by two
-            sites (resid_post l, resid_pre l+1) is drawn once.
+        df: `interp.residual_rms` output (columns `kind`, `layer` = depth in blocks, `mean`, `q05`, `q95`;
+            `q50` drawn if present), with a `model` column when several models are shown. Only rows of
+            kind "stream" are drawn (what a block writes, e.g. attention outputs, is left out); a depth
+            shared by two rows is drawn once.
 
     Returns:
         One line per model on a log y axis, x = depth in blocks (x.5 = after that block's attention).
@@ -45,10 +30,10 @@ def residual_rms(df: pd.DataFrame, title: str = "Residual-stream growth") -> go.
     df = df.copy()
     if "model" not in df.columns:
         df["model"] = "model"
-    df["depth"] = df["site"].map(site_depth)
-    df = df.dropna(subset=["depth"]).drop_duplicates(subset=["model", "depth"]).sort_values(["model", "depth"])
+    df = df[df["kind"] == "stream"].assign(depth=lambda d: d["layer"].astype(float))
+    df = df.drop_duplicates(subset=["model", "depth"]).sort_values(["model", "depth"])
     if df.empty:
-        raise ValueError("residual_rms: no rows at hook_embed or blocks.{l}.hook_resid_pre/mid/post")
+        raise ValueError("residual_rms: no rows of kind 'stream' (the residual stream itself) to draw")
 
     fig = go.Figure()
     for i, (name, g) in enumerate(df.groupby("model", sort=False)):

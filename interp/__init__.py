@@ -4,13 +4,15 @@ Every analysis reads activations through TransformerLens' canonical hook names o
 hooks it needs, runs in batches under `torch.inference_mode()`, and never plots or writes files (that
 is `figures` and `experiments`).
 """
+from ._inputs import windows
 from ._specs import Component, Head
 from .ablation import ablate_heads
 from .attention import attention_patterns, pattern_tensor
-from .attribution import attribution_patch, attribution_summary, logit_attribution
+from .attribution_patching import attribution_patch, attribution_summary
 from .circuit import induction_circuit
 from .circuit_spread import circuit_spread, spread_ranges, spread_sentences
 from .composition import composition_scores, ov_copying_scores, positional_qk_scores
+from .direct_logit_attribution import logit_attribution
 from .heads import KINDS, head_score_tensor, head_scores, repeated_tokens, target_mask
 from .induction import induction_stories, induction_table, story_names
 from .lens import first_top1_layer, lens_dataset_summary, lens_summary, logit_lens
@@ -36,5 +38,5 @@ __all__ = [
     "phase_measures", "phase_table", "positional_qk_scores", "repeat_loss", "repeated_tokens", "residual_rms",
     "rope_distance_check", "SAE", "SITES", "spread_ranges", "spread_sentences", "story_names", "Transcoder", "load_sae",
     "load_transcoder", "train_sae", "train_transcoder", "target_mask", "train_tuned_lens", "tuned_lens", "TunedLens",
-    "run_with_saes", "sae_metrics", "spliced", "unigram_log_probs",
+    "run_with_saes", "sae_metrics", "spliced", "unigram_log_probs", "windows",
 ]

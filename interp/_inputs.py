@@ -11,10 +11,12 @@ same things and refuse the same things with the forward's own words (`sprout.tex
 - `token_rows` gives unpadded 1-D rows for analyses that stream over data (lens, losses, head scores):
   a text or row longer than the window is cut into consecutive windows; rows of unequal length are
   batched apart (`interp._batching.batches`), never padded.
+- `windows` is the one place a sequence is cut into windows (the rows above, the tuned lens' training
+  windows, the experiments' held-out windows).
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Union
+from typing import NamedTuple, Optional, Sequence, Union
 
 import torch
 
@@ -136,8 +138,45 @@ def token_rows(model, data: TextOrTokens, seq_len: Optional[int] = None) -> list
     seq_len = int(seq_len)
     rows = []
     for row in sequences(model, data):
-        rows.extend(check_tokens(model, row[i:i + seq_len][None])[0] for i in range(0, len(row), seq_len))
+        rows.extend(check_tokens(model, w[None])[0] for w in windows(row, seq_len))
     return rows
+
+
+def windows(ids: Sequence, length: int, stride: Optional[int] = None, drop_last: bool = False) -> list:
+    """A sequence of ids (a 1-D tensor or a list) cut into windows of `length` ids, one starting every
+    `stride` (default `length`: consecutive, no overlap), in order.
+
+    The last window ends at the sequence's end and may be shorter; with `drop_last`, only whole windows
+    of `length` are kept (none when the sequence is shorter than one). Nothing is padded or copied.
+
+    Example:
+        >>> windows(list(range(7)), 3)
+        [[0, 1, 2], [3, 4, 5], [6]]
+        >>> windows(list(range(7)), 3, stride=2, drop_last=True)
+        [[0, 1, 2], [2, 3, 4], [4, 5, 6]]
+    """
+    for name, value in (("length", length), ("stride", length if stride is None else stride)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"windows: {name} must be an integer >= 1, got {value!r}")
+    stride, n, out = length if stride is None else stride, len(ids), []
+    for start in range(0, n, stride):
+        if drop_last and start + length > n:
+            break
+        out.append(ids[start:start + length])
+        if start + length >= n:
+            break
+    return out
+
+
+def stream_windows(model, data: TextOrTokens, seq_len: Optional[int] = None) -> torch.Tensor:
+    """The data's tokens as one stream cut into [n_windows, seq_len] rows (a shorter tail is dropped)."""
+    stream = torch.cat(token_rows(model, data, seq_len))  # seq_len checked there
+    seq_len = int(model.cfg.n_ctx) if seq_len is None else int(seq_len)
+    rows = windows(stream, seq_len, drop_last=True)
+    if not rows:
+        raise ValueError(f"the data has {stream.numel()} tokens, fewer than one window of seq_len={seq_len}: "
+                         "pass more text or a smaller seq_len")
+    return torch.stack(rows)
 
 
 def sequences(model, data) -> list[torch.Tensor]:

@@ -20,6 +20,12 @@ def head_label(layer: int, head: int) -> str:
     return f"L{layer}H{head}"
 
 
+def patch_label(layer: int, head=None, pos=None) -> str:
+    """A patch's label: "L3" (a whole layer), "L3H1" (a head), with "@5" for one position."""
+    name = f"L{layer}" if head is None else head_label(layer, head)
+    return name if pos is None else f"{name}@{pos}"
+
+
 class Head(NamedTuple):
     """An attention head: `layer`, `head` (0-based); prints as "L{layer}H{head}"."""
 

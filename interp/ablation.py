@@ -14,7 +14,10 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from sprout.names import act_name
+
 from ._batching import TextOrTokens, batches, token_rows
+from ._deprecated import renamed
 from ._model import require_hooks
 from ._specs import Head, as_heads
 from .heads import repeated_tokens
@@ -50,7 +53,7 @@ def _ablate_hook(heads_in_layer: list[int], value: Optional[torch.Tensor]):
 
 @torch.inference_mode()
 def _mean_z(model, rows, layers, batch_size) -> dict[int, torch.Tensor]:
-    names = [f"blocks.{l}.attn.hook_z" for l in layers]
+    names = [act_name("z", l) for l in layers]
     total, n = {}, 0
     for _, ids in batches(rows, batch_size, device=model.cfg.device):
         _, cache = model.run_with_cache(ids, names_filter=names)
@@ -75,7 +78,8 @@ def _loss(model, rows, batch_size, loss_from: int, hooks) -> float:
     return total / n
 
 
-def ablate_heads(model, heads: Union[list, pd.DataFrame], text_or_tokens: Optional[TextOrTokens] = None, *,
+@renamed(text_or_tokens="data")
+def ablate_heads(model, heads: Union[list, pd.DataFrame], data: Optional[TextOrTokens] = None, *,
                  method: str = "zero", top_k: Optional[int] = None, together: bool = True,
                  half_len: int = 32, n_seqs: int = 16, token_range: Optional[tuple] = None, seed: int = 0,
                  batch_size: int = 8, min_delta: float = 0.01) -> pd.DataFrame:
@@ -85,7 +89,7 @@ def ablate_heads(model, heads: Union[list, pd.DataFrame], text_or_tokens: Option
         model: a hooked model with `blocks.{l}.attn.hook_z`.
         heads: heads as (layer, head) pairs of integers, "L1H2" or `interp.Head`s (one, or a list), or a
             `head_scores` frame (taken best first).
-        text_or_tokens: what to score on; by default the seeded repeated random tokens of `head_scores`
+        data: what to score on; by default the seeded repeated random tokens of `head_scores`
             (same `half_len`, `n_seqs`, `token_range`, `seed`), where the loss is measured on the
             repeated half only (predictions of tokens 2..half_len of the second copy). On user text it
             is the loss over all positions.
@@ -111,18 +115,18 @@ def ablate_heads(model, heads: Union[list, pd.DataFrame], text_or_tokens: Option
         raise ValueError(f"unknown ablation method {method!r}; choose one of {list(METHODS)}")
     heads, scores = _as_heads(model, heads, top_k)
     layers = sorted({l for l, _ in heads})
-    require_hooks(model, [f"blocks.{l}.attn.hook_z" for l in layers])
-    if text_or_tokens is None:
+    require_hooks(model, [act_name("z", l) for l in layers])
+    if data is None:
         rows, loss_from = token_rows(model, repeated_tokens(model, half_len, n_seqs, token_range, seed)), half_len
     else:
-        rows, loss_from = token_rows(model, text_or_tokens), 0
+        rows, loss_from = token_rows(model, data), 0
     means = _mean_z(model, rows, layers, batch_size) if method == "mean" else {}
 
     def hooks_for(group):
         by_layer: dict[int, list[int]] = {}
         for l, h in group:
             by_layer.setdefault(l, []).append(h)
-        return [(f"blocks.{l}.attn.hook_z", _ablate_hook(hs, means.get(l))) for l, hs in by_layer.items()]
+        return [(act_name("z", l), _ablate_hook(hs, means.get(l))) for l, hs in by_layer.items()]
 
     clean = _loss(model, rows, batch_size, loss_from, [])
     groups = [[lh] for lh in heads] + ([heads] if together and len(heads) > 1 else [])

@@ -6,43 +6,48 @@ from typing import Optional, Union
 import pandas as pd
 import torch
 
+from sprout.names import act_name
+
 from ._batching import TextOrTokens, token_rows
+from ._deprecated import renamed
 from ._model import heads_of, require_hooks, str_tokens
 
 Selection = Optional[Union[int, list]]
 
 
+@renamed(text_or_tokens="data")
 @torch.inference_mode()
-def pattern_tensor(model, text_or_tokens: TextOrTokens, layer: Selection = None,
+def pattern_tensor(model, data: TextOrTokens, layer: Selection = None,
                    head: Selection = None) -> torch.Tensor:
     """Attention patterns [n_layers_chosen, n_heads_chosen, query_pos, key_pos] for one sequence.
 
     `layer` and `head` are an int, a list, or None for all. Rows sum to 1; keys after the query are 0.
     """
-    rows = token_rows(model, text_or_tokens)
+    rows = token_rows(model, data)
     if len(rows) != 1:
         raise ValueError(f"attention patterns are for one sequence of at most {model.cfg.n_ctx} tokens; "
                          f"got {len(rows)} sequences/windows")
     layers, heads = heads_of(model, layer, head)
-    names = [f"blocks.{l}.attn.hook_pattern" for l in layers]
+    names = [act_name("pattern", l) for l in layers]
     require_hooks(model, names)
     _, cache = model.run_with_cache(rows[0][None].to(model.cfg.device), names_filter=names)
     return torch.stack([cache[name][0, heads] for name in names]).float()
 
 
-def attention_patterns(model, text_or_tokens: TextOrTokens, layer: Selection = None,
+@renamed(text_or_tokens="data")
+def attention_patterns(model, data: TextOrTokens, layer: Selection = None,
                        head: Selection = None) -> pd.DataFrame:
     """Attention patterns in long format, with the string tokens.
 
     Args:
         model: a hooked model.
-        text_or_tokens: one text or ids [pos] / [1, pos] that fit the context.
+        data: one text or ids [pos] / [1, pos] that fit the context.
         layer, head: an int, a list, or None for all.
 
     Returns:
         One row per (layer, head, query_pos, key_pos) with key_pos <= query_pos (the causal part; the
         rest is 0): `layer`, `head`, `query_pos`, `key_pos`, `query_token`, `key_token`, `weight`.
-        The tensor itself is `pattern_tensor(model, text_or_tokens, layer, head)`.
+        The tensor itself is `pattern_tensor(model, data, layer, head)`.
 
     Example:
         >>> import torch, interp
@@ -52,9 +57,9 @@ def attention_patterns(model, text_or_tokens: TextOrTokens, layer: Selection = N
         >>> len(df), round(float(df.groupby("query_pos").weight.sum().min()), 5)
         (10, 1.0)
     """
-    pattern = pattern_tensor(model, text_or_tokens, layer, head)
+    pattern = pattern_tensor(model, data, layer, head)
     layers, heads = heads_of(model, layer, head)
-    ids = token_rows(model, text_or_tokens)[0]
+    ids = token_rows(model, data)[0]
     toks = str_tokens(model, ids)
     T = len(toks)
     q, k = torch.tril_indices(T, T)  # causal (query, key) pairs, query-major

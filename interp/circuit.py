@@ -37,16 +37,17 @@ import pandas as pd
 import torch
 
 from sprout.material import generate_story
+from sprout.names import act_name
 from sprout.tokenizer import encode
 
 from ._inputs import TokenBatch
 from ._model import require_hooks
+from ._patch_engine import clean_and_corrupted
 from ._specs import Head, all_heads, as_head
 from .ablation import ablate_heads
 from .composition import composition_scores
 from .heads import head_scores, repeated_tokens, target_mask
 from .joint import GREEDY_COLUMNS, greedy_feeders
-from .patching import clean_and_corrupted
 from .path_patching import VIA, path_patch
 
 
@@ -149,7 +150,7 @@ def induction_circuit(model, data=None, min_score: float = 0.3, min_share: float
     Example:
         >>> frame, summary = interp.induction_circuit(sprout.load("gpt-4")); print(summary)
     """
-    require_hooks(model, ["hook_embed"])
+    require_hooks(model, [act_name("embed")])
     for name, value in (("min_score", min_score), ("min_share", min_share), ("relative", relative)):
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
             raise ValueError(f"induction_circuit: {name} must be a finite number, got {value!r}")

@@ -12,6 +12,7 @@ from typing import Optional
 
 import pandas as pd
 
+from ._specs import all_heads, as_head, head_label
 from .circuit import find_induction_heads, induction_metric, repeated_pair, story_pair
 from .joint import GREEDY_COLUMNS, greedy_feeders
 from .path_patching import VIA, path_patch
@@ -34,8 +35,8 @@ def _settings(model, seeds, half_lens, story_seeds, n_seqs, n_stories, story_len
 def _one_setting(model, receivers, pair, threshold, max_candidates) -> pd.DataFrame:
     clean, corrupted = pair
     metric = induction_metric(clean)
-    top = max(int(r[1:].split("H")[0]) for r in receivers)
-    senders = [f"L{l}H{h}" for l in range(top) for h in range(int(model.cfg.n_heads))]
+    top = max(as_head(model, r).layer for r in receivers)
+    senders = [h.label for h in all_heads(model, below=top)]
     own = path_patch(model, clean, corrupted, metric, senders, receivers, via=VIA)
     own["own_share"] = own["effect"] / (own["source"] - own["base"])
     joint = []
@@ -80,7 +81,7 @@ def circuit_spread(model, receivers: Optional[list[str]] = None, seeds=(0, 1, 2)
     """
     if receivers is None:
         found = find_induction_heads(model, min_score).head(max_receivers)
-        receivers = [f"L{r.layer}H{r.head}" for r in found.itertuples()]
+        receivers = [head_label(r.layer, r.head) for r in found.itertuples()]
     if not receivers:
         return pd.DataFrame(columns=SPREAD_COLUMNS)
     frames = []

@@ -14,6 +14,7 @@ import torch
 import sprout
 from sprout.files import read_bounded
 
+from ._specs import head_label
 from .heads import KINDS, head_scores
 from .lens import logit_lens
 from .residual import residual_rms
@@ -143,7 +144,7 @@ def lens_main(argv=None) -> int:
 def heads_table(scores, top: int) -> str:
     lines = [f"{'rank':>4} {'head':<7} {'score':>6}", "-" * 19]
     for i, r in enumerate(scores.head(top).itertuples(index=False), 1):
-        lines.append(f"{i:>4} L{r.layer}H{r.head:<5} {r.score:6.3f}")
+        lines.append(f"{i:>4} {head_label(r.layer, r.head):<8} {r.score:6.3f}")
     return "\n".join(lines)
 
 

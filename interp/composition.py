@@ -25,7 +25,10 @@ import pandas as pd
 import torch
 from transformer_lens.FactoredMatrix import FactoredMatrix
 
-from ._inputs import token_batch
+from sprout.names import act_name
+
+from ._deprecated import renamed
+from ._inputs import TextOrTokens, token_batch
 from ._model import model_name, n_heads, n_layers, require_hooks
 from ._specs import head_label
 from .heads import repeated_tokens
@@ -98,13 +101,15 @@ def random_baseline(model, kind: str, n: int = 64, seed: int = 0) -> tuple[float
     return float(scores.mean()), float(scores.std())
 
 
+@renamed(kind="via")
 @torch.no_grad()
-def composition_scores(model, kind: str = "k", baseline_samples: int = 64) -> pd.DataFrame:
+def composition_scores(model, via: str = "k", baseline_samples: int = 64) -> pd.DataFrame:
     """Composition of every head with every head in a later layer, beside a random baseline.
 
     Args:
         model: a model with TransformerLens' weight properties (`W_Q`, `W_K`, `W_V`, `W_O`).
-        kind: "q", "k" or "v": which input of the later head reads the earlier head's output.
+        via: "q", "k" or "v": which input of the later head reads the earlier head's output (as in
+            `path_patch`); the frame's `kind` column says it.
         baseline_samples: random matrix pairs behind the baseline.
 
     Returns:
@@ -119,9 +124,9 @@ def composition_scores(model, kind: str = "k", baseline_samples: int = 64) -> pd
         >>> interp.composition_scores(model, "k").sort_values("score").tail(3)
     """
     QK, OV = circuits(model)
-    right = _right(kind, QK, OV)
+    right = _right(via, QK, OV)
     scores = pair_scores(OV, right)  # [L, H, L, H]
-    mean, std = random_baseline(model, kind, baseline_samples)
+    mean, std = random_baseline(model, via, baseline_samples)
     rows = []
     L, H = n_layers(model), n_heads(model)
     for sl in range(L):
@@ -131,7 +136,7 @@ def composition_scores(model, kind: str = "k", baseline_samples: int = 64) -> pd
                     rows.append((head_label(sl, sh), head_label(rl, rh), sl, sh, rl, rh, float(scores[sl, sh, rl, rh])))
     frame = pd.DataFrame(rows, columns=["sender", "receiver", "sender_layer", "sender_head", "receiver_layer",
                                         "receiver_head", "score"])
-    frame.insert(6, "kind", kind)
+    frame.insert(6, "kind", via)
     frame["baseline"], frame["baseline_std"] = mean, std
     frame["ratio"] = frame["score"] / mean
     frame["z"] = (frame["score"] - mean) / std
@@ -156,11 +161,15 @@ def control_percentiles(scores: torch.Tensor, values: pd.Series) -> list[float]:
     return torch.where(v.isnan(), float("nan"), 100 * at_most.double() / control.numel()).tolist()
 
 
+@renamed(chunk="batch_size")
 @torch.no_grad()
-def ov_copying_scores(model, chunk: int = 1024) -> pd.DataFrame:
+def ov_copying_scores(model, batch_size: int = 1024) -> pd.DataFrame:
     """How much each head copies: the fraction of tokens t whose own logit is the top one in row t of
     `W_E W_OV W_U` (ln1's and the final norm's gains folded), and Elhage et al.'s eigenvalue score
     sum(Re lambda) / sum(|lambda|) of that full circuit (1: pure copying, -1: pure anti-copying).
+
+    Args:
+        batch_size: rows of `W_E` (tokens) multiplied out at once.
 
     Returns:
         One row per head: `layer`, `head`, `label`, `copying_top1`, `copying_eigen`.
@@ -172,34 +181,35 @@ def ov_copying_scores(model, chunk: int = 1024) -> pd.DataFrame:
         for h in range(n_heads(model)):
             A, B = OV.A[l, h], OV.B[l, h]  # [d_model, d_head], [d_head, d_model]
             hits = 0
-            for start in range(0, W_E.shape[0], chunk):
-                full = (W_E[start:start + chunk] @ A) @ (B @ W_U)
+            for start in range(0, W_E.shape[0], batch_size):
+                full = (W_E[start:start + batch_size] @ A) @ (B @ W_U)
                 hits += int((full.argmax(-1) == torch.arange(start, start + full.shape[0])).sum())
             eig = torch.linalg.eigvals((B @ W_U) @ (W_E @ A))  # the d_head nonzero eigenvalues
             rows.append((l, h, head_label(l, h), hits / W_E.shape[0], float(eig.real.sum() / eig.abs().sum())))
     return pd.DataFrame(rows, columns=["layer", "head", "label", "copying_top1", "copying_eigen"])
 
 
+@renamed(tokens="data")
 @torch.inference_mode()
-def positional_qk_scores(model, tokens: Optional[torch.Tensor] = None) -> pd.DataFrame:
+def positional_qk_scores(model, data: Optional[TextOrTokens] = None) -> pd.DataFrame:
     """Where each head attends on position alone: every layer's attention input is replaced by its mean
     (over the tokens' positions) at every position, so queries and keys differ only by RoPE; the score is
     the attention on the previous position, averaged over queries 1..pos-1.
 
     Args:
-        tokens: ids [batch, pos] (or text, or texts of equal token length) whose mean attention input is
+        data: ids [batch, pos] (or text, or texts of equal token length) whose mean attention input is
             used (default: seeded repeated random tokens).
 
     Returns:
         One row per head: `layer`, `head`, `label`, `positional_prev_token`.
     """
-    tokens = repeated_tokens(model, half_len=16, n_seqs=8) if tokens is None else \
-        token_batch(model, tokens).unpadded("positional_qk_scores (a mean over every position)")
+    tokens = repeated_tokens(model, half_len=16, n_seqs=8) if data is None else \
+        token_batch(model, data).unpadded("positional_qk_scores (a mean over every position)")
     if tokens.shape[1] < 2:
         raise ValueError("positional_qk_scores reads attention on the previous position: it needs at least 2 tokens")
     L = n_layers(model)
-    names = [f"blocks.{l}.ln1.hook_normalized" for l in range(L)]
-    patterns = [f"blocks.{l}.attn.hook_pattern" for l in range(L)]
+    names = [act_name("normalized", l, "ln1") for l in range(L)]
+    patterns = [act_name("pattern", l) for l in range(L)]
     require_hooks(model, names + patterns)
     _, cache = model.run_with_cache(tokens, names_filter=names)
     means = {n: cache[n].mean((0, 1)) for n in names}  # [d_model]

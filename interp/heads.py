@@ -27,9 +27,11 @@ import pandas as pd
 import torch
 
 from sprout.material import repeated_random_tokens
+from sprout.names import act_name
 from sprout.text import check_integer_ids
 
 from ._batching import TextOrTokens, batches, token_rows
+from ._deprecated import renamed
 from ._model import n_heads, n_layers, require_hooks
 
 KINDS = ("previous_token", "duplicate_token", "induction", "prefix_matching")
@@ -81,7 +83,7 @@ def repeated_tokens(model, half_len: int = 32, n_seqs: int = 16, token_range: Op
 @torch.inference_mode()
 def head_score_tensor(model, kind: str, tokens: torch.Tensor, batch_size: int = 8) -> tuple[torch.Tensor, int]:
     """Scores [n_layers, n_heads] of every head on these ids [batch, pos], and the number of target rows."""
-    names = [f"blocks.{l}.attn.hook_pattern" for l in range(n_layers(model))]
+    names = [act_name("pattern", l) for l in range(n_layers(model))]
     require_hooks(model, names)
     mass = torch.zeros(n_layers(model), n_heads(model), dtype=torch.float64)
     n_rows = 0
@@ -99,7 +101,8 @@ def head_score_tensor(model, kind: str, tokens: torch.Tensor, batch_size: int = 
     return (mass / n_rows).float(), n_rows
 
 
-def head_scores(model, kind: str, text_or_tokens: Optional[TextOrTokens] = None, *, half_len: int = 32,
+@renamed(text_or_tokens="data")
+def head_scores(model, kind: str, data: Optional[TextOrTokens] = None, *, half_len: int = 32,
                 n_seqs: int = 16, token_range: Optional[tuple] = None, seed: int = 0,
                 batch_size: int = 8) -> pd.DataFrame:
     """Score every (layer, head) as a kind of head, best first.
@@ -107,7 +110,7 @@ def head_scores(model, kind: str, text_or_tokens: Optional[TextOrTokens] = None,
     Args:
         model: a hooked model.
         kind: "previous_token", "duplicate_token", "induction" or "prefix_matching" (see the module).
-        text_or_tokens: text(s) or ids to measure on; by default `n_seqs` seeded random sequences of
+        data: text(s) or ids to measure on; by default `n_seqs` seeded random sequences of
             `half_len` tokens drawn from `token_range`, each followed by itself (`repeated_tokens`).
         seed: the random sequences' seed.
         batch_size: sequences per forward pass.
@@ -126,7 +129,7 @@ def head_scores(model, kind: str, text_or_tokens: Optional[TextOrTokens] = None,
     """
     if kind not in KINDS:
         raise ValueError(f"unknown head kind {kind!r}; choose one of {list(KINDS)}")
-    tokens = repeated_tokens(model, half_len, n_seqs, token_range, seed) if text_or_tokens is None else text_or_tokens
+    tokens = repeated_tokens(model, half_len, n_seqs, token_range, seed) if data is None else data
     scores, n_rows = head_score_tensor(model, kind, tokens, batch_size)
     L, H = scores.shape
     df = pd.DataFrame({

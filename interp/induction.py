@@ -16,6 +16,7 @@ import torch
 from sprout.material import generate_story
 from sprout.tokenizer import raw
 
+from ._deprecated import renamed
 from ._model import logits_of, model_name
 
 _WORD = re.compile(r"\b[A-Z][a-z]+\b")  # a capitalised word
@@ -61,12 +62,13 @@ def _token_probs(model, text: str, spans: list[tuple[int, int]]) -> list[list[tu
     return out
 
 
-def induction_table(models, text_or_tokens: str, name: Optional[str] = None) -> pd.DataFrame:
+@renamed(text_or_tokens="data")
+def induction_table(models, data: str, name: Optional[str] = None) -> pd.DataFrame:
     """Probability each model gives each token of every occurrence of a repeated name in a text.
 
     Args:
         models: a model, a list of models, or a dict {label: model} (each with a tokenizer).
-        text_or_tokens: the text (a str: names are found by their characters), e.g. a story where an
+        data: the text (a str: names are found by their characters), e.g. a story where an
             invented name comes back.
         name: the repeated string, e.g. "Zorbin Plax"; it must occur at least twice. By default every
             name `story_names` finds (single capitalised words, so "Zorbin" and "Plax" separately).
@@ -88,10 +90,10 @@ def induction_table(models, text_or_tokens: str, name: Optional[str] = None) -> 
         >>> sorted(df.occurrence.unique().tolist())
         [1, 2]
     """
-    if not isinstance(text_or_tokens, str):
+    if not isinstance(data, str):
         raise TypeError(f"induction_table finds names by their characters, so it needs the text as a str, "
-                        f"got {type(text_or_tokens).__name__}")
-    text = text_or_tokens
+                        f"got {type(data).__name__}")
+    text = data
     if name is None:
         names = story_names(text)
         if not names:

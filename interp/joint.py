@@ -20,19 +20,24 @@ from typing import Optional
 import pandas as pd
 import torch
 
+from sprout.names import act_name
+
+from ._deprecated import renamed
+from ._metrics import Metric, metric_value
 from ._model import require_hooks
-from .patching import Metric, batched_forward_from, chunk_size, clean_and_corrupted, metric_value, split_metric
+from ._patch_engine import batched_forward_from, chunk_size, clean_and_corrupted, split_metric
+from ._specs import all_heads
 from .path_patching import VIA, _input, as_node
 
 
 def _result(l: int) -> str:
-    return f"blocks.{l}.attn.hook_result"
+    return act_name("result", l)
 
 
 def _streams(model, clean, corrupted, receiver):
     """The clean stream into the receiver's block [batch, pos, d_model], and every earlier head's
     corrupted-minus-clean write {layer: [batch, pos, head, d_model]}."""
-    start = f"blocks.{receiver.layer}.hook_resid_pre"
+    start = act_name("resid_pre", receiver.layer)
     names = [_result(l) for l in range(receiver.layer)]
     require_hooks(model, names + [start, _input(receiver.layer, "q")])
     _, clean_cache = model.run_with_cache(clean, names_filter=names + [start])
@@ -69,9 +74,10 @@ def _sets(model, sets, receiver) -> list[list]:
     return out
 
 
+@renamed(sets_per_forward="batch_size")
 @torch.inference_mode()
 def joint_path_patch(model, clean, corrupted, metric: Metric, sets: list, receiver, via: str = "k",
-                     sets_per_forward: Optional[int] = None) -> pd.DataFrame:
+                     batch_size: Optional[int] = None) -> pd.DataFrame:
     """The effect of each set of sender heads, corrupted together, on `receiver` through its `via` input.
 
     Args:
@@ -81,9 +87,11 @@ def joint_path_patch(model, clean, corrupted, metric: Metric, sets: list, receiv
             (an empty set has effect 0).
         receiver: the receiving head, "L{l}H{h}" or (l, h).
         via: "q", "k" or "v".
+        batch_size: sets sharing one forward (default: as many as 256 MB of logits allow).
 
     Returns:
-        One row per set: `set` ("L1H2+L2H2"), `size`, `receiver`, `via`, `metric`, `base` (clean metric),
+        One row per set: `set` ("L1H2+L2H2"), `size`, `receiver` (and its `receiver_layer`,
+        `receiver_head`), `via`, `metric`, `base` (clean metric),
         `source` (corrupted metric), `effect` = metric - base, `share` = effect / (source - base).
 
     Example:
@@ -101,7 +109,7 @@ def joint_path_patch(model, clean, corrupted, metric: Metric, sets: list, receiv
     groups = _sets(model, sets, receiver)
     resid, delta = _streams(model, clean, corrupted, receiver)
     base, source = metric_value(metric, model.run_with_hooks(clean)), metric_value(metric, model.run_with_hooks(corrupted))
-    n_max, values = chunk_size(model, clean, sets_per_forward), []
+    n_max, values = chunk_size(model, clean, batch_size), []
     for a in range(0, len(groups), n_max):
         chunk = groups[a:a + n_max]
         recorded = _recorded_input(model, resid, delta, chunk, receiver, via)
@@ -113,7 +121,8 @@ def joint_path_patch(model, clean, corrupted, metric: Metric, sets: list, receiv
         logits = batched_forward_from(model, resid, receiver.layer, [(_input(receiver.layer, via), replace)], len(chunk))
         values += split_metric(metric, logits, len(chunk))
     frame = pd.DataFrame({"set": ["+".join(n.label for n in g) for g in groups], "size": [len(g) for g in groups],
-                          "receiver": receiver.label, "via": via, "metric": values})
+                          "receiver": receiver.label, "receiver_layer": receiver.layer, "receiver_head": receiver.head,
+                          "via": via, "metric": values})
     frame["base"], frame["source"] = base, source
     frame["effect"] = frame["metric"] - base
     frame["share"] = frame["effect"] / (source - base) if source != base else float("nan")
@@ -136,6 +145,7 @@ def greedy_feeders(model, clean, corrupted, metric: Metric, receiver, via: str =
 
     Returns:
         One row per member, in the order chosen: `receiver`, `via`, `sender`, `order` (1, 2, ...),
+        the heads as integers (`receiver_layer`, `receiver_head`, `sender_layer`, `sender_head`),
         `own_share` (the member alone), `cumulative_share` (the set up to this member),
         `marginal_share`, `joint_share` (the whole set), `all_share` (all candidates together),
         `target` (threshold x all_share), `reached` (the set reached the target). No rows when all
@@ -145,7 +155,7 @@ def greedy_feeders(model, clean, corrupted, metric: Metric, receiver, via: str =
         raise ValueError(f"threshold must be in (0, 1], got {threshold}")
     receiver = as_node(model, receiver)
     pool = [as_node(model, c).label for c in candidates] if candidates is not None else \
-        [f"L{l}H{h}" for l in range(receiver.layer) for h in range(int(model.cfg.n_heads))]
+        [h.label for h in all_heads(model, below=receiver.layer)]
 
     def shares(sets):
         return joint_path_patch(model, clean, corrupted, metric, sets, receiver, via)["share"].tolist()
@@ -163,11 +173,14 @@ def greedy_feeders(model, clean, corrupted, metric: Metric, receiver, via: str =
         step = dict(zip(rest, shares([chosen + [c] for c in rest]))) if rest and cumulative[-1] < target else {}
     joint = cumulative[-1]
     without = shares([[m for m in chosen if m != c] for c in chosen]) if len(chosen) > 1 else [0.0]
+    heads = [as_node(model, c) for c in chosen]
     return pd.DataFrame({"receiver": receiver.label, "via": via, "sender": chosen, "order": range(1, len(chosen) + 1),
+                         "receiver_layer": receiver.layer, "receiver_head": receiver.head,
+                         "sender_layer": [h.layer for h in heads], "sender_head": [h.head for h in heads],
                          "own_share": [own[c] for c in chosen], "cumulative_share": cumulative,
                          "marginal_share": [joint - w for w in without], "joint_share": joint, "all_share": all_share,
                          "target": target, "reached": joint >= target})
 
 
-GREEDY_COLUMNS = ["receiver", "via", "sender", "order", "own_share", "cumulative_share", "marginal_share", "joint_share",
-                  "all_share", "target", "reached"]
+GREEDY_COLUMNS = ["receiver", "via", "sender", "order", "receiver_layer", "receiver_head", "sender_layer", "sender_head",
+                  "own_share", "cumulative_share", "marginal_share", "joint_share", "all_share", "target", "reached"]

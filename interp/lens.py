@@ -16,17 +16,20 @@ import numpy as np
 import pandas as pd
 import torch
 
+from sprout.names import act_name
+
 from ._batching import TextOrTokens, batches, token_rows
+from ._deprecated import renamed
 from ._model import n_layers, require_hooks, str_tokens, unembed
 
 
 def lens_sites(model, include_mid: bool = False) -> list[tuple[float, str]]:
     """(layer, hook name) for every layer boundary the lens reads, in depth order."""
-    sites = [(0, "blocks.0.hook_resid_pre")]
+    sites = [(0, act_name("resid_pre", 0))]
     for l in range(n_layers(model)):
         if include_mid:
-            sites.append((l + 0.5, f"blocks.{l}.hook_resid_mid"))
-        sites.append((l + 1, f"blocks.{l}.hook_resid_post"))
+            sites.append((l + 0.5, act_name("resid_mid", l)))
+        sites.append((l + 1, act_name("resid_post", l)))
     return sites
 
 
@@ -42,7 +45,7 @@ Translator = Callable[[int, torch.Tensor], torch.Tensor]
 
 
 @torch.inference_mode()
-def _lens_batches(model, text_or_tokens, k: int, batch_size: int, include_mid: bool, seq_len: Optional[int],
+def _lens_batches(model, data, k: int, batch_size: int, include_mid: bool, seq_len: Optional[int],
                   stats: bool, translator: Optional[Translator] = None) -> Iterator[dict]:
     """Per batch: the lens' top-k and statistics at every layer and position, each [layer, batch, pos, ...].
 
@@ -55,7 +58,7 @@ def _lens_batches(model, text_or_tokens, k: int, batch_size: int, include_mid: b
     names = [name for _, name in sites]
     require_hooks(model, names)
     L = len(names)
-    for row_ids, ids in batches(token_rows(model, text_or_tokens, seq_len), batch_size, device=model.cfg.device):
+    for row_ids, ids in batches(token_rows(model, data, seq_len), batch_size, device=model.cfg.device):
         # the last stream's lens is the model's own output, which the forward computes anyway
         logits, cache = model.run_with_cache(ids, names_filter=names[:-1])
         B, T = ids.shape
@@ -108,13 +111,14 @@ def _lens_batches(model, text_or_tokens, k: int, batch_size: int, include_mid: b
                    entropy=shaped(entropy), kl_to_final=shaped(kl))
 
 
-def logit_lens(model, text_or_tokens: TextOrTokens, k: int = 5, batch_size: int = 8,
+@renamed(text_or_tokens="data")
+def logit_lens(model, data: TextOrTokens, k: int = 5, batch_size: int = 8,
                include_mid: bool = False, seq_len: Optional[int] = None, stats: bool = False) -> pd.DataFrame:
     """The logit lens at every layer boundary and position.
 
     Args:
         model: a hooked model (Sprout, the walkthrough GPT).
-        text_or_tokens: a text, a list of texts, or ids [pos] / [batch, pos]; rows longer than
+        data: a text, a list of texts, or ids [pos] / [batch, pos]; rows longer than
             `seq_len` (default the model's context) are cut into windows, each its own `seq`.
         k: how many top tokens to keep per position and layer.
         batch_size: sequences per forward pass.
@@ -141,17 +145,17 @@ def logit_lens(model, text_or_tokens: TextOrTokens, k: int = 5, batch_size: int 
         >>> sorted(df.layer.unique().tolist()), len(df)
         ([0, 1, 2], 30)
     """
-    return lens_frame(model, text_or_tokens, k, batch_size, include_mid, seq_len, stats)
+    return lens_frame(model, data, k, batch_size, include_mid, seq_len, stats)
 
 
-def lens_frame(model, text_or_tokens: TextOrTokens, k: int, batch_size: int, include_mid: bool,
+def lens_frame(model, data: TextOrTokens, k: int, batch_size: int, include_mid: bool,
                seq_len: Optional[int], stats: bool, translator: Optional[Translator] = None) -> pd.DataFrame:
     """`logit_lens`' frame, each stream first mapped by `translator` (the tuned lens; None: the logit lens)."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     k = min(k, int(model.cfg.d_vocab))
     parts = []
-    for b in _lens_batches(model, text_or_tokens, k, batch_size, include_mid, seq_len, stats, translator):
+    for b in _lens_batches(model, data, k, batch_size, include_mid, seq_len, stats, translator):
         L, B, T = b["top_probs"].shape[:3]
         ids = b["ids"].cpu()
 
@@ -231,12 +235,13 @@ def lens_summary(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out).reset_index()
 
 
+@renamed(text_or_tokens="data")
 @torch.inference_mode()
-def lens_dataset_summary(model, text_or_tokens: TextOrTokens, batch_size: int = 8, include_mid: bool = False,
+def lens_dataset_summary(model, data: TextOrTokens, batch_size: int = 8, include_mid: bool = False,
                          seq_len: Optional[int] = None) -> pd.DataFrame:
     """`lens_summary` over a whole dataset, streamed: memory does not grow with the number of tokens.
 
-    Same columns as `lens_summary`; equal to `lens_summary(logit_lens(model, text_or_tokens))` up to float
+    Same columns as `lens_summary`; equal to `lens_summary(logit_lens(model, data))` up to float
     rounding, without ever building the per-position table.
 
     Example:
@@ -247,7 +252,7 @@ def lens_dataset_summary(model, text_or_tokens: TextOrTokens, batch_size: int = 
         [64, 64, 64]
     """
     acc: dict[float, dict] = {}
-    for b in _lens_batches(model, text_or_tokens, 1, batch_size, include_mid, seq_len, stats=True):
+    for b in _lens_batches(model, data, 1, batch_size, include_mid, seq_len, stats=True):
         for l, (layer, site) in enumerate(zip(b["layers"], b["sites"])):
             a = acc.setdefault(layer, dict(site=site, top1=0.0, n=0, hit=0, p_next=0.0, n_next=0, entropy=0.0, kl=0.0))
             a["top1"] += b["top_probs"][l, ..., 0].double().sum().item()

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ._batching import TextOrTokens, batches, token_rows
+from ._deprecated import renamed
 from .heads import repeated_tokens
 
 
@@ -35,7 +36,8 @@ def _nll_sums(model, rows: list[torch.Tensor], batch_size: int, spans: dict) -> 
     return total
 
 
-def mean_loss(model, text_or_tokens: TextOrTokens, batch_size: int = 8, seq_len: Optional[int] = None) -> float:
+@renamed(text_or_tokens="data")
+def mean_loss(model, data: TextOrTokens, batch_size: int = 8, seq_len: Optional[int] = None) -> float:
     """Mean next-token loss (nats per token) over a text, cut into windows of the model's context.
 
     Each window predicts its own tokens 2..T from what precedes them in the window.
@@ -47,7 +49,7 @@ def mean_loss(model, text_or_tokens: TextOrTokens, batch_size: int = 8, seq_len:
         >>> 3.0 < interp.mean_loss(model, torch.randint(0, 64, (2, 16))) < 6.0
         True
     """
-    rows = [r for r in token_rows(model, text_or_tokens, seq_len) if len(r) > 1]
+    rows = [r for r in token_rows(model, data, seq_len) if len(r) > 1]
     if not rows:
         raise ValueError("no window has two tokens: nothing to predict")
     (total, n), = _nll_sums(model, rows, batch_size, {"all": (0, None)}).values()

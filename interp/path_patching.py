@@ -14,7 +14,7 @@ write added to the receiver's own copy of the residual), and the values agree (t
 
 Everything is read and written through hooks (`hook_z`, `hook_mlp_out`, `hook_embed`, `hook_q/k/v`),
 so no weight matrix is needed. Recording runs one forward per chunk of senders, the patched runs one
-forward per chunk of (sender, receiver) pairs, as in `patching`.
+forward per chunk of (sender, receiver) pairs (the batched engine, `_patch_engine`).
 """
 from __future__ import annotations
 
@@ -24,14 +24,18 @@ from typing import Optional
 import pandas as pd
 import torch
 
+from sprout.names import act_name, layer_of
+
+from ._deprecated import renamed
 from ._metrics import Metric, check_metric, degenerate
 from ._model import require_hooks
+from ._patch_engine import batched_forward, by_layer, chunk_size, clean_and_corrupted, masked, split_metric
 from ._specs import Component, as_component, as_components
 from ._specs import all_heads as _all_heads
-from .patching import batched_forward, by_layer, chunk_size, clean_and_corrupted, masked, split_metric
 
 VIA = ("q", "k", "v")
 DIRECTIONS = ("noising", "denoising")
+EMBED = act_name("embed")
 
 
 # a sender or receiver (kind "head", "mlp" or "embed"); kept under its old name for callers of path_patching
@@ -44,19 +48,21 @@ def as_node(model, spec) -> Component:
 
 
 def _z(l):
-    return f"blocks.{l}.attn.hook_z"
+    return act_name("z", l)
 
 
 def _mlp(l):
-    return f"blocks.{l}.hook_mlp_out"
+    return act_name("mlp_out", l)
 
 
 def _input(l, via):
-    return f"blocks.{l}.attn.hook_{via}"
+    return act_name(via, l)
 
 
 def _source_name(node: Node) -> str:
-    return {"head": _z(node.layer), "mlp": _mlp(node.layer), "embed": "hook_embed"}[node.kind]
+    if node.kind == "embed":
+        return EMBED
+    return _z(node.layer) if node.kind == "head" else _mlp(node.layer)
 
 
 def _freeze_hook(base: torch.Tensor, senders: list[Node], source: torch.Tensor):
@@ -88,12 +94,12 @@ def _record(model, base_tokens, senders, base_cache, source_cache, receiver_laye
         for name in (_z(l), _mlp(l)):
             source = source_cache[name] if name in sender_names else None
             hooks.append((name, _freeze_hook(base_cache[name], senders, source)))
-    if "hook_embed" in sender_names:
-        hooks.append(("hook_embed", _freeze_hook(base_cache["hook_embed"], senders, source_cache["hook_embed"])))
+    if EMBED in sender_names:
+        hooks.append((EMBED, _freeze_hook(base_cache[EMBED], senders, source_cache[EMBED])))
     wanted = {(l, via) for l in receiver_layers for via in vias}
 
     def keep(act, hook):
-        recorded[int(hook.name.split(".")[1]), hook.name[-1]] = act.clone()
+        recorded[layer_of(hook.name), hook.name[-1]] = act.clone()
         if len(recorded) == len(wanted):
             raise _Recorded
     hooks += [(_input(l, via), keep) for l, via in sorted(wanted)]
@@ -133,16 +139,17 @@ def _nodes(model, senders, receivers) -> tuple[list[Node], list[Node]]:
 
 def _caches(model, base, source, receivers, vias, mask):
     last = max(r.layer for r in receivers)
-    names = [n for l in range(last) for n in (_z(l), _mlp(l))] + ["hook_embed"]
+    names = [n for l in range(last) for n in (_z(l), _mlp(l))] + [EMBED]
     require_hooks(model, names + [_input(r.layer, via) for r in receivers for via in vias])
     _, base_cache = model.run_with_cache(base, names_filter=names, **masked(mask))
     _, source_cache = model.run_with_cache(source, names_filter=names, **masked(mask))
     return base_cache, source_cache
 
 
+@renamed(pairs_per_forward="batch_size")
 @torch.inference_mode()
 def path_patch(model, clean, corrupted, metric: Metric, senders, receivers, via="k",
-               direction: str = "noising", pairs_per_forward: Optional[int] = None) -> pd.DataFrame:
+               direction: str = "noising", batch_size: Optional[int] = None) -> pd.DataFrame:
     """The effect of each sender on each later receiver head through its `via` input alone.
 
     Args:
@@ -157,6 +164,7 @@ def path_patch(model, clean, corrupted, metric: Metric, senders, receivers, via=
             recording run serves them all).
         direction: "noising" (clean base run, corrupted sender) or "denoising" (corrupted base run,
             clean sender: TransformerLens' `get_act_patch_direct_path`).
+        batch_size: (sender, receiver) pairs sharing one forward (default: as many as 256 MB of logits allow).
 
     Returns:
         One row per (sender, receiver): `sender`, `receiver`, `sender_layer`, `sender_head` (-1 for an
@@ -175,7 +183,7 @@ def path_patch(model, clean, corrupted, metric: Metric, senders, receivers, via=
         raise ValueError(f"direction must be one of {list(DIRECTIONS)}, got {direction!r}")
     # a direct path is a sender's write into the residual stream that a later head reads: a model (a
     # walkthrough step) without residual connections has none, and every effect would read 0
-    require_hooks(model, ["blocks.0.hook_resid_pre"])
+    require_hooks(model, [act_name("resid_pre", 0)])
     check_metric(metric)
     senders, receivers = _nodes(model, senders, receivers)
     pairs = _pairs(senders, receivers)
@@ -186,7 +194,7 @@ def path_patch(model, clean, corrupted, metric: Metric, senders, receivers, via=
     recorded = _record(model, base, senders, base_cache, source_cache, layers, vias, mask)
     base_value, source_value = (split_metric(metric, model.run_with_hooks(ids, **masked(mask)), 1, mask)[0]
                                 for ids in (base, source))
-    frames = [_frame(pairs, _patched_values(model, base, metric, pairs, recorded, senders, v, pairs_per_forward, mask),
+    frames = [_frame(pairs, _patched_values(model, base, metric, pairs, recorded, senders, v, batch_size, mask),
                      v, direction, base_value, source_value) for v in vias]
     frame = pd.concat(frames, ignore_index=True)
     frame.attrs["degenerate"] = degenerate(base_value, source_value, "base and source")
@@ -195,7 +203,7 @@ def path_patch(model, clean, corrupted, metric: Metric, senders, receivers, via=
 
 def _patched_values(model, base, metric, pairs, recorded, senders, via, limit, mask) -> list[float]:
     sender_index = {s: i for i, s in enumerate(senders)}
-    n_max, B, values = chunk_size(model, base, limit, "pairs_per_forward"), base.shape[0], {}
+    n_max, B, values = chunk_size(model, base, limit), base.shape[0], {}
     grouped = by_layer([_Pair(s, r) for s, r in pairs])
     for layer, group in grouped.items():
         for start in range(0, len(group), n_max):

@@ -28,6 +28,7 @@ import torch
 
 from sprout.text import check_tokens
 
+from ._deprecated import renamed
 from ._inputs import sequences
 from ._model import logits_of
 from ._specs import Head, as_heads
@@ -53,11 +54,12 @@ def icl_tokens(model, tokens) -> torch.Tensor:
     return ids.long().to(model.cfg.device)
 
 
+@renamed(tokens="data")
 @torch.inference_mode()
-def icl_score(model, tokens) -> float:
+def icl_score(model, data) -> float:
     """Mean loss at positions LATE minus mean loss at positions EARLY, over ids [batch, 129+] (nats);
-    `tokens` as `icl_tokens` takes them."""
-    ids = icl_tokens(model, tokens)
+    `data` as `icl_tokens` takes it."""
+    ids = icl_tokens(model, data)
     logits = logits_of(model, ids[:, :-1])
     loss = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), ids[:, 1:], reduction="none")  # [batch, pos]
     return float(loss[:, LATE].mean() - loss[:, EARLY].mean())
@@ -123,7 +125,8 @@ def _composition(model, pairs: list[tuple[str, str]]) -> dict:
     return out
 
 
-def phase_measures(model, tokens=None, heads: Optional[tuple[str, str]] = None, controls=None) -> dict:
+@renamed(tokens="data")
+def phase_measures(model, data=None, heads: Optional[tuple[str, str]] = None, controls=None) -> dict:
     """Previous-token and induction score, the K-composition of the previous-token head into the
     induction head against its random baseline, and (given held-out ids [batch, 129+]) the
     in-context-learning score.
@@ -134,16 +137,16 @@ def phase_measures(model, tokens=None, heads: Optional[tuple[str, str]] = None, 
     is tracked beside the circuit's; every tracked pair also gets its percentile among all the model's
     composing pairs ("... percentile", 0-100)."""
     prev, ind = _followed(model, heads)
-    if tokens is not None:
-        tokens = icl_tokens(model, tokens)  # checked before any work
+    if data is not None:
+        data = icl_tokens(model, data)  # checked before any work
     prev, prev_score = _score(head_scores(model, "previous_token"), prev)
     ind, ind_score = _score(head_scores(model, "induction"), ind)
     out = {"previous-token score": prev_score, "induction score": ind_score}
     if ind.layer > prev.layer:  # each snapshot's own best heads may be in any order: then there is no K-composition
         controls = [tuple(h.label for h in as_heads(model, list(pair), "controls")) for pair in (controls or [])]
         out.update(_composition(model, [(prev.label, ind.label)] + controls))
-    if tokens is not None:
-        out["in-context score (late - early loss)"] = icl_score(model, tokens)
+    if data is not None:
+        out["in-context score (late - early loss)"] = icl_score(model, data)
     return out
 
 

@@ -15,7 +15,10 @@ from typing import Optional
 import pandas as pd
 import torch
 
+from sprout.names import act_name
+
 from ._batching import TextOrTokens, batches, token_rows
+from ._deprecated import renamed
 from ._model import n_layers, require_hooks
 
 
@@ -65,18 +68,19 @@ def rms(x: torch.Tensor) -> torch.Tensor:
 
 def rms_sites(model, include_mid: bool = True, include_writes: bool = True) -> list[dict]:
     """What `residual_rms` reads: hook name, kind, depth, and (for writes) the stream written to."""
-    sites = [dict(site="blocks.0.hook_resid_pre", kind="stream", layer=0.0, block_in="blocks.0.hook_resid_pre")]
+    first = act_name("resid_pre", 0)
+    sites = [dict(site=first, kind="stream", layer=0.0, block_in=first)]
     for l in range(n_layers(model)):
         # the stream entering block l is resid_pre l, the same tensor as resid_post l - 1: read it once
-        pre = "blocks.0.hook_resid_pre" if l == 0 else f"blocks.{l - 1}.hook_resid_post"
-        mid = f"blocks.{l}.hook_resid_mid"
+        pre = first if l == 0 else act_name("resid_post", l - 1)
+        mid = act_name("resid_mid", l)
         if include_writes:
-            sites.append(dict(site=f"blocks.{l}.hook_attn_out", kind="attn_out", layer=l + 0.5, adds_to=pre))
+            sites.append(dict(site=act_name("attn_out", l), kind="attn_out", layer=l + 0.5, adds_to=pre))
         if include_mid:
             sites.append(dict(site=mid, kind="stream", layer=l + 0.5, block_in=pre))
         if include_writes:
-            sites.append(dict(site=f"blocks.{l}.hook_mlp_out", kind="mlp_out", layer=l + 1.0, adds_to=mid))
-        sites.append(dict(site=f"blocks.{l}.hook_resid_post", kind="stream", layer=l + 1.0, block_in=pre))
+            sites.append(dict(site=act_name("mlp_out", l), kind="mlp_out", layer=l + 1.0, adds_to=mid))
+        sites.append(dict(site=act_name("resid_post", l), kind="stream", layer=l + 1.0, block_in=pre))
     return sites
 
 
@@ -88,15 +92,16 @@ def _check_quantiles(quantiles) -> None:
             raise ValueError(f"quantiles must be numbers in [0, 1], got {q!r} in {tuple(quantiles)}")
 
 
+@renamed(text_or_tokens="data")
 @torch.inference_mode()
-def residual_rms(model, text_or_tokens: TextOrTokens, batch_size: int = 8, seq_len: Optional[int] = None,
+def residual_rms(model, data: TextOrTokens, batch_size: int = 8, seq_len: Optional[int] = None,
                  include_mid: bool = True, include_writes: bool = True,
                  quantiles: tuple = (0.05, 0.5, 0.95)) -> pd.DataFrame:
     """RMS of the residual stream per token at every layer boundary, and of what each block writes.
 
     Args:
         model: a hooked model.
-        text_or_tokens: held-out text(s) or ids [pos] / [batch, pos]; cut into windows of `seq_len`
+        data: held-out text(s) or ids [pos] / [batch, pos]; cut into windows of `seq_len`
             tokens (default the model's context), run `batch_size` windows at a time.
         include_mid: also read the stream after each attention (`resid_mid`).
         include_writes: also read the attention and MLP outputs (needs `resid_mid` for the MLP's ratio).
@@ -128,7 +133,7 @@ def residual_rms(model, text_or_tokens: TextOrTokens, batch_size: int = 8, seq_l
     total = {name: 0.0 for name in names}
     ratio = {s["site"]: 0.0 for s in sites}
     n = 0
-    for _, ids in batches(token_rows(model, text_or_tokens, seq_len), batch_size, device=model.cfg.device):
+    for _, ids in batches(token_rows(model, data, seq_len), batch_size, device=model.cfg.device):
         _, cache = model.run_with_cache(ids, names_filter=names)
         r = {name: rms(cache[name]) for name in names}  # [batch, pos] each
         for name in names:

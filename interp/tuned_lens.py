@@ -13,6 +13,7 @@ import json
 import math
 import os
 import stat
+import warnings
 from pathlib import Path
 from typing import Optional, Union
 
@@ -26,6 +27,7 @@ from safetensors.torch import save as safetensors_bytes
 from sprout.files import check_floating, file_in, read_json_file, regular_file, replace_file, warn_non_finite
 
 from ._batching import TextOrTokens, batches, token_rows
+from ._deprecated import renamed
 from ._model import logits_of, model_name, require_hooks
 from .lens import _lens_batches, lens_frame, lens_sites
 
@@ -124,8 +126,10 @@ class TunedLens(nn.Module):
         return weights
 
     @classmethod
-    def load(cls, path: PathLike, model) -> "TunedLens":
-        """The lens saved at `path` (a directory or its .safetensors file), checked against `model`.
+    def load(cls, model, path: PathLike) -> "TunedLens":
+        """The lens saved at `path` (a directory or its .safetensors file), checked against `model`
+        (the model first, as in `load_tuned_lens`; the old order `load(path, model)` still works for one
+        release, with a DeprecationWarning).
 
         Both files must be regular files in the lens' folder; the JSON's fields are checked by type, the
         tensors must be the model's translators in floating point (NaN or inf is warned about, as for
@@ -135,6 +139,11 @@ class TunedLens(nn.Module):
             FileNotFoundError: no lens there. ValueError: an unreadable lens, or one for another model
             (the message names the config field or the fingerprint that differs).
         """
+        if isinstance(model, (str, os.PathLike)) and not isinstance(path, (str, os.PathLike)):
+            warnings.warn("TunedLens.load(path, model) is deprecated and will be removed in the next release: "
+                          "use TunedLens.load(model, path), the model first as everywhere in interp",
+                          DeprecationWarning, stacklevel=2)
+            model, path = path, model
         weights, meta_path = _paths(Path(path))
         for f in (weights, meta_path):
             if not os.path.lexists(f):
@@ -251,13 +260,13 @@ def load_tuned_lens(model, path: Optional[PathLike] = None) -> TunedLens:
             places += [] if last is None else [last]
         for place in places:
             if all(os.path.lexists(f) for f in _paths(place)):  # then `load` names a pipe or a link out
-                return TunedLens.load(place, model)
+                return TunedLens.load(model, place)
         raise FileNotFoundError(f"no tuned lens beside {path} (looked for {WEIGHTS} + {META} in "
                                 f"{', '.join(str(p) for p in places)})")
     mine = fingerprint(model)
     for meta in sorted(demo_dir().glob(f"*/{META}")):
         if _is_ours(meta) and read_json_file(meta).get("fingerprint") == mine:
-            return TunedLens.load(meta.parent, model)
+            return TunedLens.load(model, meta.parent)
     raise FileNotFoundError(f"no tuned lens for this {model_name(model)} (fingerprint {mine}): none of the demo "
                             f"lenses in {demo_dir()}/*/{META} matches; pass the checkpoint's path, or train one "
                             "with interp.train_tuned_lens")
@@ -272,13 +281,14 @@ def _checked(model, lens) -> TunedLens:
     return lens
 
 
-def tuned_lens(model, text_or_tokens: TextOrTokens, lens: TunedLens, k: int = 5, batch_size: int = 8,
+@renamed(text_or_tokens="data")
+def tuned_lens(model, data: TextOrTokens, lens: TunedLens, k: int = 5, batch_size: int = 8,
                seq_len: Optional[int] = None, stats: bool = False) -> pd.DataFrame:
     """The tuned lens at every layer boundary and position: exactly `logit_lens`' frame (same columns).
 
     Args:
         model: the hooked model the lens was trained for.
-        text_or_tokens: a text, a list of texts, or ids [pos] / [batch, pos].
+        data: a text, a list of texts, or ids [pos] / [batch, pos].
         lens: a `TunedLens` for this model (`load_tuned_lens`, `train_tuned_lens`).
         k, batch_size, seq_len, stats: as in `logit_lens`.
 
@@ -293,7 +303,7 @@ def tuned_lens(model, text_or_tokens: TextOrTokens, lens: TunedLens, k: int = 5,
     """
     lens = _checked(model, lens)
     with torch.inference_mode():
-        return lens_frame(model, text_or_tokens, k, batch_size, False, seq_len, stats, lens)
+        return lens_frame(model, data, k, batch_size, False, seq_len, stats, lens)
 
 
 def lens_comparison(model, data: TextOrTokens, lens: TunedLens, batch_size: int = 8, seq_len: Optional[int] = None,
@@ -342,11 +352,11 @@ def lens_comparison(model, data: TextOrTokens, lens: TunedLens, batch_size: int 
     return out.reset_index(drop=True)
 
 
-def unigram_log_probs(model, text_or_tokens: TextOrTokens, seq_len: Optional[int] = None) -> torch.Tensor:
+def unigram_log_probs(model, data: TextOrTokens, seq_len: Optional[int] = None) -> torch.Tensor:
     """log q [d_vocab]: the next tokens' frequencies in the text (each row's tokens after its first),
     add-1/2 smoothed."""
     V = int(model.cfg.d_vocab)
-    nxt = torch.cat([r[1:] for r in token_rows(model, text_or_tokens, seq_len)]).long().cpu()
+    nxt = torch.cat([r[1:] for r in token_rows(model, data, seq_len)]).long().cpu()
     counts = torch.bincount(nxt, minlength=V).double()
     return torch.log((counts + 0.5) / (counts.sum() + 0.5 * V))
 

@@ -17,8 +17,9 @@ from typing import Optional
 
 import torch
 
+from .._distributed import world_and_rank
+from .._inputs import stream_windows as windows
 from .._model import require_hooks
-from ..tuned_lens_train import windows, world_and_rank
 from .files import hook_widths
 from .sae import hook_layer
 

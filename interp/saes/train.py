@@ -28,8 +28,8 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
+from .._distributed import world_and_rank
 from ..tuned_lens import fingerprint, model_config
-from ..tuned_lens_train import world_and_rank
 from . import checkpoint as ckpt
 from .harvest import ModelSource, TensorSource
 from .kinds import TOPK_KINDS, batch_threshold

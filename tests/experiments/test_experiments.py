@@ -11,7 +11,7 @@ import torch
 import interp
 import sprout
 from experiments import EXPERIMENTS
-from experiments.common import SETTINGS, ZORBIN, Output, held_out_text
+from experiments.common import SETTINGS, ZORBIN, Models, Output, held_out_text, model_dir
 from experiments.run_all import run_all
 from sprout import Sprout, SproutConfig
 from sprout.material import generate_corpus
@@ -36,12 +36,11 @@ def run(tmp_path_factory):
         sprout.save(Sprout(CFG, tokenizer=tok), run_dir / "checkpoints" / f"step_{step:08d}")
     LOG.to_csv(run_dir / "train_log.csv", index=False)
     model = sprout.load(run_dir)
-    model.spec = str(run_dir)
     # a tuned lens beside the latest checkpoint, as `python -m interp.tuned_lens_train` would leave it
     interp.train_tuned_lens(model, generate_corpus(3_000, seed=4), steps=2, batch_size=2, progress=False).save(
         run_dir / "checkpoints" / "step_00000020")
     out = root / "results"
-    done = run_all({"tiny": model}, out, progress=False, options=OPTIONS)
+    done = run_all(Models({"tiny": model}, {"tiny": run_dir}), out, progress=False, options=OPTIONS)
     return dict(out=out, done=done, model=model, run_dir=run_dir)
 
 
@@ -216,9 +215,8 @@ def test_training_dynamics_reads_a_shipped_snapshot_table(run, tmp_path):
     snaps = pd.read_csv(run["out"] / "training_dynamics" / "induction_snapshots_tiny.csv")
     snaps.to_csv(shipped / "induction_snapshots.csv", index=False)
     model = sprout.load(shipped)
-    model.spec = str(shipped)
     out = Output(tmp_path / "out", "training_dynamics")
-    training_dynamics.run({"demo": model}, out, args_for(training_dynamics, ["--chars", "2000"]))
+    training_dynamics.run(Models({"demo": model}, {"demo": shipped}), out, args_for(training_dynamics, ["--chars", "2000"]))
     assert [f.stem for f in out.figures] == ["loss_curves", "induction_over_training_demo"]
     pd.testing.assert_frame_equal(pd.read_csv(out.dir / "induction_snapshots_demo.csv"), snaps)
 
@@ -234,8 +232,7 @@ def test_run_all_runs_unchanged_on_a_tiny_walkthrough_gpt(tmp_path):
     model = build_step("4.10", tokenizer=tok, context=128, d_model=32, n_head=2, n_layer=2)
     sprout.save(model, tmp_path / "walk")
     model = sprout.load(tmp_path / "walk")
-    model.spec = str(tmp_path / "walk")
-    done = run_all({"walk": model}, tmp_path / "results", progress=False, options=OPTIONS)
+    done = run_all(Models({"walk": model}, {"walk": tmp_path / "walk"}), tmp_path / "results", progress=False, options=OPTIONS)
     assert set(done) == set(EXPERIMENTS)
     lens = pd.read_csv(tmp_path / "results" / "logit_lens" / "lens_walk.csv")
     assert sorted(lens["layer"].unique()) == [0, 1, 2]
@@ -249,7 +246,7 @@ def test_tuned_lens_numbers_are_the_comparison_of_the_lens_beside_the_checkpoint
     model = run["model"]
     lens = interp.load_tuned_lens(model, run["run_dir"])
     got = pd.read_csv(run["out"] / "tuned_lens" / "comparison.csv")
-    want = interp.lens_comparison(model, held_out_text(model, 2000), lens, by_seq=True)
+    want = interp.lens_comparison(model, held_out_text(model, 2000, run["run_dir"]), lens, by_seq=True)
     assert np.allclose(got.kl_to_final, want.kl_to_final) and np.allclose(got.cross_entropy, want.cross_entropy)
     rows = numbers(run["out"], "tuned_lens")
     tuned0 = want[(want.lens == "tuned") & (want.layer == 0)].groupby("layer").kl_to_final.mean().iloc[0]
@@ -262,9 +259,8 @@ def test_a_demo_without_snapshots_draws_its_shipped_phase_table(tmp_path):
     from experiments import circuits
 
     model = sprout.load("gpt-4")
-    model.spec = "gpt-4"  # as run_all's loader marks a demo
     out = Output(tmp_path, "circuits")
-    rows = circuits._phase({"gpt-4": model}, out, Namespace(max_snapshots=6))
+    rows = circuits._phase(Models({"gpt-4": model}, {"gpt-4": model_dir("gpt-4")}), out, Namespace(max_snapshots=6))
     shipped = pd.read_csv(sprout.files.checkpoint.demo_dir() / "gpt-4" / circuits.SHIPPED_PHASE)
     written = pd.read_csv(tmp_path / "phase_gpt-4.csv")
     pd.testing.assert_frame_equal(written, shipped)

@@ -146,12 +146,12 @@ def test_logit_lens_grid_rejects_bad_input():
 # ----------------------------------------------------------------------------- residual stream
 
 def rms_df(model, scale):
-    rows = [dict(site="hook_embed", layer=0, mean=0.2 * scale)]
+    """Rows as interp.residual_rms gives them: `layer` is the depth in blocks, `kind` says stream or write."""
+    rows = [dict(site="blocks.0.hook_resid_pre", kind="stream", layer=0.0, mean=0.2 * scale)]
     for l in range(2):
-        rows += [dict(site=f"blocks.{l}.hook_resid_pre", layer=l, mean=rows[-1]["mean"]),
-                 dict(site=f"blocks.{l}.hook_resid_mid", layer=l, mean=rows[-1]["mean"] * 3),
-                 dict(site=f"blocks.{l}.hook_resid_post", layer=l, mean=rows[-1]["mean"] * 9),
-                 dict(site=f"blocks.{l}.hook_attn_out", layer=l, mean=123.0)]
+        rows += [dict(site=f"blocks.{l}.hook_attn_out", kind="attn_out", layer=l + 0.5, mean=123.0),
+                 dict(site=f"blocks.{l}.hook_resid_mid", kind="stream", layer=l + 0.5, mean=rows[-1]["mean"] * 3),
+                 dict(site=f"blocks.{l}.hook_resid_post", kind="stream", layer=l + 1.0, mean=rows[-1]["mean"] * 9)]
     df = pd.DataFrame(rows).assign(model=model)
     return df.assign(q05=df["mean"] / 2, q50=df["mean"] * 0.9, q95=df["mean"] * 2, growth=1.0)
 
@@ -164,10 +164,10 @@ def test_residual_rms_bands_and_log_axis():
     means = [t for t in fig.data if t.name.endswith(": mean")]
     bands = [t for t in fig.data if t.fill == "toself"]
     assert len(means) == 2 and len(bands) == 2 and len(fig.data) == 6  # + a median line each
-    # embed and resid_pre 0 share depth 0; attention outputs are not stream sites
+    # depth is the frame's `layer`; what a block writes (attention outputs) is not the stream
     assert list(means[0].x) == [0, 0.5, 1, 1.5, 2]
     g = rms_df("gpt-1", 1)
-    stream = g[g.site.str.contains("resid_mid|resid_post") | (g.site == "hook_embed")]
+    stream = g[g.kind == "stream"]
     np.testing.assert_allclose(means[0].y, stream["mean"])
     np.testing.assert_allclose(bands[0].y, list(stream.q95) + list(stream.q05)[::-1])
     assert list(fig.layout.xaxis.ticktext) == ["embedding", "block 1", "block 2"]
@@ -377,44 +377,3 @@ def test_builders_take_interp_output_unchanged(tiny_cfg):
     notes = [a.text for a in figures.param_breakdown(params).layout.annotations]
     assert notes[-1].startswith("17,309,056") and "embedding 18%" in notes[-1]
     assert len(figures.rope_distance(interp.rope_distance_check()).data) == 2
-
-
-def _circuit_frame():
-    rows = []
-    for sender, share_k in (("L0H0", 0.6), ("L0H1", 0.0), ("L1H0", 0.01)):
-        for via in ("q", "k", "v"):
-            share = share_k if via == "k" else 0.0
-            rows.append(dict(receiver="L2H1", sender=sender, via=via, share_repeated=share, feeds=share > 0.02))
-    return pd.DataFrame(rows)
-
-
-def test_composition_heatmap_blanks_cells_at_or_below_the_baseline():
-    comp = pd.DataFrame(dict(sender=["L0H0", "L0H1", "L0H0"], receiver=["L1H0", "L1H0", "L1H1"],
-                             score=[0.3, 0.05, 0.2], baseline=0.07, kind="k"))
-    fig = figures.composition_heatmap(comp)
-    z = np.array(fig.data[0].z, dtype=float)
-    assert fig.data[0].y == ("L0H0", "L0H1") and fig.data[0].x == ("L1H0", "L1H1")
-    assert z[0, 0] == pytest.approx(0.3) and math.isnan(z[1, 0])  # 0.05 is below the random 0.07
-    assert "random 0.07" in fig.data[0].colorbar.ticktext[0]
-
-
-def test_circuit_graph_draws_only_the_feeding_edges():
-    fig = figures.circuit_graph(_circuit_frame())
-    edges = [t for t in fig.data if t.mode == "lines" and t.x[0] is not None]
-    assert len(edges) == 1 and "L0H0 -> L2H1 (keys)" in edges[0].hovertemplate
-    nodes = fig.data[-1]
-    assert list(nodes.text) == ["L0H0", "L0H1", "L1H0", "L2H1"]
-
-
-def test_path_patching_matrix_and_dla_bars_and_scatter():
-    m = figures.path_patching_matrix(_circuit_frame())
-    assert list(m.data[0].x) == ["L2H1 queries", "L2H1 keys", "L2H1 values"]
-    assert np.array(m.data[0].z, dtype=float)[0, 1] == pytest.approx(0.6)
-    dla = pd.DataFrame(dict(seq=0, pos=[3, 3, 3], component=["embed", "L0H0", "MLP0"], kind=["embed", "head", "mlp"],
-                            attribution=[0.5, -2.0, 1.0]))
-    bars = figures.dla_bars(dla)
-    assert list(bars.data[0].x) == ["L0H0", "MLP0", "embed"]  # largest |share| first
-    sc = figures.attribution_scatter(pd.DataFrame(dict(metric=[0.0, 1.0, 2.0], estimate=[0.1, 0.9, 2.2], label=list("abc"))))
-    assert "r = 0.99" in sc.layout.title.text
-    with pytest.raises(ValueError, match="lacks column"):
-        figures.circuit_graph(pd.DataFrame(dict(sender=["L0H0"])))

@@ -4,7 +4,7 @@ import importlib
 
 import pytest
 
-MODULES = ["ablation", "attention", "heads", "induction", "lens", "loss", "params", "residual", "rope", "tuned_lens"]
+MODULES = ["_inputs", "ablation", "attention", "heads", "induction", "lens", "loss", "params", "residual", "rope", "tuned_lens"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -37,6 +37,9 @@ def test_greedy_names_both_redundant_heads_though_each_alone_carries_little(redu
     chosen = greedy_feeders(redundant, clean, corrupted, metric, "L1H0", "k", threshold=0.8)
     assert set(chosen["sender"]) == {"L0H0", "L0H1"}
     assert chosen["reached"].all()
+    # the heads as integers beside their labels, so nothing downstream parses a label
+    assert [f"L{l}H{h}" for l, h in zip(chosen["sender_layer"], chosen["sender_head"])] == list(chosen["sender"])
+    assert set(zip(chosen["receiver_layer"], chosen["receiver_head"])) == {(1, 0)}
     own = chosen.set_index("sender")["own_share"]
     joint = float(chosen["joint_share"].iloc[0])
     assert joint > 0.5 and joint > 2 * own.max()  # redundancy: the pair carries far more than either

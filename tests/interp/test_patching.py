@@ -45,7 +45,7 @@ def test_patch_equals_transformer_lens(tiny_model, site, by):
     clean, corrupted = pair()
     _, cache = tiny_model.run_with_cache(clean)
     theirs = TL[site, by](tiny_model, corrupted, cache, scalar_metric)
-    frame = interp.patch(tiny_model, clean, corrupted, scalar_metric, site=site, by=by, patches_per_forward=5)
+    frame = interp.patch(tiny_model, clean, corrupted, scalar_metric, site=site, by=by, batch_size=5)
     torch.testing.assert_close(patch_tensor(frame), theirs.float(), atol=1e-5, rtol=0)
 
 
@@ -55,7 +55,7 @@ def test_unembedding_only_the_metrics_positions_changes_nothing(tiny_model, site
     clean, corrupted = pair(3)
     _, cache = tiny_model.run_with_cache(clean)
     frame = interp.patch(tiny_model, clean, corrupted, scalar_metric, site=site, by=by, logit_positions=-1,
-                         patches_per_forward=5)
+                         batch_size=5)
     full = interp.patch(tiny_model, clean, corrupted, scalar_metric, site=site, by=by)
     assert frame["metric"].to_numpy() == pytest.approx(full["metric"].to_numpy(), abs=1e-5)
     if (site, by) in TL:

@@ -55,7 +55,7 @@ def test_denoising_equals_the_direct_path_by_hand(three_layers, via):
     senders = ["embed", "L0H1", "MLP0", "L1H3", "MLP1"]
     receivers = ["L1H0", "L2H2"]
     frame = interp.path_patch(three_layers, clean, corrupted, metric, senders, receivers, via=via,
-                              direction="denoising", pairs_per_forward=3)
+                              direction="denoising", batch_size=3)
     assert len(frame) == 3 + 5  # L1H0 takes the three senders below layer 1, L2H2 all five
     for row in frame.itertuples():
         expected = direct_path_by_hand(three_layers, clean, corrupted, row.sender, row.receiver, via)

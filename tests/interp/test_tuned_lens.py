@@ -7,8 +7,11 @@ import torch
 import torch.nn.functional as F
 
 import interp
+from interp._inputs import stream_windows
+from interp._lens_loss import Scratch, _UnembedCrossEntropy
 from interp._model import logits_of, unembed
-from interp.tuned_lens_train import _frozen, _Scratch, _UnembedCrossEntropy, lens_step, model_text, windows
+from interp.texts import model_text
+from interp.tuned_lens_train import _frozen, lens_step
 from sprout import Sprout
 from sprout.files.checkpoint import load
 from tests.conftest import TINY, randomize_gains
@@ -118,7 +121,7 @@ def test_save_load_is_bit_exact_and_a_foreign_lens_is_refused(tiny_model, tmp_pa
     lens = random_lens(tiny_model, seed=4)
     lens.info = {"data": "random ids", "steps": 7, "held_out_kl": {"0": 1.5}}
     path = lens.save(tmp_path / "lens")
-    again = interp.TunedLens.load(tmp_path / "lens", tiny_model)
+    again = interp.TunedLens.load(tiny_model, tmp_path / "lens")
     assert again.state_dict().keys() == lens.state_dict().keys()
     assert all(torch.equal(a, b) for a, b in zip(lens.state_dict().values(), again.state_dict().values()))
     assert again.info == lens.info and again.sites == lens.sites
@@ -127,14 +130,14 @@ def test_save_load_is_bit_exact_and_a_foreign_lens_is_refused(tiny_model, tmp_pa
     torch.manual_seed(1)
     other = randomize_gains(Sprout(TINY).eval(), seed=1)  # same config, other weights
     with pytest.raises(ValueError, match="fingerprint"):
-        interp.TunedLens.load(tmp_path / "lens", other)
+        interp.TunedLens.load(other, tmp_path / "lens")
     with pytest.raises(ValueError, match="another model"):
         interp.tuned_lens(other, ids_of(0), lens)
     with pytest.raises(ValueError, match="another model"):
         interp.train_tuned_lens(other, ids_of(0), steps=1, lens=lens, progress=False)
     wider = Sprout(TINY.__class__(**{**TINY.to_dict(), "n_layer": 3})).eval()
     with pytest.raises(ValueError, match="n_layer: lens 2, model 3"):
-        interp.TunedLens.load(path, wider)
+        interp.TunedLens.load(wider, path)
 
 
 def test_save_never_overwrites_a_file_that_is_not_a_lens(tiny_model, tmp_path):
@@ -162,7 +165,7 @@ def test_bad_input_gets_a_clear_error(tiny_model):
 
 
 def test_windows_cut_one_stream_without_padding(tiny_model):
-    w = windows(tiny_model, [torch.arange(50), torch.arange(50, 100)], seq_len=30)
+    w = stream_windows(tiny_model, [torch.arange(50), torch.arange(50, 100)], seq_len=30)
     assert torch.equal(w, torch.arange(90).view(3, 30))
 
 
@@ -227,8 +230,8 @@ def test_the_fused_unembedding_loss_and_its_buffers():
     x = torch.randn(6, 8, generator=g, dtype=torch.float64, requires_grad=True)
     w = torch.randn(11, 8, generator=g, dtype=torch.float64, requires_grad=True)
     p = torch.softmax(torch.randn(6, 11, generator=g, dtype=torch.float64), -1)
-    scratch = _Scratch()
-    assert torch.autograd.gradcheck(lambda a, b: _UnembedCrossEntropy.apply(a, b, p, _Scratch()), (x, w))
+    scratch = Scratch()
+    assert torch.autograd.gradcheck(lambda a, b: _UnembedCrossEntropy.apply(a, b, p, Scratch()), (x, w))
     loss = _UnembedCrossEntropy.apply(x, w, p, scratch)
     expected = -(p * torch.log_softmax(x @ w.T, -1)).sum(-1).mean()
     assert float(loss.detach()) == pytest.approx(float(expected.detach()), abs=1e-12)

@@ -1,0 +1,37 @@
+"""experiments.common.load_models: loads, and returns what it found (the folders) instead of setting anything."""
+import pytest
+import torch
+
+from experiments.common import Models, folder_of, held_out_text, load_models, model_dir, set_threads
+from sprout.files import demo_dir
+
+
+def test_load_models_sets_nothing_on_torch_or_on_the_models(tmp_path):
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        models = load_models(["gpt-1"])
+        assert torch.get_num_threads() == 1  # the thread count is the script's main's (--threads), not the loader's
+        set_threads(2)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    model = models["gpt-1"]
+    assert "spec" not in vars(model)
+    assert isinstance(models, Models) and models.folder("gpt-1") == demo_dir() / "gpt-1" == folder_of(models, "gpt-1")
+    assert folder_of({"gpt-1": model}, "gpt-1") is None  # a plain dict knows no folders
+
+
+def test_model_dir_of_a_spec_and_held_out_text_from_the_folder_given(tmp_path):
+    (tmp_path / "run").mkdir()
+    weights = tmp_path / "run" / "model.safetensors"
+    weights.write_bytes(b"")
+    assert model_dir(tmp_path / "run") == tmp_path / "run" == model_dir(str(weights))
+    assert model_dir("no-such-demo") is None
+    (tmp_path / "run" / "val.txt").write_text("held out words " * 10)
+    assert held_out_text(None, 20, tmp_path / "run") == ("held out words " * 10)[:20]
+
+
+def test_model_dir_of_a_model_is_deprecated():
+    with pytest.warns(DeprecationWarning, match=r"folder_of\(models, label\)"):
+        assert model_dir(torch.nn.Linear(1, 1)) is None
