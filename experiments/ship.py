@@ -29,8 +29,8 @@ import interp
 import sprout
 from interp.cli import positive
 from interp.saes.shipped import shipped_folder
+from interp.texts import model_text
 from interp.tuned_lens import fingerprint
-from interp.tuned_lens_train import model_text, windows
 from sprout.files import demo_dir
 from sprout.names import act_name, layer_of
 from sprout.training.english import english_corpus, is_english, parse_data
@@ -119,7 +119,7 @@ def dead_fractions(model, saes: list, text: str) -> tuple[list, int]:
     batch for all of them (stopping after the last block read), and the number of tokens."""
     hooks = sorted({s.hook_name for s in saes})
     last = max(layer_of(h) for h in hooks) + 1
-    ids = windows(model, text)
+    ids = interp.stream_windows(model, text)
     fired = [torch.zeros(s.d_sae, dtype=torch.bool) for s in saes]
     for start in range(0, len(ids), 32):
         _, cache = model.run_with_cache(ids[start:start + 32], names_filter=hooks, stop_at_layer=last)

@@ -4,7 +4,7 @@ Every analysis reads activations through TransformerLens' canonical hook names o
 hooks it needs, runs in batches under `torch.inference_mode()`, and never plots or writes files (that
 is `figures` and `experiments`).
 """
-from ._inputs import windows
+from ._inputs import stream_windows, windows
 from ._specs import Component, Head
 from .ablation import ablate_heads
 from .attention import attention_patterns, pattern_tensor
@@ -38,5 +38,5 @@ __all__ = [
     "phase_measures", "phase_table", "positional_qk_scores", "repeat_loss", "repeated_tokens", "residual_rms",
     "rope_distance_check", "SAE", "SITES", "spread_ranges", "spread_sentences", "story_names", "Transcoder", "load_sae",
     "load_transcoder", "train_sae", "train_transcoder", "target_mask", "train_tuned_lens", "tuned_lens", "TunedLens",
-    "run_with_saes", "sae_metrics", "spliced", "unigram_log_probs", "windows",
+    "run_with_saes", "sae_metrics", "spliced", "stream_windows", "unigram_log_probs", "windows",
 ]
