@@ -9,17 +9,20 @@ from __future__ import annotations
 import threading
 import warnings
 from contextlib import contextmanager
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 import torch
+import torch.nn as nn
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
 from . import generation, text
 from .activation_cache import SproutActivationCache
+from .config import SproutTransformerLensConfig
 from .forward import COURSE, Output, check_loss_tokens, check_resid, course_loss, finish, layer_range, split_positional, tl_loss
 from .hook_checks import cache_hooks, check_buffers, checked_hook, copy_into_buffer, unknown_hook
 from .tokenizer import as_hf
+from .weights import Embed
 
 TextOrTokens = Union[str, list, torch.Tensor]
 
@@ -81,6 +84,16 @@ class HookedLM(HookedRootModule):
     `model(...)` hold it, so two threads never see each other's hooks or activations; the second waits.
     """
 
+    # what a subclass sets or defines (declared here for the type checker)
+    config: Any  # SproutConfig or WalkthroughConfig
+    embed: Embed
+    blocks: nn.ModuleList
+    run_layers: Callable[..., torch.Tensor]
+    _lock: threading.RLock
+    if TYPE_CHECKING:
+        @property
+        def W_U(self) -> torch.Tensor: ...  # [d_model, d_vocab], from TLWeights
+
     def __init__(self, *args):
         super().__init__(*args)
         self.__dict__["_lock"] = threading.RLock()
@@ -99,7 +112,7 @@ class HookedLM(HookedRootModule):
             return super().__call__(*args, **kwargs)
 
     @property
-    def cfg(self):
+    def cfg(self) -> SproutTransformerLensConfig:
         """TransformerLens' view of the config (`n_layers`, `d_head`, ...); the course's names work too."""
         lens = self.__dict__.get("_lens_cfg")
         if lens is None:
@@ -167,13 +180,13 @@ class HookedLM(HookedRootModule):
             # TransformerLens reads the padding off the pad token here (a cache, or left padding asked for)
             attention_mask = text.mask_from_padding(self, idx, padding_side, prepend_bos)
         positions = attn_mask = None
+        ids = x[..., 0] if start_at_layer is not None or idx is None else idx  # [batch, pos]: what masks are checked on
         if past_kv_cache is not None:
-            attention_mask, positions, attn_mask = generation.cache_masks(
-                self, past_kv_cache, attention_mask, x[..., 0] if start_at_layer is not None else idx)
+            attention_mask, positions, attn_mask = generation.cache_masks(self, past_kv_cache, attention_mask, ids)
         elif attention_mask is None and targets is None and idx is not None:
             text.warn_if_left_padded(self, idx)
         if attention_mask is not None and past_kv_cache is None:
-            attention_mask = text.check_attention_mask(attention_mask, x[..., 0] if start_at_layer is not None else idx)
+            attention_mask = text.check_attention_mask(attention_mask, ids)
             positions, attn_mask = padding_masks(attention_mask)
         out = self.run_layers(x, attn_mask, positions, start_at_layer, stop_at_layer, past_kv_cache)
         if stop_at_layer is not None:

@@ -15,7 +15,7 @@ TransformerLens' names; nothing is registered twice.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 import torch.nn as nn
@@ -170,6 +170,7 @@ class Attention(SproutAttentionWeights, nn.Module):
             what = "past_kv_cache_entry" if past_kv_cache_entry is not None else "position_bias"
             raise ValueError(f"{what} is not taken by a direct call of Sprout's attention (RoPE, no ALiBi); "
                              "run the model's forward for cached keys and values")
+        x: Union[torch.Tensor, tuple[torch.Tensor, ...]]
         x = tuple(query_input if t is None else t for t in (query_input, key_input, value_input))
         if x[0].dim() == 3 and all(t is x[0] for t in x):
             x = x[0]
