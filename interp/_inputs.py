@@ -134,7 +134,7 @@ def token_rows(model, data: TextOrTokens, seq_len: Optional[int] = None) -> list
     if isinstance(seq_len, bool) or not hasattr(type(seq_len), "__index__") or not 1 <= int(seq_len) <= n_ctx:
         raise ValueError(f"seq_len must be an integer in 1..{n_ctx} (the model's context), got {seq_len!r}")
     seq_len = int(seq_len)
-    rows = []
+    rows: list[torch.Tensor] = []
     for row in sequences(model, data):
         rows.extend(check_tokens(model, row[i:i + seq_len][None])[0] for i in range(0, len(row), seq_len))
     return rows

@@ -7,7 +7,7 @@ own modules for that by name, and says clearly when it does not know the model.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, TypeGuard
 
 import torch
 import torch.nn as nn
@@ -70,18 +70,18 @@ def final_modules(model) -> tuple[Optional[nn.Module], nn.Module]:
                      f"(tried the module pairs {tried}); the logit lens needs both")
 
 
-def _has_weight(module) -> bool:
+def _has_weight(module: object) -> TypeGuard[nn.Module]:
     return isinstance(module, nn.Module) and isinstance(getattr(module, "weight", None), torch.Tensor)
 
 
 def str_tokens(model, ids: torch.Tensor) -> list[str]:
     """Each id of a 1-D tensor as text (the model's tokenizer; `<unk:ID>` for an id it lacks), or "#id"
     when it has none."""
-    ids = ids.reshape(-1).tolist()
+    values: list[int] = ids.reshape(-1).tolist()
     tok = getattr(model, "tokenizer", None)
     if tok is None:
-        return [f"#{i}" for i in ids]
-    return [decode(tok, [i]) for i in ids]
+        return [f"#{i}" for i in values]
+    return [decode(tok, [i]) for i in values]
 
 
 def as_index(value, what: str) -> int:

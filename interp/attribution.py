@@ -15,6 +15,8 @@ carries the exact patched value beside the estimate.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import pandas as pd
 import torch
 
@@ -45,7 +47,7 @@ def _components(model) -> list[tuple[str, int, int, str]]:
     return out
 
 
-def _direction(model, ids: torch.Tensor, target, baseline) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _direction(model, ids: torch.Tensor, target, baseline) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
     """(target ids, baseline ids or None, directions [batch, pos, d_model]) for every scored position."""
     def as_ids(value, name):
         if isinstance(value, str):
@@ -159,7 +161,8 @@ def _dla_frame(model, ids, tgt, base, comps, values) -> pd.DataFrame:
 
 def _grad_run(model, tokens: torch.Tensor, metric: Metric, names: list[str], mask=None) -> tuple[dict, dict]:
     """Activations and d metric / d activation at `names` on one forward and one backward."""
-    acts, grads = {}, {}
+    acts: dict[str, torch.Tensor] = {}
+    grads: dict[str, torch.Tensor] = {}
 
     leaves = []
 

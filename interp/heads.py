@@ -79,7 +79,7 @@ def repeated_tokens(model, half_len: int = 32, n_seqs: int = 16, token_range: Op
 
 
 @torch.inference_mode()
-def head_score_tensor(model, kind: str, tokens: torch.Tensor, batch_size: int = 8) -> tuple[torch.Tensor, int]:
+def head_score_tensor(model, kind: str, tokens: TextOrTokens, batch_size: int = 8) -> tuple[torch.Tensor, int]:
     """Scores [n_layers, n_heads] of every head on these ids [batch, pos], and the number of target rows."""
     names = [f"blocks.{l}.attn.hook_pattern" for l in range(n_layers(model))]
     require_hooks(model, names)

@@ -20,7 +20,7 @@ on both runs gets a warning and `frame.attrs["degenerate"] = True`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 import pandas as pd
 import torch
@@ -94,7 +94,8 @@ def clean_and_corrupted(model, clean, corrupted) -> tuple[torch.Tensor, torch.Te
     if clean.shape != corrupted.shape:
         raise ValueError(f"clean and corrupted must have the same [batch, pos] shape (patching swaps activations "
                          f"position by position); got clean {tuple(clean.shape)} and corrupted {tuple(corrupted.shape)}")
-    if (clean_mask is None) != (corrupted_mask is None) or (clean_mask is not None and not clean_mask.equal(corrupted_mask)):
+    if (clean_mask is None) != (corrupted_mask is None) or (clean_mask is not None and corrupted_mask is not None
+                                                          and not clean_mask.equal(corrupted_mask)):
         lengths = [[clean.shape[1]] * clean.shape[0] if m is None else m.sum(1).tolist() for m in (clean_mask, corrupted_mask)]
         raise ValueError(f"clean and corrupted are padded differently (real tokens per row: clean {lengths[0]}, "
                          f"corrupted {lengths[1]}): patching swaps activations position by position, so each row "
@@ -121,6 +122,7 @@ def patches(model, site: str, by: str, n_pos: int) -> list[Patch]:
 
 def _write(act: torch.Tensor, source: torch.Tensor, p: Patch, layout: str) -> None:
     """Copy the patched piece of `source` (one clean activation, [batch, ...]) into `act` in place."""
+    idx: tuple[Union[slice, int], ...]
     if layout == "pattern":  # [batch, head, query_pos, key_pos]; a position is a destination (query) row
         idx = (slice(None), slice(None) if p.head is None else p.head, slice(None) if p.pos is None else p.pos)
     else:  # [batch, pos, (head,) ...]
@@ -184,6 +186,7 @@ def check_logit_positions(logit_positions, n_pos: int) -> Optional[list[int]]:
     """`logit_positions` (None, an int or ints, negative counting from the end) as sorted positions."""
     if logit_positions is None:
         return None
+    raw: Optional[list]
     if isinstance(logit_positions, int) and not isinstance(logit_positions, bool):
         raw = [logit_positions]
     else:  # ints only: a float, a str, a bool or a tensor is refused below
@@ -224,7 +227,8 @@ def patch_values(model, clean: torch.Tensor, corrupted: torch.Tensor, metric: Me
     starts = [f"blocks.{layer}.hook_resid_pre" for layer in by_layer(todo)]
     starts = [name for name in starts if name in model.hook_dict]  # a walkthrough step without residuals has none
     _, streams = model.run_with_cache(corrupted, names_filter=starts, **masked(mask)) if starts else (None, {})
-    n_max, values = chunk_size(model, corrupted, patches_per_forward), {}
+    n_max = chunk_size(model, corrupted, patches_per_forward)
+    values: dict[Patch, float] = {}
     for layer, group in by_layer(todo).items():
         source, start_name = cache[hook_name(site, layer)], f"blocks.{layer}.hook_resid_pre"
         run_from = (streams[start_name], "stream") if start_name in starts else (corrupted, "tokens")
@@ -242,7 +246,9 @@ def patch_values(model, clean: torch.Tensor, corrupted: torch.Tensor, metric: Me
 def baselines(model, clean: torch.Tensor, corrupted: torch.Tensor, metric: Metric,
               mask: Optional[torch.Tensor] = None) -> tuple[float, float]:
     """The metric on the clean and on the corrupted run, unpatched."""
-    return tuple(split_metric(metric, model.run_with_hooks(ids, **masked(mask)), 1, mask)[0] for ids in (clean, corrupted))
+    clean_value, corrupted_value = (split_metric(metric, model.run_with_hooks(ids, **masked(mask)), 1, mask)[0]
+                                    for ids in (clean, corrupted))
+    return clean_value, corrupted_value
 
 
 def patch_frame(todo: list[Patch], site: str, values: dict, clean_value: float, corrupted_value: float) -> pd.DataFrame:

@@ -59,7 +59,7 @@ def _source_name(node: Node) -> str:
     return {"head": _z(node.layer), "mlp": _mlp(node.layer), "embed": "hook_embed"}[node.kind]
 
 
-def _freeze_hook(base: torch.Tensor, senders: list[Node], source: torch.Tensor):
+def _freeze_hook(base: torch.Tensor, senders: list[Node], source: Optional[torch.Tensor]):
     """Frozen at the base value ([batch, ...]), except copy i's sender, which takes `source`."""
     def hook(act, hook):
         B = base.shape[0]
@@ -67,6 +67,7 @@ def _freeze_hook(base: torch.Tensor, senders: list[Node], source: torch.Tensor):
         for i, s in enumerate(senders):
             if _source_name(s) == hook.name:
                 rows = slice(i * B, (i + 1) * B)
+                assert source is not None  # given wherever a sender writes
                 if s.kind == "head":
                     out[rows, :, s.head] = source[:, :, s.head]
                 else:
@@ -195,7 +196,8 @@ def path_patch(model, clean, corrupted, metric: Metric, senders, receivers, via=
 
 def _patched_values(model, base, metric, pairs, recorded, senders, via, limit, mask) -> list[float]:
     sender_index = {s: i for i, s in enumerate(senders)}
-    n_max, B, values = chunk_size(model, base, limit, "pairs_per_forward"), base.shape[0], {}
+    n_max, B = chunk_size(model, base, limit, "pairs_per_forward"), base.shape[0]
+    values: dict[tuple[Node, Node], float] = {}
     grouped = by_layer([_Pair(s, r) for s, r in pairs])
     for layer, group in grouped.items():
         for start in range(0, len(group), n_max):

@@ -14,7 +14,7 @@ import math
 import os
 import stat
 from pathlib import Path
-from typing import Optional, Union
+from typing import Optional, Union, cast
 
 import pandas as pd
 import torch
@@ -39,7 +39,7 @@ PathLike = Union[str, os.PathLike]
 def model_config(model) -> dict:
     """The model's config as a plain dict (what a lens records of the model it belongs to)."""
     config = getattr(model, "config", None)
-    if hasattr(config, "to_dict"):
+    if config is not None and hasattr(config, "to_dict"):
         return {k: v for k, v in config.to_dict().items() if isinstance(v, (int, float, str, bool, type(None)))}
     cfg = model.cfg
     return {"n_layers": int(cfg.n_layers), "d_model": int(cfg.d_model), "d_vocab": int(cfg.d_vocab)}
@@ -76,10 +76,12 @@ class TunedLens(nn.Module):
         self.sites, self.layers = [name for _, name in sites], [layer for layer, _ in sites]
         require_hooks(model, self.sites)
         d = int(model.cfg.d_model)
-        self.translators = nn.ModuleList(nn.Linear(d, d) for _ in self.sites[:-1])
-        for t in self.translators:
+        translators = [nn.Linear(d, d) for _ in self.sites[:-1]]
+        for t in translators:
             nn.init.zeros_(t.weight)
             nn.init.zeros_(t.bias)
+        self.translators = nn.ModuleList(translators)
+        self.model_fingerprint: Optional[str] = None
         self.config, self.model_fingerprint = model_config(model), fingerprint(model)
         self.info: dict = {}
         self.step = 0
@@ -89,7 +91,7 @@ class TunedLens(nn.Module):
         """The stream at site `index` [..., d_model] as the tuned lens reads it (same shape)."""
         if index == len(self.translators):
             return resid
-        t = self.translators[index]
+        t = cast(nn.Linear, self.translators[index])
         return resid + t(resid.to(t.weight.dtype)).to(resid.dtype)
 
     def check_model(self, model, source: str = "this tuned lens") -> None:

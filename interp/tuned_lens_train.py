@@ -49,7 +49,7 @@ def _batch_rows(n_windows: int, batch_size: int, step: int, seed: int) -> torch.
     """The windows of global batch `step`: consecutive slices of a fresh permutation per epoch, so that any
     step's batch is known without replaying the steps before it (resuming, several processes)."""
     start = step * batch_size
-    idx = []
+    idx: list[int] = []
     while len(idx) < batch_size:
         epoch, offset = divmod(start + len(idx), n_windows)
         perm = torch.randperm(n_windows, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
@@ -114,19 +114,20 @@ class _Scratch:
     """
 
     def __init__(self):
-        self.buffers, self.turn = None, 0
+        self.buffers: Optional[list[torch.Tensor]] = None
+        self.turn = 0
 
     def take(self, rows: int, vocab: int, like: torch.Tensor) -> list[torch.Tensor]:
         """[p, z, log_softmax(z), grad], each [rows, vocab] like `like`."""
         b = self.buffers
         if b is None or b[0].shape != (rows, vocab) or b[0].dtype != like.dtype or b[0].device != like.device:
-            self.buffers = [like.new_empty(rows, vocab) for _ in range(4)]
-        return self.buffers
+            b = self.buffers = [like.new_empty(rows, vocab) for _ in range(4)]
+        return b
 
     @torch.no_grad()
     def target(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The output distribution p of logits [rows, vocab] (in a buffer) and sum_v p log p, the mean over rows."""
-        p, _, log_p, _ = self.take(*logits.shape, logits)
+        p, _, log_p, _ = self.take(logits.shape[0], logits.shape[1], logits)
         torch.log_softmax(logits, dim=-1, out=log_p)
         torch.exp(log_p, out=p)
         return p, torch.dot(p.reshape(-1), log_p.reshape(-1)) / logits.shape[0]
@@ -243,6 +244,7 @@ def _start(model, data, s: TunedLensSettings, lens: Optional[TunedLens], world: 
     opt = torch.optim.SGD(lens.parameters(), lr=s.lr * (1 - s.momentum), momentum=s.momentum,
                           nesterov=s.momentum > 0, weight_decay=s.weight_decay)
     if start > 0:
+        assert lens.optimizer_state is not None  # resume_start starts past 0 only with it
         opt.load_state_dict(lens.optimizer_state)
     lens.info["schedule"] = schedule
     return lens, opt, rows, start
@@ -292,7 +294,10 @@ def _average_grads(lens: TunedLens, world: int) -> None:
     """Data parallelism's all-reduce: every process ends up with the mean of the processes' gradients."""
     if world == 1:
         return
-    grads = [p.grad for p in lens.parameters()]
+    grads: list[torch.Tensor] = []
+    for p in lens.parameters():
+        assert p.grad is not None, "every translator has a gradient after the backward"
+        grads.append(p.grad)
     flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat)
     flat /= world
