@@ -17,21 +17,23 @@ from __future__ import annotations
 from typing import NamedTuple, Optional, Union
 
 import torch
+from jaxtyping import Int
 
 from sprout.text import check_attention_mask, check_integer_ids, check_tokens, tokens_and_mask
 from sprout.tokenizer import encode
 
-TextOrTokens = Union[str, list, torch.Tensor]
+# text, a list of texts or of 1-D id rows, or ids [pos] / [batch, pos]
+TextOrTokens = Union[str, list, Int[torch.Tensor, "*batch pos"]]
 
 
 class TokenBatch(NamedTuple):
     """Checked token ids [batch, pos] (int64, on the model's device) and their attention mask [batch, pos]
     (1 = token, 0 = padding; None when nothing is padded)."""
 
-    ids: torch.Tensor
-    mask: Optional[torch.Tensor]
+    ids: Int[torch.Tensor, "batch pos"]
+    mask: Optional[Int[torch.Tensor, "batch pos"]]
 
-    def unpadded(self, what: str) -> torch.Tensor:
+    def unpadded(self, what: str) -> Int[torch.Tensor, "batch pos"]:
         """The ids, or a ValueError for `what` (an analysis that cannot honour padding) if any row is padded."""
         if self.mask is None:
             return self.ids

@@ -5,6 +5,7 @@ from typing import Optional, Union
 
 import pandas as pd
 import torch
+from jaxtyping import Float
 
 from ._batching import TextOrTokens, token_rows
 from ._model import heads_of, require_hooks, str_tokens
@@ -14,7 +15,7 @@ Selection = Optional[Union[int, list]]
 
 @torch.inference_mode()
 def pattern_tensor(model, text_or_tokens: TextOrTokens, layer: Selection = None,
-                   head: Selection = None) -> torch.Tensor:
+                   head: Selection = None) -> Float[torch.Tensor, "n_layers n_heads query_pos key_pos"]:
     """Attention patterns [n_layers_chosen, n_heads_chosen, query_pos, key_pos] for one sequence.
 
     `layer` and `head` are an int, a list, or None for all. Rows sum to 1; keys after the query are 0.

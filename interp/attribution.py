@@ -15,12 +15,13 @@ carries the exact patched value beside the estimate.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import pandas as pd
 import torch
+from jaxtyping import Int
 
-from ._inputs import token_batch
+from ._inputs import TextOrTokens, token_batch
 from ._metrics import Metric, check_metric, differentiable_value, hide, refuse_nan
 from ._model import model_name, n_heads, n_layers, require_hooks, str_tokens
 from ._specs import Component
@@ -92,7 +93,8 @@ def _check_rms_final(model) -> None:
 
 
 @torch.inference_mode()
-def logit_attribution(model, text_or_tokens, target=None, baseline=None) -> pd.DataFrame:
+def logit_attribution(model, text_or_tokens: TextOrTokens, target: Union[int, str, Int[torch.Tensor, "*batch pos"], None] = None,
+                      baseline: Union[int, str, Int[torch.Tensor, "*batch pos"], None] = None) -> pd.DataFrame:
     """Each write to the residual stream's share of a position's logit (or logit difference).
 
     Args:
@@ -199,8 +201,8 @@ def _region(total: torch.Tensor, p: Patch, layout: str) -> float:
     return float(t.sum())
 
 
-def attribution_patch(model, clean, corrupted, metric: Metric, site: str = "resid_pre", by: str = "position",
-                      exact: bool = False) -> pd.DataFrame:
+def attribution_patch(model, clean: TextOrTokens, corrupted: TextOrTokens, metric: Metric, site: str = "resid_pre",
+                      by: str = "position", exact: bool = False) -> pd.DataFrame:
     """Attribution patching: every patch of `interp.patch`'s sweep estimated from one backward pass.
 
     Args:

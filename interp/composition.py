@@ -23,6 +23,7 @@ from typing import Optional
 
 import pandas as pd
 import torch
+from jaxtyping import Float, Int
 from transformer_lens.FactoredMatrix import FactoredMatrix
 
 from ._inputs import token_batch
@@ -56,7 +57,7 @@ def circuits(model) -> tuple[FactoredMatrix, FactoredMatrix]:
     return FactoredMatrix(W_Q, W_K.transpose(-2, -1)), FactoredMatrix(model.W_V.detach().float(), model.W_O.detach().float())
 
 
-def pair_scores(left: FactoredMatrix, right: FactoredMatrix, aligned: bool = False) -> torch.Tensor:
+def pair_scores(left: FactoredMatrix, right: FactoredMatrix, aligned: bool = False) -> Float[torch.Tensor, "..."]:
     """||L_i R_j||_F / (||L_i||_F ||R_j||_F) for every left i [..., d, d] and right j: [*left batch, *right batch]
     (with `aligned`, only i = j of equal batches: [batch]).
 
@@ -181,7 +182,7 @@ def ov_copying_scores(model, chunk: int = 1024) -> pd.DataFrame:
 
 
 @torch.inference_mode()
-def positional_qk_scores(model, tokens: Optional[torch.Tensor] = None) -> pd.DataFrame:
+def positional_qk_scores(model, tokens: Optional[Int[torch.Tensor, "batch pos"]] = None) -> pd.DataFrame:
     """Where each head attends on position alone: every layer's attention input is replaced by its mean
     (over the tokens' positions) at every position, so queries and keys differ only by RoPE; the score is
     the attention on the previous position, averaged over queries 1..pos-1.

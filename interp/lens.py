@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 import pandas as pd
 import torch
+from jaxtyping import Float
 
 from ._batching import TextOrTokens, batches, token_rows
 from ._model import n_layers, require_hooks, str_tokens, unembed
@@ -38,7 +39,7 @@ CHUNK = 128
 
 # (index of the site in `lens_sites`, resid [rows, d_model]) -> resid [rows, d_model], applied before the
 # unembedding: the tuned lens' translators. None reads the stream as it is (the logit lens).
-Translator = Callable[[int, torch.Tensor], torch.Tensor]
+Translator = Callable[[int, Float[torch.Tensor, "rows d_model"]], Float[torch.Tensor, "rows d_model"]]
 
 
 @torch.inference_mode()

@@ -20,12 +20,13 @@ on both runs gets a warning and `frame.attrs["degenerate"] = True`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 import pandas as pd
 import torch
+from jaxtyping import Float, Int
 
-from ._inputs import token_batch
+from ._inputs import TextOrTokens, token_batch
 from ._metrics import Metric, check_metric, degenerate, hide, metric_value, refuse_nan
 from ._model import n_heads, n_layers, require_hooks, unembed
 from ._specs import head_label
@@ -83,7 +84,8 @@ def as_tokens(model, text_or_tokens) -> torch.Tensor:
     return token_batch(model, text_or_tokens).unpadded("this analysis")
 
 
-def clean_and_corrupted(model, clean, corrupted) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+def clean_and_corrupted(model, clean: TextOrTokens, corrupted: TextOrTokens) -> tuple[
+        Int[torch.Tensor, "batch pos"], Int[torch.Tensor, "batch pos"], Optional[Int[torch.Tensor, "batch pos"]]]:
     """Both inputs as ids [batch, pos] of the same shape and padding, and their attention mask (None: unpadded).
 
     Raises a ValueError naming the shapes when they differ, naming the lengths when the rows are padded
@@ -265,8 +267,9 @@ def patch_frame(todo: list[Patch], site: str, values: dict, clean_value: float, 
     return frame
 
 
-def patch(model, clean, corrupted, metric: Metric, site: str = "resid_pre", by: str = "position",
-          patches_per_forward: Optional[int] = None, logit_positions=None) -> pd.DataFrame:
+def patch(model, clean: TextOrTokens, corrupted: TextOrTokens, metric: Metric, site: str = "resid_pre",
+          by: str = "position", patches_per_forward: Optional[int] = None,
+          logit_positions: Union[int, Sequence[int], None] = None) -> pd.DataFrame:
     """Activation patching sweep (denoising): the metric with one clean piece of `site` in the corrupted run.
 
     Args:
@@ -301,7 +304,7 @@ def patch(model, clean, corrupted, metric: Metric, site: str = "resid_pre", by: 
     return patch_frame(todo, site, {"metric": values}, clean_value, corrupted_value)
 
 
-def patch_tensor(frame: pd.DataFrame, column: str = "metric") -> torch.Tensor:
+def patch_tensor(frame: pd.DataFrame, column: str = "metric") -> Float[torch.Tensor, " layer *pos_head"]:
     """A patch frame's values in TransformerLens' layout: [layer], [layer, pos], [layer, head], or
     [layer, pos, head] ([layer, head, pos] for pattern)."""
     axes = [a for a in ("layer", "pos", "head") if (frame[a] >= 0).any()]

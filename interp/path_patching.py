@@ -19,11 +19,12 @@ forward per chunk of (sender, receiver) pairs, as in `patching`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence, Union
 
 import pandas as pd
 import torch
 
+from ._inputs import TextOrTokens
 from ._metrics import Metric, check_metric, degenerate
 from ._model import require_hooks
 from ._specs import Component, as_component, as_components
@@ -142,8 +143,9 @@ def _caches(model, base, source, receivers, vias, mask):
 
 
 @torch.inference_mode()
-def path_patch(model, clean, corrupted, metric: Metric, senders, receivers, via="k",
-               direction: str = "noising", pairs_per_forward: Optional[int] = None) -> pd.DataFrame:
+def path_patch(model, clean: TextOrTokens, corrupted: TextOrTokens, metric: Metric, senders,
+               receivers, via: Union[str, Sequence[str]] = "k", direction: str = "noising",
+               pairs_per_forward: Optional[int] = None) -> pd.DataFrame:
     """The effect of each sender on each later receiver head through its `via` input alone.
 
     Args:

@@ -19,6 +19,7 @@ from typing import Optional, Union, cast
 import pandas as pd
 import torch
 import torch.nn as nn
+from jaxtyping import Float
 from safetensors import safe_open
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_bytes
@@ -87,7 +88,7 @@ class TunedLens(nn.Module):
         self.step = 0
         self.optimizer_state: Optional[dict] = None
 
-    def forward(self, index: int, resid: torch.Tensor) -> torch.Tensor:
+    def forward(self, index: int, resid: Float[torch.Tensor, "*batch d_model"]) -> Float[torch.Tensor, "*batch d_model"]:
         """The stream at site `index` [..., d_model] as the tuned lens reads it (same shape)."""
         if index == len(self.translators):
             return resid
@@ -346,7 +347,7 @@ def lens_comparison(model, data: TextOrTokens, lens: TunedLens, batch_size: int 
     return out.reset_index(drop=True)
 
 
-def unigram_log_probs(model, text_or_tokens: TextOrTokens, seq_len: Optional[int] = None) -> torch.Tensor:
+def unigram_log_probs(model, text_or_tokens: TextOrTokens, seq_len: Optional[int] = None) -> Float[torch.Tensor, " d_vocab"]:
     """log q [d_vocab]: the next tokens' frequencies in the text (each row's tokens after its first),
     add-1/2 smoothed."""
     V = int(model.cfg.d_vocab)
