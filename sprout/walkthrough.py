@@ -27,6 +27,7 @@ from typing import Any, Iterable, Optional, Union
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from tokenizers import Tokenizer
 from transformer_lens.hook_points import HookPoint
 
 from .config import SproutTransformerLensConfig, strict_from_dict
@@ -123,7 +124,8 @@ def step_config(step: str, vocab_size: int = 65, **overrides) -> WalkthroughConf
     return WalkthroughConfig(**{**STEPS[step], "vocab_size": vocab_size, **overrides})
 
 
-def build_step(step: str, vocab_size: Optional[int] = None, tokenizer=None, **overrides) -> "WalkthroughGPT":
+def build_step(step: str, vocab_size: Optional[int] = None, tokenizer: Optional[Tokenizer] = None,
+               **overrides: Any) -> "WalkthroughGPT":
     """A freshly initialised model of one walkthrough step.
 
     Args:
@@ -353,7 +355,7 @@ class WalkthroughGPT(TLWeights, HookFlags, HookedLM):
 
     family = "walkthrough"
 
-    def __init__(self, cfg: WalkthroughConfig, tokenizer=None):
+    def __init__(self, cfg: WalkthroughConfig, tokenizer: Optional[Tokenizer] = None):
         super().__init__()
         if tokenizer is not None and tokenizer.get_vocab_size() != cfg.vocab_size:
             raise ValueError(f"the tokenizer has {tokenizer.get_vocab_size()} tokens but the config's "
