@@ -19,21 +19,23 @@ from __future__ import annotations
 from typing import NamedTuple, Optional, Sequence, Union
 
 import torch
+from jaxtyping import Int
 
 from sprout.text import check_attention_mask, check_integer_ids, check_tokens, tokens_and_mask
 from sprout.tokenizer import encode
 
-TextOrTokens = Union[str, list, torch.Tensor]
+# text, a list of texts or of 1-D id rows, or ids [pos] / [batch, pos]
+TextOrTokens = Union[str, list, Int[torch.Tensor, "*batch pos"]]
 
 
 class TokenBatch(NamedTuple):
     """Checked token ids [batch, pos] (int64, on the model's device) and their attention mask [batch, pos]
     (1 = token, 0 = padding; None when nothing is padded)."""
 
-    ids: torch.Tensor
-    mask: Optional[torch.Tensor]
+    ids: Int[torch.Tensor, "batch pos"]
+    mask: Optional[Int[torch.Tensor, "batch pos"]]
 
-    def unpadded(self, what: str) -> torch.Tensor:
+    def unpadded(self, what: str) -> Int[torch.Tensor, "batch pos"]:
         """The ids, or a ValueError for `what` (an analysis that cannot honour padding) if any row is padded."""
         if self.mask is None:
             return self.ids
@@ -136,7 +138,7 @@ def token_rows(model, data: TextOrTokens, seq_len: Optional[int] = None) -> list
     if isinstance(seq_len, bool) or not hasattr(type(seq_len), "__index__") or not 1 <= int(seq_len) <= n_ctx:
         raise ValueError(f"seq_len must be an integer in 1..{n_ctx} (the model's context), got {seq_len!r}")
     seq_len = int(seq_len)
-    rows = []
+    rows: list[torch.Tensor] = []
     for row in sequences(model, data):
         rows.extend(check_tokens(model, w[None])[0] for w in windows(row, seq_len))
     return rows

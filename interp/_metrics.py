@@ -17,8 +17,9 @@ from typing import Callable, Optional
 
 import numpy as np
 import torch
+from jaxtyping import Float
 
-Metric = Callable[[torch.Tensor], torch.Tensor]
+Metric = Callable[[Float[torch.Tensor, "batch pos d_vocab"]], Float[torch.Tensor, "*batch"]]  # a scalar or [batch]
 
 
 def metric_name(metric) -> str:

@@ -7,10 +7,11 @@ own modules for that by name, and says clearly when it does not know the model.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, TypeGuard
 
 import torch
 import torch.nn as nn
+from jaxtyping import Float, Int
 
 from sprout.tokenizer import decode
 
@@ -44,7 +45,7 @@ def n_heads(model) -> int:
     return int(model.cfg.n_heads)
 
 
-def unembed(model, resid: torch.Tensor) -> torch.Tensor:
+def unembed(model, resid: Float[torch.Tensor, "*batch d_model"]) -> Float[torch.Tensor, "*batch d_vocab"]:
     """The model's own final norm, then its output layer: resid [..., d_model] -> logits [..., d_vocab].
 
     A final norm that is None or nn.Identity (a walkthrough step without one) means no norm, as in forward.
@@ -70,18 +71,18 @@ def final_modules(model) -> tuple[Optional[nn.Module], nn.Module]:
                      f"(tried the module pairs {tried}); the logit lens needs both")
 
 
-def _has_weight(module) -> bool:
+def _has_weight(module: object) -> TypeGuard[nn.Module]:
     return isinstance(module, nn.Module) and isinstance(getattr(module, "weight", None), torch.Tensor)
 
 
-def str_tokens(model, ids: torch.Tensor) -> list[str]:
+def str_tokens(model, ids: Int[torch.Tensor, "*pos"]) -> list[str]:
     """Each id of a 1-D tensor as text (the model's tokenizer; `<unk:ID>` for an id it lacks), or "#id"
     when it has none."""
-    ids = ids.reshape(-1).tolist()
+    values: list[int] = ids.reshape(-1).tolist()
     tok = getattr(model, "tokenizer", None)
     if tok is None:
-        return [f"#{i}" for i in ids]
-    return [decode(tok, [i]) for i in ids]
+        return [f"#{i}" for i in values]
+    return [decode(tok, [i]) for i in values]
 
 
 def as_index(value, what: str) -> int:
@@ -105,7 +106,7 @@ def heads_of(model, layer=None, head=None) -> tuple[list[int], list[int]]:
     return pick(layer, n_layers(model), "layer"), pick(head, n_heads(model), "head")
 
 
-def logits_of(model, ids: torch.Tensor) -> torch.Tensor:
+def logits_of(model, ids: Int[torch.Tensor, "batch pos"]) -> Float[torch.Tensor, "batch pos d_vocab"]:
     """The model's output logits [batch, pos, d_vocab] for ids [batch, pos], no hooks added."""
     out = model.run_with_hooks(ids)
     return out[0] if isinstance(out, tuple) else out

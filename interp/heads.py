@@ -25,6 +25,7 @@ from typing import Optional
 
 import pandas as pd
 import torch
+from jaxtyping import Bool, Float, Int
 
 from sprout.material import repeated_random_tokens
 from sprout.names import act_name
@@ -37,7 +38,7 @@ from ._model import n_heads, n_layers, require_hooks
 KINDS = ("previous_token", "duplicate_token", "induction", "prefix_matching")
 
 
-def target_mask(tokens: torch.Tensor, kind: str) -> torch.Tensor:
+def target_mask(tokens: Int[torch.Tensor, "batch pos"], kind: str) -> Bool[torch.Tensor, "batch query_pos key_pos"]:
     """The keys a head of this kind attends to: tokens [batch, pos] -> bool [batch, query_pos, key_pos]."""
     if kind not in KINDS:
         raise ValueError(f"unknown head kind {kind!r}; choose one of {list(KINDS)}")
@@ -64,7 +65,7 @@ def target_mask(tokens: torch.Tensor, kind: str) -> torch.Tensor:
 
 
 def repeated_tokens(model, half_len: int = 32, n_seqs: int = 16, token_range: Optional[tuple] = None,
-                    seed: int = 0) -> torch.Tensor:
+                    seed: int = 0) -> Int[torch.Tensor, "n_seqs pos"]:
     """Seeded random tokens followed by the same tokens again: ids [n_seqs, 2 * half_len].
 
     `token_range` is (low, high), ids drawn from [low, high); the default (1, d_vocab) skips id 0
@@ -81,7 +82,8 @@ def repeated_tokens(model, half_len: int = 32, n_seqs: int = 16, token_range: Op
 
 
 @torch.inference_mode()
-def head_score_tensor(model, kind: str, tokens: torch.Tensor, batch_size: int = 8) -> tuple[torch.Tensor, int]:
+def head_score_tensor(model, kind: str, tokens: TextOrTokens,
+                      batch_size: int = 8) -> tuple[Float[torch.Tensor, "n_layers n_heads"], int]:
     """Scores [n_layers, n_heads] of every head on these ids [batch, pos], and the number of target rows."""
     names = [act_name("pattern", l) for l in range(n_layers(model))]
     require_hooks(model, names)

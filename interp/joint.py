@@ -163,10 +163,12 @@ def greedy_feeders(model, clean, corrupted, metric: Metric, receiver, via: str =
     own, all_share = dict(zip(pool, first[:-1])), first[-1]
     if not all_share > 0:
         return pd.DataFrame(columns=GREEDY_COLUMNS)
-    target, chosen, cumulative = threshold * all_share, [], []
+    target = threshold * all_share
+    chosen: list = []
+    cumulative: list[float] = []
     step = dict(own)
     while step and (not cumulative or cumulative[-1] < target) and (max_size is None or len(chosen) < max_size):
-        best = max(step, key=step.get)
+        best = max(step, key=lambda c: step[c])
         chosen.append(best)
         cumulative.append(step[best])
         rest = [c for c in pool if c not in chosen]

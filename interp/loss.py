@@ -16,6 +16,7 @@ from typing import Mapping, Optional
 import pandas as pd
 import torch
 import torch.nn.functional as F
+from jaxtyping import Float
 
 from ._batching import TextOrTokens, batches, token_rows
 from ._deprecated import renamed
@@ -82,7 +83,7 @@ def repeat_loss(model, *, half_len: int = 32, n_seqs: int = 16, token_range: Opt
                          for k, (t, n) in sums.items()])
 
 
-def unigram_log_probs(model, train: TextOrTokens, smoothing: float = 1.0) -> torch.Tensor:
+def unigram_log_probs(model, train: TextOrTokens, smoothing: float = 1.0) -> Float[torch.Tensor, " d_vocab"]:
     """log p(token), [d_vocab], of the unigram model fitted on `train` (tokenised by the model's tokenizer): each id's
     count plus `smoothing` (add-one by default, so an id `train` lacks keeps a finite cost), normalised."""
     if not smoothing > 0:

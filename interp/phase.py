@@ -109,6 +109,8 @@ def control_pairs(model, heads: tuple[str, str]) -> list[tuple[str, str]]:
     each other head of the induction head's layer, and each other head of the previous-token head's
     layer into the induction head."""
     prev, ind = _followed(model, heads)
+    if prev is None or ind is None:
+        raise ValueError("control_pairs needs heads=(previous-token head, induction head), e.g. ('L1H0', 'L3H1')")
     H = int(model.cfg.n_heads)
     return ([(prev.label, Head(ind.layer, h).label) for h in range(H) if h != ind.head]
             + [(Head(prev.layer, h).label, ind.label) for h in range(H) if h != prev.head])

@@ -88,7 +88,7 @@ def _check_quantiles(quantiles) -> None:
     if isinstance(quantiles, (str, bytes)) or not hasattr(quantiles, "__len__") or len(quantiles) != 3:
         raise ValueError(f"quantiles must be three levels (reported as q05, q50, q95), got {quantiles!r}")
     for q in quantiles:
-        if isinstance(q, bool) or not isinstance(q, numbers.Real) or not 0 <= q <= 1:  # NaN fails 0 <= q
+        if isinstance(q, bool) or not isinstance(q, numbers.Real) or not 0 <= float(q) <= 1:  # NaN fails 0 <= q
             raise ValueError(f"quantiles must be numbers in [0, 1], got {q!r} in {tuple(quantiles)}")
 
 

@@ -46,7 +46,7 @@ class Output(torch.Tensor):
     course's pair `(logits, None)`."""
 
     # Operations on an Output give plain Tensors: no subclass dispatch on any later op, so no cost.
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]  # torch's own off switch
 
     def __iter__(self):
         # Python asks for an iterator both to unpack (`a, b = x`) and to loop (`for row in x`); the
@@ -57,7 +57,7 @@ class Output(torch.Tensor):
             return iter((self.as_subclass(torch.Tensor), None))
         return iter(self.as_subclass(torch.Tensor))
 
-    def __repr__(self):
+    def __repr__(self, *, tensor_contents=None):
         return repr(self.as_subclass(torch.Tensor))
 
     def __reduce_ex__(self, proto):

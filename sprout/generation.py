@@ -15,7 +15,7 @@ on the left and masked, so each gets the continuation it gets alone.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, cast
 
 import torch
 from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
@@ -291,7 +291,8 @@ def _loop(model, ids, embeds, mask, o, criteria):
     stop_ids = torch.tensor(sorted(stops), device=model.cfg.device) if stops else None
     cache = new_cache(model, B) if o["use_past_kv_cache"] else None
     finished = torch.zeros(B, dtype=torch.bool, device=model.cfg.device)
-    drawn, seen_logits = [], []
+    drawn: list[torch.Tensor] = []
+    seen_logits: list[torch.Tensor] = []
     steps = range(o["max_new_tokens"])
     if o["verbose"] and o["max_new_tokens"] > 50:
         from tqdm.auto import tqdm
@@ -306,7 +307,7 @@ def _loop(model, ids, embeds, mask, o, criteria):
         nxt = _draw(model, logits.float(), ids, mask, drawn, o)
         if stops or criteria is not None:
             nxt = torch.where(finished, torch.full_like(nxt, fill), nxt)
-        if stops:
+        if stop_ids is not None:
             finished |= torch.isin(nxt, stop_ids)
         drawn.append(nxt)
         if ids is not None:
@@ -338,7 +339,7 @@ def _result(model, kind, ids, embeds, mask, drawn, seen_logits, o):
     if o["output_logits"]:
         from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-        return GenerateDecoderOnlyOutput(sequences=tokens, logits=tuple(seen_logits))
+        return GenerateDecoderOnlyOutput(sequences=cast(torch.LongTensor, tokens), logits=tuple(seen_logits))
     rt = o["return_type"]
     if rt == "input":
         rt = {"str": "str", "tokens": "tokens", "embeds": "embeds"}[kind]

@@ -12,6 +12,8 @@ is id 0's character (padded positions are masked, never read), BOS and EOS are N
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from tokenizers import Encoding, Tokenizer
 from transformers import PreTrainedTokenizerFast
 
@@ -52,7 +54,7 @@ class SproutTokenizer(PreTrainedTokenizerFast):
 
     @classmethod
     def wrap(cls, tok: Tokenizer) -> "SproutTokenizer":
-        special = {}
+        special: dict[str, Optional[str]] = {}
         if tok.token_to_id(EOT) is not None:
             special = dict(bos_token=EOT, eos_token=EOT, pad_token=EOT)
         elif tok.get_vocab_size() > 0:
@@ -81,7 +83,7 @@ class SproutTokenizer(PreTrainedTokenizerFast):
         self.backend_tokenizer.save(str(path), pretty)
 
     @property
-    def model(self):
+    def model(self):  # type: ignore[override]  # transformers' class attribute `model` (None) is read-only here
         return self.backend_tokenizer.model
 
     def _decode(self, token_ids, skip_special_tokens: bool = False, clean_up_tokenization_spaces=None, **kwargs) -> str:

@@ -25,12 +25,17 @@ entry points accept it).
 from __future__ import annotations
 
 import warnings
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 from transformer_lens.hook_points import HookPoint
 
 from .weights import link
+
+if TYPE_CHECKING:  # a mixin of HookedLM's subclasses: checked as one
+    from .hooked import HookedLM as _Model
+else:
+    _Model = object
 
 INPUT_HOOKS = ("hook_q_input", "hook_k_input", "hook_v_input", "hook_attn_in")
 _FLAG_OF = {"hook_q_input": "use_split_qkv_input", "hook_k_input": "use_split_qkv_input",
@@ -70,7 +75,7 @@ def per_head_inputs(block, x: torch.Tensor, n_head: int, shared: bool, norm: Cal
     return tuple(norm(hook(copies())) for hook in (block.hook_q_input, block.hook_k_input, block.hook_v_input))
 
 
-class HookFlags:
+class HookFlags(_Model):
     """Mixin for a HookedLM whose blocks honour `cfg.use_split_qkv_input`, `use_attn_in`, `use_hook_mlp_in`."""
 
     def setup(self):
@@ -84,7 +89,7 @@ class HookFlags:
     def _link_flags(self):
         cfg = self.cfg
         for block in self.blocks:
-            link(block, lens=cfg)
+            link(block, lens=cfg)  # type: ignore[arg-type]  # the config, not a module: a plain reference too
         # TransformerLens 4's names for the input hooks, in hook_dict while their flag is on
         for l, block in enumerate(self.blocks):
             for name in INPUT_HOOKS:

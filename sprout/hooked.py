@@ -9,19 +9,23 @@ from __future__ import annotations
 import threading
 import warnings
 from contextlib import contextmanager
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 import torch
+import torch.nn as nn
+from jaxtyping import Bool, Float, Int, Shaped
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
 from . import generation, text
 from .activation_cache import SproutActivationCache
+from .config import SproutTransformerLensConfig
 from .forward import COURSE, Output, check_loss_tokens, check_resid, course_loss, finish, layer_range, split_positional, tl_loss
 from .hf_tokenizer import as_hf
 from .hook_checks import cache_hooks, check_buffers, checked_hook, copy_into_buffer, unknown_hook
+from .weights import Embed
 
-TextOrTokens = Union[str, list, torch.Tensor]
+TextOrTokens = Union[str, list, Int[torch.Tensor, "*batch pos"]]  # text, texts, or ids [pos] / [batch, pos]
 
 
 def hooked(*points: HookPoint) -> bool:
@@ -29,7 +33,8 @@ def hooked(*points: HookPoint) -> bool:
     return any(p._forward_hooks or p._backward_hooks for p in points)
 
 
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor, loss_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+def lm_loss(logits: Float[torch.Tensor, "batch pos d_vocab"], targets: Int[torch.Tensor, "batch pos"],
+            loss_mask: Optional[Shaped[torch.Tensor, "batch pos"]] = None) -> Float[torch.Tensor, ""]:
     """model.py's loss: mean next-token cross-entropy, over the positions where loss_mask is nonzero."""
     return course_loss(logits, targets, loss_mask)
 
@@ -47,7 +52,8 @@ def _selects(names_filter, name: str) -> bool:
     return bool(names_filter(name))
 
 
-def padding_masks(attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def padding_masks(attention_mask: Shaped[torch.Tensor, "batch pos"]
+                  ) -> tuple[Int[torch.Tensor, "batch pos"], Bool[torch.Tensor, "batch 1 pos pos"]]:
     """attention_mask [batch, pos] (1 = token, 0 = padding) -> (positions [batch, pos], attn_mask [batch, 1, pos, pos]).
 
     Each real token's position counts real tokens only, so left padding does not shift positions.
@@ -81,6 +87,16 @@ class HookedLM(HookedRootModule):
     `model(...)` hold it, so two threads never see each other's hooks or activations; the second waits.
     """
 
+    # what a subclass sets or defines (declared here for the type checker)
+    config: Any  # SproutConfig or WalkthroughConfig
+    embed: Embed
+    blocks: nn.ModuleList
+    run_layers: Callable[..., torch.Tensor]
+    _lock: threading.RLock
+    if TYPE_CHECKING:
+        @property
+        def W_U(self) -> torch.Tensor: ...  # [d_model, d_vocab], from TLWeights
+
     def __init__(self, *args):
         super().__init__(*args)
         self.__dict__["_lock"] = threading.RLock()
@@ -99,7 +115,7 @@ class HookedLM(HookedRootModule):
             return super().__call__(*args, **kwargs)
 
     @property
-    def cfg(self):
+    def cfg(self) -> SproutTransformerLensConfig:
         """TransformerLens' view of the config (`n_layers`, `d_head`, ...); the course's names work too."""
         lens = self.__dict__.get("_lens_cfg")
         if lens is None:
@@ -123,11 +139,16 @@ class HookedLM(HookedRootModule):
 
     # --- forward ----------------------------------------------------------------------------------
 
-    def forward(self, input: TextOrTokens, targets=None, loss_mask: Optional[torch.Tensor] = None,
-                stop_at_layer: Optional[int] = None, *, return_type=COURSE, loss_per_token: bool = False,
+    def forward(self, input: Union[TextOrTokens, Float[torch.Tensor, "batch pos d_model"]],
+                targets: Optional[Int[torch.Tensor, "batch pos"]] = None,
+                loss_mask: Optional[Shaped[torch.Tensor, "batch pos"]] = None,
+                stop_at_layer: Optional[int] = None, *, return_type: Any = COURSE, loss_per_token: bool = False,
                 prepend_bos: Optional[bool] = None, padding_side: Optional[str] = None,
-                attention_mask: Optional[torch.Tensor] = None, start_at_layer: Optional[int] = None,
-                tokens: Optional[torch.Tensor] = None, past_kv_cache=None, shortformer_pos_embed=None):
+                attention_mask: Optional[Shaped[torch.Tensor, "batch pos"]] = None, start_at_layer: Optional[int] = None,
+                tokens: Optional[Int[torch.Tensor, "batch pos"]] = None, past_kv_cache=None,
+                shortformer_pos_embed: Optional[torch.Tensor] = None) -> Any:
+        # Any: logits [batch, pos, d_vocab], the stream [batch, pos, d_model], a loss, (logits, loss) or None,
+        # by return_type and stop_at_layer (documented below)
         """Token ids [batch, pos] (or text, or a list of texts) through the model.
 
         The course's contract: `logits, loss = model(idx, targets, loss_mask)`; `logits, _ = model(idx)`.
@@ -167,13 +188,13 @@ class HookedLM(HookedRootModule):
             # TransformerLens reads the padding off the pad token here (a cache, or left padding asked for)
             attention_mask = text.mask_from_padding(self, idx, padding_side, prepend_bos)
         positions = attn_mask = None
+        ids = x[..., 0] if start_at_layer is not None or idx is None else idx  # [batch, pos]: what masks are checked on
         if past_kv_cache is not None:
-            attention_mask, positions, attn_mask = generation.cache_masks(
-                self, past_kv_cache, attention_mask, x[..., 0] if start_at_layer is not None else idx)
+            attention_mask, positions, attn_mask = generation.cache_masks(self, past_kv_cache, attention_mask, ids)
         elif attention_mask is None and targets is None and idx is not None:
             text.warn_if_left_padded(self, idx)
         if attention_mask is not None and past_kv_cache is None:
-            attention_mask = text.check_attention_mask(attention_mask, x[..., 0] if start_at_layer is not None else idx)
+            attention_mask = text.check_attention_mask(attention_mask, ids)
             positions, attn_mask = padding_masks(attention_mask)
         out = self.run_layers(x, attn_mask, positions, start_at_layer, stop_at_layer, past_kv_cache)
         if stop_at_layer is not None:
@@ -181,7 +202,9 @@ class HookedLM(HookedRootModule):
         return finish(out, idx, targets, loss_mask, attention_mask, return_type, loss_per_token)
 
     def input_to_embed(self, input: TextOrTokens, prepend_bos: Optional[bool] = None, padding_side: Optional[str] = None,
-                       attention_mask: Optional[torch.Tensor] = None):
+                       attention_mask: Optional[Shaped[torch.Tensor, "batch pos"]] = None
+                       ) -> tuple[Float[torch.Tensor, "batch pos d_model"], Int[torch.Tensor, "batch pos"], None,
+                                  Optional[Shaped[torch.Tensor, "batch pos"]]]:
         """TransformerLens 4.3's input_to_embed: `(residual, tokens, None, attention_mask)`, the stream
         entering block 0 [batch, pos, d_model] (the embedding; RoPE adds no positional stream, hence the
         None where a shortformer model returns one), the ids [batch, pos] and the padding mask or None.
@@ -194,8 +217,9 @@ class HookedLM(HookedRootModule):
         residual = self(tokens, stop_at_layer=0, attention_mask=attention_mask, return_type="logits")
         return residual, tokens, None, attention_mask
 
-    def loss_fn(self, logits: torch.Tensor, tokens: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                per_token: bool = False) -> torch.Tensor:
+    def loss_fn(self, logits: Float[torch.Tensor, "batch pos d_vocab"], tokens: Int[torch.Tensor, "batch pos"],
+                attention_mask: Optional[Shaped[torch.Tensor, "batch pos"]] = None,
+                per_token: bool = False) -> Float[torch.Tensor, "*batch_pos"]:
         """TransformerLens' loss: mean cross-entropy of each next token (per_token: [batch, pos - 1])."""
         tokens = text.as_ids(tokens)
         return tl_loss(logits, tokens.long(), attention_mask, per_token)
@@ -203,7 +227,7 @@ class HookedLM(HookedRootModule):
     # --- text -------------------------------------------------------------------------------------
 
     def to_tokens(self, input: TextOrTokens, prepend_bos: Optional[bool] = None, padding_side: Optional[str] = None,
-                  move_to_device: bool = True, truncate: bool = True) -> torch.Tensor:
+                  move_to_device: bool = True, truncate: bool = True) -> Int[torch.Tensor, "batch pos"]:
         """Text (or a list of texts, padded to the longest on `padding_side`) -> token ids [batch, pos].
 
         As TransformerLens: `prepend_bos` (default `model.cfg.default_prepend_bos`) puts `<|endoftext|>`
@@ -342,7 +366,7 @@ class HookedLM(HookedRootModule):
         """The flag (off) without which hook point `name` never fires; None here (see `sprout.hook_flags`)."""
         return None
 
-    def run_with_cache(self, *model_args, **kwargs):
+    def run_with_cache(self, *model_args: Any, **kwargs: Any) -> tuple[Any, SproutActivationCache]:
         """Run and cache activations: `logits, cache = model.run_with_cache(tokens_or_text)`.
 
         Returns forward's output (as `forward` documents: the logits, or `(logits, loss)` with targets)
@@ -399,7 +423,8 @@ class HookedLM(HookedRootModule):
             torch.autograd.grad(loss, params, allow_unused=True)
         return out, cache
 
-    def tokens_to_residual_directions(self, tokens) -> torch.Tensor:
+    def tokens_to_residual_directions(self, tokens: Union[str, int, Int[torch.Tensor, "..."]]
+                                      ) -> Float[torch.Tensor, "... d_model"]:
         """The residual direction whose dot product with the normalised stream is each token's logit, in
         TransformerLens' shapes: one token (a string, an int, a tensor of one element) -> [d_model];
         ids of shape [...] -> [..., d_model].
@@ -424,11 +449,12 @@ class HookedLM(HookedRootModule):
             raise ValueError(f"token id {int_token} is out of range for a vocabulary of {vocab} (valid: 0..{vocab - 1})")
         return self.to_str_tokens(torch.tensor([int_token]))[0]
 
-    def run_with_hooks(self, *model_args, **kwargs):
+    def run_with_hooks(self, *model_args: Any, **kwargs: Any) -> Any:
         """Run with temporary hooks (removed afterwards, even if the forward raises); output as forward's."""
         return super().run_with_hooks(*model_args, **kwargs)
 
-    def run_with_cache_into(self, tokens: torch.Tensor, buffers: dict, **forward_kwargs):
+    def run_with_cache_into(self, tokens: Int[torch.Tensor, "batch pos"], buffers: dict[str, torch.Tensor],
+                            **forward_kwargs: Any) -> Any:
         """Run, copying each named activation into a preallocated buffer instead of a new tensor.
 
         For streaming analyses over many batches: `buffers` maps hook names to floating-point tensors

@@ -15,11 +15,12 @@ TransformerLens' names; nothing is registered twice.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import TYPE_CHECKING, Optional, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from tokenizers import Tokenizer
 from transformer_lens.hook_points import HookPoint
 
 from .config import SproutConfig
@@ -28,6 +29,9 @@ from .hooked import HookedLM, hooked, padding_masks
 from .pattern_attention import hooked_attention
 from .stacked_weights import TLWeights
 from .weights import Embed, SproutAttentionWeights, SproutMLPWeights, SproutUnembedWeights, link, linked
+
+if TYPE_CHECKING:  # held as it is; transformers is imported only where a tokenizer is wrapped
+    from transformers import PreTrainedTokenizerFast
 
 
 class NormHooks(nn.Module):
@@ -170,6 +174,7 @@ class Attention(SproutAttentionWeights, nn.Module):
             what = "past_kv_cache_entry" if past_kv_cache_entry is not None else "position_bias"
             raise ValueError(f"{what} is not taken by a direct call of Sprout's attention (RoPE, no ALiBi); "
                              "run the model's forward for cached keys and values")
+        x: Union[torch.Tensor, tuple[torch.Tensor, ...]]
         x = tuple(query_input if t is None else t for t in (query_input, key_input, value_input))
         if x[0].dim() == 3 and all(t is x[0] for t in x):
             x = x[0]
@@ -290,7 +295,7 @@ class Sprout(TLWeights, HookFlags, HookedLM):
     """The Sprout transformer, hooked. `logits, loss = model(idx, targets, loss_mask)` as model.py, and
     `model(tokens, return_type=...)` as TransformerLens (see `HookedLM.forward`)."""
 
-    def __init__(self, cfg: SproutConfig, tokenizer=None):
+    def __init__(self, cfg: SproutConfig, tokenizer: Union[Tokenizer, PreTrainedTokenizerFast, None] = None):
         super().__init__()
         self.config = cfg
         self.tokenizer = tokenizer  # optional; held as a Hugging Face PreTrainedTokenizerFast

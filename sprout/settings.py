@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import typing
 from dataclasses import asdict, fields
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 _TYPES = {
     "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
@@ -75,6 +75,7 @@ def strict_from_dict(cls, d: dict[str, Any], what: str):
 class Checked:
     """Base of a frozen dataclass of settings: every field checked in `__post_init__` (see the module)."""
 
+    __dataclass_fields__: ClassVar[dict[str, Any]]  # a subclass is a dataclass (what `fields` reads)
     RANGES: dict = {}
     WHAT = "settings"  # how messages and `from_dict` name the whole
 

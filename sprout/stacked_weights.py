@@ -6,12 +6,17 @@ Each property stacks the per-module ones of `sprout/weights.py` (norm gains fold
 """
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import torch
 import torch.nn as nn
 from transformer_lens.FactoredMatrix import FactoredMatrix
 from transformer_lens.utilities.matrix import composition_scores
+
+if TYPE_CHECKING:  # a mixin of HookedLM's subclasses: checked as one
+    from .hooked import HookedLM as _Model
+else:
+    _Model = object
 
 _POSITIONAL = ("W_pos", "W_E_pos", "pos_embed", "hook_pos_embed")
 _ROTARY = ("there is no learned position embedding (positional_embedding_type='rotary': RoPE rotates each "
@@ -19,7 +24,7 @@ _ROTARY = ("there is no learned position embedding (positional_embedding_type='r
            "'Where Sprout differs from TransformerLens')")
 
 
-class TLWeights:
+class TLWeights(_Model):
     """The model-level weights, stacked over blocks, as TransformerLens' HookedTransformer has them.
 
     Needs `blocks[l].attn` and (with an MLP) `blocks[l].mlp` answering the per-module properties,
@@ -185,6 +190,7 @@ class TLWeights:
         """[d_model]: the biases written to the stream before block `layer` (its attention's too with
         `mlp_input`): `b_O` and, with `include_mlp_biases`, `b_out`. Zero for Sprout, which has none."""
         total = self.embed.weight.new_zeros(self.cfg.d_model)
+        block: Any  # a Block of Sprout or of the walkthrough GPT
         for l, block in enumerate(self.blocks[:layer + 1]):
             if l < layer or mlp_input:
                 total = total + block.attn.b_O
@@ -214,7 +220,7 @@ class TLWeights:
         mlp = getattr(block, "mlp", None)
         if mlp is not None:
             return getattr(mlp, name)
-        d_model, d_mlp = self.cfg.d_model, self.cfg.d_mlp
+        d_model, d_mlp = self.cfg.d_model, self.cfg.d_mlp or 0
         shape = {"W_in": (d_model, d_mlp), "W_gate": (d_model, d_mlp), "W_out": (d_mlp, d_model),
                  "b_in": (d_mlp,), "b_out": (d_model,)}[name]
         return self.embed.weight.new_zeros(shape)

@@ -27,6 +27,7 @@ from typing import Any, Iterable, Optional, Union
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from tokenizers import Tokenizer
 from transformer_lens.hook_points import HookPoint
 
 from .config import SproutTransformerLensConfig, strict_from_dict
@@ -123,7 +124,8 @@ def step_config(step: str, vocab_size: int = 65, **overrides) -> WalkthroughConf
     return WalkthroughConfig(**{**STEPS[step], "vocab_size": vocab_size, **overrides})
 
 
-def build_step(step: str, vocab_size: Optional[int] = None, tokenizer=None, **overrides) -> "WalkthroughGPT":
+def build_step(step: str, vocab_size: Optional[int] = None, tokenizer: Optional[Tokenizer] = None,
+               **overrides: Any) -> "WalkthroughGPT":
     """A freshly initialised model of one walkthrough step.
 
     Args:
@@ -138,7 +140,7 @@ def build_step(step: str, vocab_size: Optional[int] = None, tokenizer=None, **ov
     return WalkthroughGPT(step_config(step, vocab_size, **overrides), tokenizer=tokenizer)
 
 
-def missing_hooks(model: nn.Module, names: Union[str, Iterable[str]]) -> list[str]:
+def missing_hooks(model: HookedLM, names: Union[str, Iterable[str]]) -> list[str]:
     """The hook names in `names` that `model` does not have (e.g. resid hooks of a step without residuals)."""
     names = [names] if isinstance(names, str) else list(names)
     return [n for n in names if n not in model.hook_dict]
@@ -219,6 +221,7 @@ class Attention(WalkthroughAttentionWeights, nn.Module):
         if past_kv_cache_entry is not None or position_bias is not None:
             what = "past_kv_cache_entry" if past_kv_cache_entry is not None else "position_bias"
             raise ValueError(f"{what} is not taken by a direct call of the walkthrough's attention")
+        x: Union[torch.Tensor, tuple[torch.Tensor, ...]]
         x = tuple(query_input if t is None else t for t in (query_input, key_input, value_input))
         x = x[0] if all(t is x[0] for t in x) else x
         mask = None
@@ -352,7 +355,7 @@ class WalkthroughGPT(TLWeights, HookFlags, HookedLM):
 
     family = "walkthrough"
 
-    def __init__(self, cfg: WalkthroughConfig, tokenizer=None):
+    def __init__(self, cfg: WalkthroughConfig, tokenizer: Optional[Tokenizer] = None):
         super().__init__()
         if tokenizer is not None and tokenizer.get_vocab_size() != cfg.vocab_size:
             raise ValueError(f"the tokenizer has {tokenizer.get_vocab_size()} tokens but the config's "

@@ -16,18 +16,19 @@ submodule, not a state-dict key.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional, Protocol
 
 import torch
 import torch.nn as nn
 
 
-def link(module: nn.Module, **siblings: Optional[nn.Module]) -> None:
+def link(module: object, **siblings: Optional[nn.Module]) -> None:
     """Let `module` read its siblings' weights (e.g. the norm before it) without registering them."""
     module.__dict__.setdefault("_linked", {}).update(siblings)
 
 
-def linked(module: nn.Module, name: str) -> Optional[nn.Module]:
+def linked(module: object, name: str) -> Any:
+    """The sibling `link` gave `module` under `name` (a norm, a Linear, ...), or None."""
     return module.__dict__.get("_linked", {}).get(name)
 
 
@@ -35,7 +36,9 @@ def _norm_affine(norm: Optional[nn.Module]) -> tuple[Optional[torch.Tensor], Opt
     """(gain, bias) of an RMSNorm or LayerNorm; None where there is no norm or no bias."""
     if norm is None or not hasattr(norm, "weight"):
         return None, None
-    return norm.weight, getattr(norm, "bias", None)
+    gain = norm.weight
+    assert isinstance(gain, torch.Tensor)
+    return gain, getattr(norm, "bias", None)
 
 
 def fold_in(W: torch.Tensor, norm: Optional[nn.Module]) -> torch.Tensor:
@@ -52,12 +55,12 @@ def fold_bias(W: torch.Tensor, b: Optional[torch.Tensor], norm: Optional[nn.Modu
     return b if beta is None else b + torch.einsum("m,...mo->...o", beta, W)
 
 
-def fold_out(W: torch.Tensor, after: Optional[nn.Module]) -> torch.Tensor:
+def fold_out(W: torch.Tensor, after: Optional[nn.Linear]) -> torch.Tensor:
     """W [..., d_model] writing into a Linear `after` (step 4.8's extra projection) -> the composed write."""
     return W if after is None else W @ after.weight.T
 
 
-def fold_out_bias(b: torch.Tensor, after: Optional[nn.Module]) -> torch.Tensor:
+def fold_out_bias(b: torch.Tensor, after: Optional[nn.Linear]) -> torch.Tensor:
     return b if after is None else after(b)
 
 
@@ -79,6 +82,11 @@ class SproutAttentionWeights:
     and the zero biases, for Sprout's Attention (fused `qkv`, `proj`). The QK-norm gains are not in
     `W_Q`/`W_K`: they act after QK-norm's per-vector rescaling (see the README on QK circuits)."""
 
+    n_head: int  # the attention module's own (sprout.model.Attention)
+    d_head: int
+    qkv: nn.Linear
+    proj: nn.Linear
+
     def _qkv(self, i: int) -> torch.Tensor:
         d = self.n_head * self.d_head
         return fold_in(heads_in(self.qkv.weight[i * d:(i + 1) * d], self.n_head), linked(self, "norm"))
@@ -99,7 +107,7 @@ class SproutAttentionWeights:
     def W_O(self) -> torch.Tensor:
         return heads_out(self.proj.weight, self.n_head)
 
-    def _zeros(self, *shape) -> torch.Tensor:
+    def _zeros(self, *shape: int) -> torch.Tensor:
         return self.qkv.weight.new_zeros(shape)
 
     @property
@@ -119,11 +127,21 @@ class SproutAttentionWeights:
         return self._zeros(self.proj.weight.size(0))
 
 
+class SwiGLUWeights(Protocol):
+    """What the MLP hook module reads from the feed-forward layer it is linked to (sprout.model's)."""
+
+    w1: nn.Linear
+    w2: nn.Linear
+    w3: nn.Linear
+
+    def __call__(self, x: torch.Tensor, hooks: nn.Module) -> torch.Tensor: ...
+
+
 class SproutMLPWeights:
     """`W_gate` (w1, through SiLU) and `W_in` (w3, the linear half) [d_model, d_mlp] with ln2's gain
     folded in, `W_out` (w2) [d_mlp, d_model], zero biases; on the hook module `mlp`, read from `ffn`."""
 
-    def _ffn(self) -> nn.Module:
+    def _ffn(self) -> SwiGLUWeights:
         ffn = linked(self, "ffn")
         if ffn is None:
             raise AttributeError("this MLP hook module is not linked to a feed-forward layer")
@@ -189,6 +207,10 @@ class WalkthroughAttentionWeights:
     Step 4.8's extra projection after the attention folds into `W_O`/`b_O`, so `hook_z @ W_O + b_O` is
     what the attention writes to the stream there too."""
 
+    heads: nn.ModuleList  # the attention module's own (sprout.walkthrough.Attention)
+    n_head: int
+    projection: nn.Linear
+
     def _stacked(self, name: str) -> torch.Tensor:
         weight = torch.cat([getattr(h, name).weight for h in self.heads])  # [head * d_head, d_model]
         return heads_in(weight, self.n_head)
@@ -230,6 +252,9 @@ class WalkthroughMLPWeights:
     """`W_in` [d_model, d_mlp] (ln2 folded in) and `b_in` (fc1's bias plus ln2's bias through fc1),
     `W_out` [d_mlp, d_model] and `b_out` (fc2, with step 4.8's extra projection folded in)."""
 
+    fc1: nn.Linear  # the MLP's own (sprout.walkthrough.MLP)
+    fc2: nn.Linear
+
     @property
     def W_in(self) -> torch.Tensor:
         return fold_in(self.fc1.weight.T, linked(self, "norm"))
@@ -249,6 +274,9 @@ class WalkthroughMLPWeights:
 
 class WalkthroughUnembedWeights:
     """`W_U` [d_model, vocab] and `b_U` [vocab] with the final LayerNorm folded in, when the step has one."""
+
+    weight: torch.Tensor  # the nn.Linear's own (sprout.walkthrough.Unembed)
+    bias: nn.Parameter
 
     @property
     def W_U(self) -> torch.Tensor:

@@ -19,7 +19,7 @@ import os
 import re
 import warnings
 from pathlib import Path
-from typing import Optional, Union
+from typing import Optional, TypeVar, Union
 
 import torch
 from safetensors import safe_open
@@ -27,6 +27,7 @@ from safetensors.torch import save as _safetensors_bytes
 from tokenizers import Tokenizer
 
 from ..config import SproutConfig
+from ..hooked import HookedLM
 from ..model import Sprout
 from ..walkthrough import WalkthroughConfig, WalkthroughGPT
 from .fit import describe, fit
@@ -48,7 +49,7 @@ __all__ = ["NotOursError", "from_state_dict", "load", "read_json", "save"]
 
 # --- save -----------------------------------------------------------------------------------------
 
-def save(model: torch.nn.Module, directory: PathLike) -> Path:
+def save(model: HookedLM, directory: PathLike) -> Path:
     """Write `model` as a checkpoint directory, replacing only a checkpoint already there.
 
     Everything goes into a temporary sibling directory first, is fsynced, and is then renamed into
@@ -97,7 +98,9 @@ def is_checkpoint(directory: Path) -> bool:
 
 def _untie(state_dict: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Drop tensors that share storage with an earlier one (safetensors stores each only once)."""
-    kept, tied, seen = {}, {}, {}
+    kept: dict[str, torch.Tensor] = {}
+    tied: dict[str, str] = {}
+    seen: dict[tuple, str] = {}
     for name, t in state_dict.items():
         key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype)
         if key in seen:
@@ -111,7 +114,7 @@ def _untie(state_dict: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor]
 # --- load -----------------------------------------------------------------------------------------
 
 def load(path: PathLike, map_location: Union[str, torch.device] = "cpu",
-         tokenizer: Union[Tokenizer, PathLike, None] = None) -> torch.nn.Module:
+         tokenizer: Union[Tokenizer, PathLike, None] = None) -> HookedLM:
     """Load a model in eval mode from a checkpoint in any form we read.
 
     Args:
@@ -261,7 +264,7 @@ def warn_non_finite(state_dict: dict[str, torch.Tensor], source) -> None:
 # --- state dict -> model --------------------------------------------------------------------------
 
 def from_state_dict(state_dict: dict[str, torch.Tensor], config: Union[SproutConfig, dict, None] = None,
-                    tokenizer: Optional[Tokenizer] = None, source: str = "state dict") -> torch.nn.Module:
+                    tokenizer: Optional[Tokenizer] = None, source: str = "state dict") -> HookedLM:
     """Build the model these weights belong to and load them (strict: every key, every shape).
 
     The config is compared with the weights' keys and shapes before any module is built
@@ -312,7 +315,7 @@ def _check_context(config: SproutConfig, source: str) -> None:
                          f"of RoPE tables (more than {MAX_ROPE_BYTES / 2**30:.0f} GiB); lower context in the config")
 
 
-def _from_walkthrough(state_dict, config, tokenizer, source: str) -> torch.nn.Module:
+def _from_walkthrough(state_dict, config, tokenizer, source: str) -> HookedLM:
     if isinstance(config, dict):
         config = _parse(WalkthroughConfig, config, source)
     if "token_embedding_table.weight" in state_dict:  # saved from the walkthrough's own classes
@@ -325,7 +328,10 @@ def _from_walkthrough(state_dict, config, tokenizer, source: str) -> torch.nn.Mo
     return _build(WalkthroughGPT, config, state_dict, tokenizer, source)
 
 
-def _parse(config_class, config: dict, source: str):
+_Config = TypeVar("_Config", SproutConfig, WalkthroughConfig)
+
+
+def _parse(config_class: type[_Config], config: dict, source: str) -> _Config:
     ints = {k: v for k, v in config.items() if type(v) is int}  # the dataclass checks types; bound the sizes
     check_fields(ints, dict.fromkeys(ints, "int"), f"{source}: config")
     try:
@@ -334,7 +340,7 @@ def _parse(config_class, config: dict, source: str):
         raise ValueError(f"{source}: bad config: {e}") from e
 
 
-def _build(model_class, config, state_dict: dict[str, torch.Tensor], tokenizer, source: str) -> torch.nn.Module:
+def _build(model_class, config, state_dict: dict[str, torch.Tensor], tokenizer, source: str) -> HookedLM:
     """Check every key and shape against the config, and only then build and load (nothing half-loaded)."""
     converted, problems = fit(model_class, config, state_dict)
     if not problems and model_class is Sprout and not torch.equal(state_dict["embed.weight"], state_dict["head.weight"]):

@@ -108,7 +108,8 @@ def _one_block(model_class, config) -> tuple[Shapes, Shapes]:
     one = dataclasses.replace(config, n_layer=1)
     with torch.device("meta"):
         model = model_class(one)
-    top, block = {}, {}
+    top: dict[str, tuple[int, ...]] = {}
+    block: dict[str, tuple[int, ...]] = {}
     for key, t in model.state_dict().items():
         m = BLOCK.match(key)
         (block if m else top)[m.group(1) if m else key] = tuple(t.shape)

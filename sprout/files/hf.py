@@ -303,11 +303,12 @@ def from_qwen3(tensors: dict[str, torch.Tensor], cfg: SproutConfig, source: str 
         elif not t.is_floating_point():
             problems.append(f"{k}: dtype {t.dtype} is not floating point")
     embed = tensors.get("model.embed_tokens.weight")
-    if not problems and lm_head is not None and not torch.equal(lm_head, embed):
+    if not problems and lm_head is not None and embed is not None and not torch.equal(lm_head, embed):
         problems.append("lm_head.weight: differs from model.embed_tokens.weight, but Sprout ties them")
     if problems:
         raise ValueError(f"{source}: the weights do not fit a Sprout with config {cfg} ({len(problems)} "
                          "problem(s)):\n  " + "\n  ".join(problems[:60]))
+    assert embed is not None  # a missing key is one of the problems
     sd = {"embed.weight": embed, "norm.weight": tensors["model.norm.weight"]}
     for l in range(cfg.n_layer):
         ours, theirs = f"blocks.{l}.", f"model.layers.{l}."
@@ -352,7 +353,9 @@ def load(directory: PathLike) -> Sprout:
     cfg = sprout_config(read_json_file(config_path), source=str(config_path))
     sd = from_qwen3(read_safetensors(directory), cfg, source=str(directory))
     tokenizer = _tokenizer(directory / "tokenizer.json")
-    return from_state_dict(sd, cfg, tokenizer, source=str(directory)).eval()
+    model = from_state_dict(sd, cfg, tokenizer, source=str(directory)).eval()
+    assert isinstance(model, Sprout)  # what a SproutConfig builds
+    return model
 
 
 import_ = load  # the first name of `load`, kept so code written for it runs

@@ -126,8 +126,10 @@ def from_walkthrough_state_dict(state_dict: Union[dict, str, Path], config: Opti
     """
     if isinstance(state_dict, (str, Path)):
         state_dict = torch.load(regular_file(state_dict, "weights file"), map_location="cpu", weights_only=True)
-    if "model_state_dict" in state_dict:
+    if isinstance(state_dict, dict) and "model_state_dict" in state_dict:
         state_dict = state_dict["model_state_dict"]
+    if not isinstance(state_dict, dict):
+        raise TypeError(f"a walkthrough state dict is a dict of tensors, not {type(state_dict).__name__}")
     if text is not None:
         if tokenizer is not None:
             raise ValueError("pass a tokenizer or the training text, not both")

@@ -221,20 +221,21 @@ def shard_files(directory: Path) -> dict[Path, Optional[set]]:
     if not weight_map:
         raise ValueError(f"{index}: field 'weight_map' is missing or empty (tensor name -> shard file)")
     check_fields(weight_map, dict.fromkeys(weight_map, "str"), f"{index} field 'weight_map'")
-    shards: dict[Path, Optional[set]] = {}
+    shards: dict[Path, set] = {}
     for name, shard in weight_map.items():
         try:
             path = file_in(directory, shard, "shard")
         except (OSError, ValueError) as e:
             raise ValueError(f"{index}: weight_map[{name!r}]: {e}") from None
         shards.setdefault(path, set()).add(name)
-    return shards
+    return dict(shards)
 
 
 def read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
     """All tensors of a folder: model.safetensors, or the shards named in model.safetensors.index.json
     (each tensor in the shard its index names, and in no other)."""
-    tensors, where = {}, {}
+    tensors: dict[str, torch.Tensor] = {}
+    where: dict[str, Path] = {}
     for f, names in sorted(shard_files(Path(directory)).items()):
         try:
             with safe_open(str(f), framework="pt") as sf:

@@ -41,7 +41,7 @@ def parse_args(argv=None):
         if f.type == "bool":
             over.add_argument(flag(f.name), dest=f.name, default=None, action=argparse.BooleanOptionalAction)
         else:
-            kind = {"int": int, "float": float, "str": str}[f.type]
+            kind = {"int": int, "float": float, "str": str}[str(f.type)]
             help_ = "max global gradient norm; 0 = no clipping (as in nanoGPT)" if f.name == "grad_clip" else None
             over.add_argument(flag(f.name), dest=f.name, type=kind, default=None, metavar=f.type.upper(), help=help_)
     args = p.parse_args(argv)

@@ -19,6 +19,7 @@ from typing import Optional, Union
 
 import numpy as np
 import torch
+from tokenizers import Tokenizer
 
 from ..files import file_in, load_tokenizer, regular_file, remove_ours, save_tokenizer
 from ..material import generate_corpus
@@ -179,7 +180,7 @@ def stamp_changes(old: dict, new: dict) -> list[str]:
 class TokenData:
     """A run's tokenised corpus: its tokenizer, the train/val token memmaps and the stamp they were made from."""
 
-    tokenizer: object
+    tokenizer: Tokenizer
     train: np.ndarray
     val: np.ndarray
     stamp: dict

@@ -35,10 +35,12 @@ def repeat_rows(n: int, context: int, vocab_size: int, lo: int, hi: int, generat
     """
     seqs, masks = [], []
     for _ in range(n):
-        parts, mask = [], []
+        parts: list[torch.Tensor] = []
+        mask: list[int] = []
         while sum(map(len, parts)) < context + 1:
             half = int(torch.randint(lo, hi + 1, (1,), generator=generator))
             if unigram and float(torch.rand(1, generator=generator)) < unigram:
+                assert corpus is not None, "unigram rows draw from the corpus"
                 at = torch.randint(len(corpus), (half,), generator=generator).numpy()
                 seg = torch.from_numpy(corpus[at].astype(np.int64))
                 parts.append(torch.cat([seg, seg]))
@@ -64,9 +66,13 @@ def get_train_batch(recipe: Recipe, train: np.ndarray, vocab_size: int, generato
     xs, ys, ms = [], [], []
     if n_story:
         x, y = get_batch(train, n_story, recipe.context, generator)
-        xs.append(x), ys.append(y), ms.append(torch.ones_like(x))
+        xs.append(x)
+        ys.append(y)
+        ms.append(torch.ones_like(x))
     if n_rep:
         x, y, m = repeat_rows(n_rep, recipe.context, vocab_size, recipe.repeat_min,
                               min(recipe.repeat_max, recipe.context // 2), generator, train, recipe.repeat_unigram)
-        xs.append(x), ys.append(y), ms.append(m)
+        xs.append(x)
+        ys.append(y)
+        ms.append(m)
     return torch.cat(xs), torch.cat(ys), torch.cat(ms)

@@ -85,7 +85,7 @@ def package_files(source: str) -> list[SourceFile]:
         raise MissingSource(f"the {source!r} English source: {got}{want}; install it with: {install}")
     out = []
     for p in paths:
-        path = Path(dist.locate_file(p))
+        path = Path(str(dist.locate_file(p)))
         if not path.is_file():
             raise MissingSource(f"the {source!r} English source: {path} is listed by {dist_name} but missing; "
                                 f"reinstall with: {install}")
@@ -145,7 +145,9 @@ def drop_duplicate_editions(docs: list[Document], threshold: float = EDITION_OVE
     Two documents are editions of one work when the share of the smaller one's spelling-normalised word
     trigrams found in the other exceeds `threshold`. Returns (kept, [(dropped title, kept title)]).
     """
-    kept, grams, dropped = [], [], []
+    kept: list[Document] = []
+    grams: list[set] = []
+    dropped: list[tuple[str, str]] = []
     for doc in docs:
         g = _trigrams(doc.text)
         twin = next((k for k, kg in zip(kept, grams) if len(g & kg) > threshold * max(1, min(len(g), len(kg)))),

@@ -15,7 +15,7 @@ import random
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 import numpy as np
 import torch
@@ -24,9 +24,10 @@ from tqdm import tqdm
 
 from ..config import SproutConfig
 from ..files import load, save
+from ..hooked import HookedLM
 from ..material import repeated_random_tokens
 from ..model import Sprout
-from ..walkthrough import build_step
+from ..walkthrough import WalkthroughGPT, build_step
 from . import rundir
 from .corpus import TokenData, check_data, check_windows, data_stamp, get_batch, prepare_data, stamp_changes
 from .curriculum import get_train_batch, uses_mask
@@ -42,7 +43,7 @@ class NonFiniteLoss(FloatingPointError):
 
 # ----------------------------------------------------------------------------- model and optimiser
 
-def build_model(recipe: Recipe, vocab_size: int, tokenizer=None) -> torch.nn.Module:
+def build_model(recipe: Recipe, vocab_size: int, tokenizer=None) -> Union[Sprout, WalkthroughGPT]:
     """A fresh model for the recipe (weights drawn from torch's global RNG)."""
     if recipe.model == "walkthrough":
         # the final script's architecture at the recipe's size; no dropout: a short run underfits
@@ -105,6 +106,7 @@ def evaluate(model, recipe: Recipe, val: np.ndarray, vocab_size: int) -> dict[st
 
 def _rng_state(batch_gen: torch.Generator) -> dict:
     np_state = np.random.get_state()
+    assert isinstance(np_state, tuple)  # numpy's legacy form, the default
     return {
         "torch": torch.get_rng_state(),
         "batch": batch_gen.get_state(),
@@ -131,7 +133,7 @@ class Run:
     recipe: Recipe
     dir: RunDir
     data: TokenData
-    model: torch.nn.Module
+    model: HookedLM
     optimizer: torch.optim.Optimizer
     batch_gen: torch.Generator
     world: int = 1
@@ -199,7 +201,9 @@ def _prepare_main(recipe: Recipe, run_dir: RunDir, cache: Path, resume: bool) ->
         run_dir.recipe_path.write_text(recipe.to_json())
     data = prepare_data(recipe, cache, stamp)
     if resume:
-        _check_same_tokenizer(data, run_dir.latest())
+        last = run_dir.latest()
+        assert last is not None  # run_dir.open(resume) found the run's checkpoint
+        _check_same_tokenizer(data, last)
     marker = {"data": data.stamp, "tokenizer": {"kind": recipe.tokenizer, "vocab_size": data.tokenizer.get_vocab_size()}}
     if {k: (run_dir.marker() or {}).get(k) for k in marker} != marker:
         run_dir.write_marker(marker["data"], marker["tokenizer"])
@@ -290,7 +294,7 @@ def evaluate_and_log(run: Run, lr: float, elapsed: float, bar: tqdm) -> None:
 
 def checkpoint(run: Run) -> Path:
     """`OUT/checkpoints/step_XXXXXXXX/`, complete or absent: written under a temporary name, renamed."""
-    states = [None] * run.world
+    states: list[Optional[dict]] = [None] * run.world
     mine = _rng_state(run.batch_gen)
     if run.world > 1:
         dist.all_gather_object(states, mine)
