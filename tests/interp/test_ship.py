@@ -1,0 +1,62 @@
+"""experiments.ship's checks: the targets' wording, the dead fraction counted over many tokens in one
+forward (equal to interp.sae_metrics' count on the same tokens), the held-out share of several texts,
+and the recipes' dictionaries fitting the size budget."""
+import json
+
+import pytest
+import torch
+
+import interp
+import sprout
+from experiments import ship
+from interp.tuned_lens_train import windows
+from sprout.checkpoint import demo_dir
+from sprout.names import act_name
+
+GOOD = dict(explained_variance=0.95, ce_loss_recovered=0.98, l0=32.0, dead_fraction=0.01)
+
+
+@pytest.mark.parametrize("kind, change, says", [
+    ("sae", dict(explained_variance=0.929), "explained variance 0.929 < 0.93"),
+    ("sae", dict(ce_loss_recovered=0.969), "CE loss recovered 0.969 < 0.97"),
+    ("transcoder", dict(ce_loss_recovered=0.949), "CE loss recovered 0.949 < 0.95"),
+    ("transcoder", dict(l0=32.5), "L0 32.5 > 32"),
+    ("sae", dict(dead_fraction=0.05), "dead fraction 5.0% >= 5%"),
+])
+def test_failures_name_each_missed_target(kind, change, says):
+    assert ship.failures(kind, GOOD) == []
+    assert ship.failures("transcoder", {**GOOD, "explained_variance": 0.90, "ce_loss_recovered": 0.95}) == []
+    assert ship.failures(kind, {**GOOD, **change}) == [says]
+
+
+def test_dead_fractions_equal_sae_metrics_on_the_same_tokens():
+    model = sprout.load("gpt-1").eval()
+    d = int(model.cfg.d_model)
+    sae = interp.SAE(d, 64, kind="topk", k=4, hook_name=act_name("resid_post", 0), seed=1)
+    tc = interp.Transcoder(d, 48, d, kind="topk", k=3, layer=0, seed=2)
+    with torch.no_grad():
+        sae.b_enc[:20] -= 1e3  # never in the top k: dead
+        tc.b_enc[:6] += 1e3  # 3 of these 6 are each token's top 3: the other 42 never fire
+    text = interp.held_out_stories(3_000, seed=9)
+    dead, n = ship.dead_fractions(model, [sae, tc], text)
+    ids = windows(model, text)
+    assert n == ids.numel()
+    for got, d_ in zip(dead, (sae, tc)):
+        assert got == pytest.approx(float(interp.sae_metrics(model, d_, ids).iloc[0].dead_fraction), abs=1e-12)
+    assert dead[0] >= 20 / 64 and 42 / 48 <= dead[1] <= 45 / 48
+
+
+def test_share_takes_an_equal_part_of_each_text_past_the_skip():
+    texts = ["a" * 100, "b" * 100, "c" * 10]
+    assert ship._share(texts, 30) == "a" * 10 + "\n\n" + "b" * 10 + "\n\n" + "c" * 10
+    assert ship._share(texts, 30, skip=30) == "a" * 10 + "\n\n" + "b" * 10  # c has nothing past 10
+
+
+@pytest.mark.parametrize("name", list(ship.RECIPES))
+def test_recipes_fit_the_size_budget(name):
+    cfg = json.loads((demo_dir() / name / "config.json").read_text())
+    r = ship.RECIPES[name]
+    d, n = cfg["d_model"], cfg["n_layer"]
+    per_layer = sum(4 * (2 * d * e * d + e * d + d) for e in (r.expansion, r.transcoder_expansion))
+    assert n * per_layer / 2**20 < ship.MAX_MB / 2  # both demos together within the budget
+    assert r.k <= ship.MAX_L0 and r.k < r.transcoder_expansion * d
