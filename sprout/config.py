@@ -73,19 +73,10 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 @dataclass
 class SproutTransformerLensConfig(TransformerLensConfig):
-    """A TransformerLensConfig that remembers the config it was made from.
-
-    TransformerLens' tools read `n_layers`, `n_heads`, `n_ctx`, ...; code written for the course reads
-    `model.cfg.context`, `model.cfg.n_layer`. Names TransformerLens does not define are looked up on
-    `source`, so both kinds of code run on the same `model.cfg`.
-    """
+    """A TransformerLensConfig (`n_layers`, `n_heads`, `n_ctx`, `d_vocab`, ...: what TransformerLens' tools
+    read as `model.cfg`) that remembers the config it was made from in `source` (the course's names,
+    `context`, `n_layer`, are there and on `model.config`)."""
 
     source: Any = None
     use_attn_in: bool = False  # TransformerLens' HookedTransformer flags its config class lacks (`set_use_attn_in`)
     use_hook_mlp_in: bool = False
-
-    def __getattr__(self, name):  # only reached when normal lookup fails
-        source = self.__dict__.get("source")
-        if source is not None and not name.startswith("__"):
-            return getattr(source, name)
-        raise AttributeError(name)

@@ -17,7 +17,7 @@ from transformer_lens.HookedRootModule import HookedRootModule
 
 from . import generation, text
 from .activation_cache import SproutActivationCache
-from .forward import COURSE, Output, check_loss_tokens, check_resid, course_loss, finish, layer_range, split_positional, tl_loss
+from .forward import check_loss_tokens, check_resid, check_return_type, course_loss, finish, layer_range, tl_loss
 from .hook_checks import cache_hooks, check_buffers, checked_hook, copy_into_buffer, unknown_hook
 from .tokenizer import as_hf
 
@@ -32,6 +32,13 @@ def hooked(*points: HookPoint) -> bool:
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor, loss_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """model.py's loss: mean next-token cross-entropy, over the positions where loss_mask is nonzero."""
     return course_loss(logits, targets, loss_mask)
+
+
+def follow_weights(model):
+    """Set `model.cfg.device` and `.dtype` to the embedding's: what `_apply` (every `.to()`, `.cuda()`,
+    `.half()`) calls after moving or casting the weights, so reading `cfg` never changes anything."""
+    model.cfg.device, model.cfg.dtype = str(model.embed.weight.device), model.embed.weight.dtype
+    return model
 
 
 def _not_attn_result(name: str) -> bool:
@@ -83,7 +90,8 @@ class HookedLM(HookedRootModule):
 
     def __init__(self, *args):
         super().__init__(*args)
-        self.__dict__["_lock"] = threading.RLock()
+        self._lock = threading.RLock()
+        self._tokenizer = None
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -92,47 +100,41 @@ class HookedLM(HookedRootModule):
 
     def __setstate__(self, state):
         super().__setstate__(state)
-        self.__dict__["_lock"] = threading.RLock()
+        self._lock = threading.RLock()
+
+    def _apply(self, fn, recurse: bool = True):
+        return follow_weights(super()._apply(fn, recurse))
 
     def __call__(self, *args, **kwargs):
         with self._lock:
             return super().__call__(*args, **kwargs)
 
     @property
-    def cfg(self):
-        """TransformerLens' view of the config (`n_layers`, `d_head`, ...); the course's names work too."""
-        lens = self.__dict__.get("_lens_cfg")
-        if lens is None:
-            lens = self.__dict__["_lens_cfg"] = self.config.transformer_lens_config()
-        lens.device = str(self.embed.weight.device)
-        lens.dtype = self.embed.weight.dtype
-        return lens
-
-    @property
     def tokenizer(self):
         """A Hugging Face `PreTrainedTokenizerFast` (see `sprout.hf_tokenizer`), or None. Setting a
         `tokenizers.Tokenizer` wraps it; `sprout.tokenizer.raw(model.tokenizer)` gives it back."""
-        return self.__dict__.get("_tokenizer")
+        return self._tokenizer
 
     @tokenizer.setter
     def tokenizer(self, tok):
-        self.__dict__["_tokenizer"] = as_hf(tok)
+        self._tokenizer = as_hf(tok)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
     # --- forward ----------------------------------------------------------------------------------
 
-    def forward(self, input: TextOrTokens, targets=None, loss_mask: Optional[torch.Tensor] = None,
-                stop_at_layer: Optional[int] = None, *, return_type=COURSE, loss_per_token: bool = False,
+    def forward(self, input: TextOrTokens, return_type: Optional[str] = "logits", loss_per_token: bool = False,
                 prepend_bos: Optional[bool] = None, padding_side: Optional[str] = None,
-                attention_mask: Optional[torch.Tensor] = None, start_at_layer: Optional[int] = None,
-                tokens: Optional[torch.Tensor] = None, past_kv_cache=None, shortformer_pos_embed=None):
-        """Token ids [batch, pos] (or text, or a list of texts) through the model.
+                start_at_layer: Optional[int] = None, tokens: Optional[torch.Tensor] = None,
+                shortformer_pos_embed=None, attention_mask: Optional[torch.Tensor] = None,
+                stop_at_layer: Optional[int] = None, past_kv_cache=None, *,
+                targets: Optional[torch.Tensor] = None, loss_mask: Optional[torch.Tensor] = None):
+        """Token ids [batch, pos] (or text, or a list of texts) through the model, as HookedTransformer.
 
-        The course's contract: `logits, loss = model(idx, targets, loss_mask)`; `logits, _ = model(idx)`.
-        TransformerLens': `model(tokens)` is the logits [batch, pos, vocab]; `return_type` "logits",
-        "loss" (position t predicts token t + 1, or `targets` when given), "both" or None;
+        `model(tokens)` is the logits [batch, pos, vocab], a plain Tensor; `return_type` "logits",
+        "loss" (position t predicts token t + 1; with `targets=` [batch, pos] model.py's loss of every
+        position against its target, `loss_mask=` weighting them), "both" (logits, loss) or None;
         `loss_per_token`; `attention_mask` [batch, pos] (1 token, 0 padding; texts of unequal length
         are padded and masked on their own); `prepend_bos` (text only, as in TransformerLens:
         `<|endoftext|>` first; default `model.cfg.default_prepend_bos`); `padding_side`;
@@ -141,9 +143,9 @@ class HookedLM(HookedRootModule):
         stream entering block S [batch, pos, d_model], checked; `tokens=` its ids for a loss);
         `stop_at_layer=L` returns the stream leaving block L-1 [batch, pos, d_model], firing no
         `blocks.L.*` hook; negative layers count from the end.
-        See `sprout.forward` for how the two conventions share one call.
+        The course's `logits, loss = model(idx, targets)` is `sprout.model.GPT`'s (`GPT.from_sprout`).
         """
-        targets, loss_mask, return_type, loss_per_token = split_positional(targets, loss_mask, return_type, loss_per_token)
+        check_return_type(return_type, targets, loss_mask)
         start_at_layer, stop_at_layer = layer_range(len(self.blocks), start_at_layer, stop_at_layer)
         if start_at_layer is not None:
             x = check_resid(input, self.cfg, start_at_layer)
@@ -177,7 +179,7 @@ class HookedLM(HookedRootModule):
             positions, attn_mask = padding_masks(attention_mask)
         out = self.run_layers(x, attn_mask, positions, start_at_layer, stop_at_layer, past_kv_cache)
         if stop_at_layer is not None:
-            return out.as_subclass(Output) if return_type is COURSE else out
+            return out
         return finish(out, idx, targets, loss_mask, attention_mask, return_type, loss_per_token)
 
     def input_to_embed(self, input: TextOrTokens, prepend_bos: Optional[bool] = None, padding_side: Optional[str] = None,

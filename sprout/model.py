@@ -22,19 +22,23 @@ import torch.nn as nn
 import torch.nn.functional as F
 from transformer_lens.hook_points import HookPoint
 
-from .config import SproutConfig
+from . import text
+from .config import SproutConfig, SproutTransformerLensConfig
+from .forward import course_loss
+from .generation import sample
 from .hook_flags import HookFlags, editable, per_head_inputs
-from .hooked import HookedLM, hooked, padding_masks
+from .hooked import HookedLM, follow_weights, hooked, padding_masks
 from .pattern_attention import hooked_attention
 from .stacked_weights import TLWeights
-from .weights import Embed, SproutAttentionWeights, SproutMLPWeights, SproutUnembedWeights, link, linked
+from .weights import Embed, Ref, SproutAttentionWeights, SproutMLPWeights, SproutUnembedWeights
 
 
 class NormHooks(nn.Module):
-    """The hook points of one norm (`ln1`, `ln2`, `ln_final`); the gain lives in the RMSNorm it is linked to."""
+    """The hook points of one norm (`ln1`, `ln2`, `ln_final`); the gain lives in the RMSNorm `norm` refers to."""
 
-    def __init__(self):
+    def __init__(self, norm: "RMSNorm"):
         super().__init__()
+        self.norm: Ref[RMSNorm] = Ref(norm)
         self.hook_scale = HookPoint()  # [batch, pos, 1]: sqrt(mean(x^2) + eps)
         self.hook_normalized = HookPoint()  # [batch, pos, d_model]: x / scale, before the gain
 
@@ -42,13 +46,13 @@ class NormHooks(nn.Module):
         """The whole RMSNorm, gain included, firing this norm's hooks: what TransformerLens' RMSNorm module
         computes, so `model.unembed(model.ln_final(x))` are the logits and `blocks[l].attn(blocks[l].ln1(x))`
         is block l's attention. (`W_U`, `W_Q` ... carry the gain themselves: pair them with `normalize`.)"""
-        return linked(self, "norm")(x, self)
+        return self.norm.module(x, self)
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         """x / rms(x) [..., d_model], without the gain and without firing hooks: `hook_normalized` for any x,
         what pairs with the folded `W_U` (TransformerLens' gainless ln_final under fold_ln)."""
         xf = x.float()
-        return (xf / (xf.pow(2).mean(-1, keepdim=True) + linked(self, "norm").eps).sqrt()).type_as(x)
+        return (xf / (xf.pow(2).mean(-1, keepdim=True) + self.norm.module.eps).sqrt()).type_as(x)
 
 
 class RMSNorm(nn.Module):
@@ -96,10 +100,11 @@ def rotate(x: torch.Tensor, cos_rows: torch.Tensor, sin_rows: torch.Tensor) -> t
 class Attention(SproutAttentionWeights, nn.Module):
     """Causal multi-head self-attention with per-head QK-RMSNorm and RoPE."""
 
-    def __init__(self, cfg: SproutConfig):
+    def __init__(self, cfg: SproutConfig, norm: Optional[RMSNorm] = None):
         super().__init__()
         self.n_head = cfg.n_head
         self.d_head = cfg.d_head
+        self.norm: Ref[Optional[RMSNorm]] = Ref(norm)  # ln1's RMSNorm, whose gain W_Q/W_K/W_V fold in
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.q_norm = RMSNorm(self.d_head)
@@ -201,8 +206,10 @@ class MLPHooks(SproutMLPWeights, nn.Module):
     """The hook points of the SwiGLU layer (`mlp`); the weights live in FeedForward (`ffn`) and are read,
     in TransformerLens' layout, through `W_in`, `W_gate`, `W_out`."""
 
-    def __init__(self):
+    def __init__(self, norm: RMSNorm, ffn: "FeedForward"):
         super().__init__()
+        self.norm: Ref[RMSNorm] = Ref(norm)  # ln2's RMSNorm, whose gain W_in/W_gate fold in
+        self.ffn: Ref[FeedForward] = Ref(ffn)
         self.hook_pre = HookPoint()  # [batch, pos, d_ff]: x W1, before SiLU
         self.hook_pre_linear = HookPoint()  # [batch, pos, d_ff]: x W3, the linear half of the gate
         self.hook_post = HookPoint()  # [batch, pos, d_ff]: silu(x W1) * x W3
@@ -233,18 +240,15 @@ class Block(nn.Module):
 
     hook_out_is_single_residual_stream = True  # TransformerLens' logit_lens asks
 
-    def __init__(self, cfg: SproutConfig):
+    def __init__(self, cfg: SproutConfig, flags: SproutTransformerLensConfig):
         super().__init__()
         # Registration order matches model.py's, so the same seed gives the same initial weights.
         self.norm1 = RMSNorm(cfg.d_model)
-        self.attn = Attention(cfg)
+        self.attn = Attention(cfg, norm=self.norm1)
         self.norm2 = RMSNorm(cfg.d_model)
         self.ffn = FeedForward(cfg)
-        self.ln1, self.ln2, self.mlp = NormHooks(), NormHooks(), MLPHooks()
-        link(self.ln1, norm=self.norm1)
-        link(self.ln2, norm=self.norm2)
-        link(self.attn, norm=self.norm1)  # for W_Q/W_K/W_V with ln1's gain folded in
-        link(self.mlp, norm=self.norm2, ffn=self.ffn)
+        self.ln1, self.ln2, self.mlp = NormHooks(self.norm1), NormHooks(self.norm2), MLPHooks(self.norm2, self.ffn)
+        self.flags = flags  # the model's cfg: TransformerLens' hook flags are read from it (sprout/hook_flags.py)
         self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
         self.hook_attn_out = HookPoint()
         self.hook_resid_mid = HookPoint()
@@ -260,15 +264,15 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 attn_mask: Optional[torch.Tensor] = None, kv=None) -> torch.Tensor:
         x = self.hook_resid_pre(x)
-        flags = linked(self, "lens")
-        if flags is not None and (flags.use_split_qkv_input or flags.use_attn_in):
+        flags = self.flags
+        if flags.use_split_qkv_input or flags.use_attn_in:
             attn_in = per_head_inputs(self, x, self.attn.n_head, flags.use_attn_in, lambda c: self.norm1(c))
             if hooked(self.ln1.hook_scale, self.ln1.hook_normalized):
                 self.norm1(x, self.ln1)  # ln1's hooks still see the shared stream; the heads read their copies
         else:
             attn_in = self.norm1(x, self.ln1)
         x = self.hook_resid_mid(x + self.hook_attn_out(self.attn.attend(attn_in, cos, sin, attn_mask, kv)))
-        mlp_in = self.hook_mlp_in(x.clone()) if flags is not None and flags.use_hook_mlp_in else x
+        mlp_in = self.hook_mlp_in(x.clone()) if flags.use_hook_mlp_in else x
         x = self.hook_resid_post(x + self.hook_mlp_out(self.ffn(self.norm2(mlp_in, self.ln2), self.mlp)))
         return x
 
@@ -276,34 +280,46 @@ class Block(nn.Module):
 class UnembedHooks(SproutUnembedWeights, nn.Module):
     """The hook point of the output layer (`unembed`); its weight is `head`, tied to `embed`."""
 
-    def __init__(self):
+    def __init__(self, norm: RMSNorm, head: nn.Linear):
         super().__init__()
+        self.norm: Ref[RMSNorm] = Ref(norm)  # the final RMSNorm, whose gain W_U folds in
+        self.head: Ref[nn.Linear] = Ref(head)  # the output layer, tied to the embedding
         self.hook_out = HookPoint()  # [batch, pos, vocab]: the logits
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits [..., vocab] from the final norm's output x (gain applied: `model.ln_final(x)`), through
         the tied embedding; `W_U` is this matrix with the gain folded in, for the gainless stream."""
-        return self.hook_out(linked(self, "head")(x))
+        return self.hook_out(self.head.module(x))
 
 
-class Sprout(TLWeights, HookFlags, HookedLM):
-    """The Sprout transformer, hooked. `logits, loss = model(idx, targets, loss_mask)` as model.py, and
-    `model(tokens, return_type=...)` as TransformerLens (see `HookedLM.forward`)."""
+class SproutTransformer(nn.Module):
+    """Sprout's modules and the pass through them, under neither calling convention: the parent of
+    `Sprout` (TransformerLens' contract) and `GPT` (the course's). Both hold these modules under these
+    names, so both state dicts are model.py's and either loads the other's with strict=True.
 
-    def __init__(self, cfg: SproutConfig, tokenizer=None):
+    `share=other` builds the model over `other`'s modules instead of new ones: the same parameters,
+    buffers and hook points (not copies), so training one trains the other (`GPT.from_sprout`,
+    `Sprout.from_gpt`). `cfg` is TransformerLens' view of `config`, built once and shared with `share`;
+    its `device` and `dtype` follow the weights when the model is moved or cast (`hooked.follow_weights`).
+    """
+
+    def __init__(self, cfg: SproutConfig, *, share: Optional["SproutTransformer"] = None):
         super().__init__()
+        if share is not None:
+            if share.config != cfg:
+                raise ValueError(f"share= a model of config {share.config}, not of {cfg}: the modules are its")
+            self._adopt(share)
+            return
         self.config = cfg
-        self.tokenizer = tokenizer  # optional; held as a Hugging Face PreTrainedTokenizerFast
+        self.cfg: SproutTransformerLensConfig = cfg.transformer_lens_config()
         self.embed = Embed(cfg.vocab_size, cfg.d_model)
         self.hook_embed = HookPoint()  # [batch, pos, d_model]
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(Block(cfg, self.cfg) for _ in range(cfg.n_layer))
         self.norm = RMSNorm(cfg.d_model)
-        self.ln_final = NormHooks()
-        link(self.ln_final, norm=self.norm)
+        self.ln_final = NormHooks(self.norm)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.head.weight = self.embed.weight  # weight tying
-        self.unembed = UnembedHooks()
-        link(self.unembed, norm=self.norm, head=self.head)
+        self.unembed = UnembedHooks(self.norm, self.head)
         cos, sin = rope_tables(cfg.d_head, cfg.context, cfg.rope_base)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
@@ -312,14 +328,18 @@ class Sprout(TLWeights, HookFlags, HookedLM):
         for name, p in self.named_parameters():
             if name.endswith("proj.weight") or name.endswith("w2.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
-        self.setup()
+
+    def _adopt(self, other: "SproutTransformer") -> None:
+        self.config, self.cfg = other.config, other.cfg
+        for name in ("embed", "hook_embed", "blocks", "norm", "ln_final", "head", "unembed"):
+            setattr(self, name, getattr(other, name))
+        self.register_buffer("cos", other.cos, persistent=False)
+        self.register_buffer("sin", other.sin, persistent=False)
 
     @staticmethod
     def _init(m: nn.Module):
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
-
-    # --- forward (the calling conventions live in HookedLM.forward) -------------------------------
 
     def run_layers(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
                    positions: Optional[torch.Tensor] = None, start_at_layer: Optional[int] = None,
@@ -355,6 +375,63 @@ class Sprout(TLWeights, HookFlags, HookedLM):
         return self.unembed(self.norm(x, self.ln_final))
 
 
-# The course's names, so code written against model.py runs unchanged.
-GPT = Sprout
-Config = SproutConfig
+class Sprout(SproutTransformer, TLWeights, HookFlags, HookedLM):
+    """The Sprout transformer under TransformerLens' contract: `model(tokens)` is the logits, a plain
+    Tensor [batch, pos, vocab]; `return_type`, `loss_per_token`, `attention_mask`, `start_at_layer`,
+    `stop_at_layer` as HookedTransformer (see `HookedLM.forward`). What `sprout.load` returns.
+
+    The course's `logits, loss = model(idx, targets)` is `GPT`'s: `GPT.from_sprout(model)` shares these
+    weights."""
+
+    def __init__(self, cfg: SproutConfig, tokenizer=None, *, share: Optional[SproutTransformer] = None):
+        super().__init__(cfg, share=share)
+        self.tokenizer = tokenizer  # optional; held as a Hugging Face PreTrainedTokenizerFast
+        self.setup()
+
+    @classmethod
+    def from_gpt(cls, gpt: "GPT", tokenizer=None) -> "Sprout":
+        """The TransformerLens-contract model over a course model's modules (the same parameters)."""
+        return cls(gpt.config, tokenizer, share=gpt)
+
+
+class GPT(SproutTransformer):
+    """The course's model.py contract on Sprout's modules: `logits, loss = model(idx, targets, loss_mask)`,
+    and `logits, _ = model(idx)` is `(logits, None)`. The state dict is model.py's (and `Sprout`'s).
+
+    `GPT.from_sprout(model)` is the course's view of a loaded model (`sprout.load`), sharing its
+    parameters; `Sprout.from_gpt(gpt)` the other way. The hook points are the same modules as the
+    Sprout's, so hooks added through a Sprout fire here too.
+    """
+
+    def __init__(self, cfg: SproutConfig, *, share: Optional[SproutTransformer] = None):
+        super().__init__(cfg, share=share)
+
+    @classmethod
+    def from_sprout(cls, model: Sprout) -> "GPT":
+        """The course's model over a Sprout's modules (the same parameters, not a copy)."""
+        return cls(model.config, share=model)
+
+    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None,
+                loss_mask: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Token ids [batch, pos] -> (logits [batch, pos, vocab], loss or None): model.py's forward. The
+        loss is the mean next-token cross-entropy of every position against `targets` [batch, pos],
+        over the positions where `loss_mask` [batch, pos] is nonzero."""
+        logits = self.run_layers(text.check_tokens(self, idx))
+        if targets is None:
+            return logits, None
+        return logits, course_loss(logits, targets, loss_mask)
+
+    def generate(self, idx: torch.Tensor, max_new: int, temperature: float = 0.8, top_k: Optional[int] = None,
+                 top_p: Optional[float] = 0.95, stop=None) -> torch.Tensor:
+        """model.py's sampler: `max_new` tokens after idx [batch, pos], at its defaults (temperature 0.8,
+        top-p 0.95); ids in an optional `stop` end a row. Returns ids [batch, pos + new]."""
+        return sample(Sprout.from_gpt(self), idx, max_new, temperature, top_k, top_p, stop)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def _apply(self, fn, recurse: bool = True):
+        return follow_weights(super()._apply(fn, recurse))
+
+
+Config = SproutConfig  # the course's name

@@ -34,7 +34,7 @@ from .hook_flags import HookFlags, editable, per_head_inputs
 from .hooked import HookedLM, hooked, padding_masks
 from .pattern_attention import hooked_attention
 from .stacked_weights import TLWeights
-from .weights import Embed, PosEmbed, WalkthroughAttentionWeights, WalkthroughMLPWeights, WalkthroughUnembedWeights, link, linked
+from .weights import Embed, PosEmbed, Ref, WalkthroughAttentionWeights, WalkthroughMLPWeights, WalkthroughUnembedWeights
 
 
 @dataclass(frozen=True)
@@ -187,9 +187,11 @@ class Head(nn.Module):
 class Attention(WalkthroughAttentionWeights, nn.Module):
     """Causal multi-head self-attention: separate heads, concatenated, then a biased projection."""
 
-    def __init__(self, cfg: WalkthroughConfig):
+    def __init__(self, cfg: WalkthroughConfig, norm: Ref, after: Ref):
         super().__init__()
         self.n_head, self.d_head = cfg.n_head, cfg.d_head
+        self.norm = norm  # ln1 (nn.Identity without one), folded into W_Q/W_K/W_V and b_Q/b_K/b_V
+        self.after = after  # step 4.8's extra projection (None without one), folded into W_O/b_O
         self.heads = nn.ModuleList(Head(cfg.d_model, cfg.d_head) for _ in range(cfg.n_head))
         self.projection = nn.Linear(cfg.d_model, cfg.d_model)
         self.attn_dropout = nn.Dropout(cfg.dropout)  # on the attention weights
@@ -263,8 +265,10 @@ class Attention(WalkthroughAttentionWeights, nn.Module):
 class MLP(WalkthroughMLPWeights, nn.Module):
     """The position-wise feed-forward layer: fc2(dropout(relu(fc1(x)))), width 4C, with biases."""
 
-    def __init__(self, cfg: WalkthroughConfig):
+    def __init__(self, cfg: WalkthroughConfig, norm: Ref, after: Ref):
         super().__init__()
+        self.norm = norm  # ln2, folded into W_in/b_in
+        self.after = after  # step 4.8's extra projection, folded into W_out/b_out
         self.fc1 = nn.Linear(cfg.d_model, cfg.d_mlp)
         self.fc2 = nn.Linear(cfg.d_mlp, cfg.d_model)
         self.dropout = nn.Dropout(cfg.dropout)  # after the ReLU
@@ -280,13 +284,16 @@ class Block(nn.Module):
     """One block of a step: [ln1 ->] attention [-> extra projection], added to x if residual; then the
     same for the feed-forward layer. Hooks exist only for what the step computes."""
 
-    def __init__(self, cfg: WalkthroughConfig):
+    def __init__(self, cfg: WalkthroughConfig, flags: SproutTransformerLensConfig):
         super().__init__()
         self.residual = cfg.residual
-        # Registration order follows the walkthrough's, so a seed draws the same initial weights.
+        self.flags = flags  # the model's cfg: TransformerLens' hook flags are read from it (sprout/hook_flags.py)
+        # Registration order follows the walkthrough's, so a seed draws the same initial weights; the
+        # norms and extra projections come after the layers that fold them in, so their Refs are filled here.
         # What a step lacks is an nn.Identity: no weights, no hooks, nothing in the state dict.
-        self.attn = Attention(cfg)
-        self.mlp = MLP(cfg) if cfg.feed_forward else None
+        norm1, norm2, after_attn, after_mlp = Ref(), Ref(), Ref(), Ref()
+        self.attn = Attention(cfg, norm1, after_attn)
+        self.mlp = MLP(cfg, norm2, after_mlp) if cfg.feed_forward else None
         extra = cfg.extra_projections
         self.attention_projection = nn.Linear(cfg.d_model, cfg.d_model) if extra else nn.Identity()
         self.feedforward_projection = nn.Linear(cfg.d_model, cfg.d_model) if extra and cfg.feed_forward else nn.Identity()
@@ -294,9 +301,9 @@ class Block(nn.Module):
         self.ln2 = LayerNorm(cfg.d_model) if cfg.layer_norm and cfg.feed_forward else nn.Identity()
         self.dropout = nn.Dropout(cfg.dropout)  # on each branch, before it joins the stream
         # W_Q ... with ln1 folded in (TransformerLens' fold_ln); W_O, W_out with 4.8's extra projections
-        link(self.attn, norm=self.ln1, after=self.attention_projection if extra else None)
-        if self.mlp is not None:
-            link(self.mlp, norm=self.ln2, after=self.feedforward_projection if extra else None)
+        norm1.module, norm2.module = self.ln1, self.ln2
+        after_attn.module = self.attention_projection if extra else None
+        after_mlp.module = self.feedforward_projection if extra else None
         self.hook_attn_out = HookPoint()  # [batch, pos, d_model]: what the attention branch writes
         if self.mlp is not None:
             self.hook_mlp_out = HookPoint()
@@ -316,17 +323,17 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, kv=None) -> torch.Tensor:
         if self.residual:
             x = self.hook_resid_pre(x)
-        flags = linked(self, "lens")
+        flags = self.flags
         a = self.hook_attn_out(self.dropout(self.attention_projection(self.attn.attend(self._attn_input(x, flags), attn_mask, kv))))
         if self.mlp is None:
             return self.hook_resid_post(x + a) if self.residual else a
         x = self.hook_resid_mid(x + a) if self.residual else a
-        mlp_in = self.hook_mlp_in(x.clone()) if flags is not None and flags.use_hook_mlp_in else x
+        mlp_in = self.hook_mlp_in(x.clone()) if flags.use_hook_mlp_in else x
         m = self.hook_mlp_out(self.dropout(self.feedforward_projection(self.mlp(self.ln2(mlp_in)))))
         return self.hook_resid_post(x + m) if self.residual else m
 
     def _attn_input(self, x: torch.Tensor, flags):
-        if flags is None or not (flags.use_split_qkv_input or flags.use_attn_in):
+        if not (flags.use_split_qkv_input or flags.use_attn_in):
             return self.ln1(x)
         if not isinstance(self.ln1, LayerNorm):
             return per_head_inputs(self, x, self.attn.n_head, flags.use_attn_in, lambda c: c)
@@ -338,8 +345,9 @@ class Block(nn.Module):
 class Unembed(WalkthroughUnembedWeights, nn.Linear):
     """The LM head: Linear(C, vocab) with a bias, not tied to the embedding."""
 
-    def __init__(self, d_model: int, vocab_size: int):
+    def __init__(self, d_model: int, vocab_size: int, norm: nn.Module):
         super().__init__(d_model, vocab_size)
+        self.norm = Ref(norm)  # the final LayerNorm (nn.Identity without one), folded into W_U and b_U
         self.hook_out = HookPoint()  # [batch, pos, vocab]: the logits
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -347,8 +355,8 @@ class Unembed(WalkthroughUnembedWeights, nn.Linear):
 
 
 class WalkthroughGPT(TLWeights, HookFlags, HookedLM):
-    """The walkthrough's character GPT, hooked; called as model.py (`logits, loss = model(idx, targets)`) or as
-    TransformerLens (`model(tokens, return_type=...)`), see `HookedLM.forward`."""
+    """The walkthrough's character GPT, hooked, under TransformerLens' contract: `model(tokens)` is the
+    logits, `model(tokens, return_type=...)` as HookedTransformer (see `HookedLM.forward`)."""
 
     family = "walkthrough"
 
@@ -358,15 +366,15 @@ class WalkthroughGPT(TLWeights, HookFlags, HookedLM):
             raise ValueError(f"the tokenizer has {tokenizer.get_vocab_size()} tokens but the config's "
                              f"vocab_size is {cfg.vocab_size}")
         self.config = cfg
+        self.cfg: SproutTransformerLensConfig = cfg.transformer_lens_config()  # device, dtype: HookedLM._apply
         self.tokenizer = tokenizer  # optional tokenizers.Tokenizer (one id per character)
         self.embed = Embed(cfg.vocab_size, cfg.d_model)
         self.pos_embed = PosEmbed(cfg.context, cfg.d_model)
         self.hook_embed = HookPoint()  # [batch, pos, d_model]
         self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(Block(cfg, self.cfg) for _ in range(cfg.n_layer))
         self.ln_final = LayerNorm(cfg.d_model) if cfg.final_layer_norm else nn.Identity()
-        self.unembed = Unembed(cfg.d_model, cfg.vocab_size)
-        link(self.unembed, norm=self.ln_final)  # W_U, b_U with the final LayerNorm folded in
+        self.unembed = Unembed(cfg.d_model, cfg.vocab_size, self.ln_final)
         self.setup()
 
     def run_layers(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,

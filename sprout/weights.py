@@ -11,24 +11,34 @@ computed from the modules' own weights (`attn.qkv.weight`, `ffn.w1.weight`, ...)
 raw, trainable parameters under model.py's keys.
 
 A norm and the modules that read it are siblings in a block (`norm1` beside `attn`), so each reader
-holds a plain reference to the norm it reads (`link`), outside the module tree: not a parameter, not a
-submodule, not a state-dict key.
+holds its norm through a `Ref`, outside the module tree: not a parameter, not a submodule, not a
+state-dict key.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Generic, Optional, TypeVar
 
 import torch
 import torch.nn as nn
 
-
-def link(module: nn.Module, **siblings: Optional[nn.Module]) -> None:
-    """Let `module` read its siblings' weights (e.g. the norm before it) without registering them."""
-    module.__dict__.setdefault("_linked", {}).update(siblings)
+M = TypeVar("M", bound=Optional[nn.Module])
 
 
-def linked(module: nn.Module, name: str) -> Optional[nn.Module]:
-    return module.__dict__.get("_linked", {}).get(name)
+class Ref(Generic[M]):
+    """A reference to a sibling module (e.g. the norm before a reader), held outside the module tree.
+
+    Assigning a module to a module's attribute registers it as a submodule (a second state-dict key, a
+    second path to its hooks); a Ref is a plain object, so `ref.module` is only read. `copy.deepcopy`
+    and pickling follow it to the copied sibling, as they follow any shared object.
+    """
+
+    __slots__ = ("module",)
+
+    def __init__(self, module: M = None):
+        self.module = module
+
+    def __repr__(self) -> str:
+        return f"Ref({type(self.module).__name__})"
 
 
 def _norm_affine(norm: Optional[nn.Module]) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
@@ -81,7 +91,7 @@ class SproutAttentionWeights:
 
     def _qkv(self, i: int) -> torch.Tensor:
         d = self.n_head * self.d_head
-        return fold_in(heads_in(self.qkv.weight[i * d:(i + 1) * d], self.n_head), linked(self, "norm"))
+        return fold_in(heads_in(self.qkv.weight[i * d:(i + 1) * d], self.n_head), self.norm.module)
 
     @property
     def W_Q(self) -> torch.Tensor:
@@ -124,18 +134,15 @@ class SproutMLPWeights:
     folded in, `W_out` (w2) [d_mlp, d_model], zero biases; on the hook module `mlp`, read from `ffn`."""
 
     def _ffn(self) -> nn.Module:
-        ffn = linked(self, "ffn")
-        if ffn is None:
-            raise AttributeError("this MLP hook module is not linked to a feed-forward layer")
-        return ffn
+        return self.ffn.module
 
     @property
     def W_in(self) -> torch.Tensor:
-        return fold_in(self._ffn().w3.weight.T, linked(self, "norm"))
+        return fold_in(self._ffn().w3.weight.T, self.norm.module)
 
     @property
     def W_gate(self) -> torch.Tensor:
-        return fold_in(self._ffn().w1.weight.T, linked(self, "norm"))
+        return fold_in(self._ffn().w1.weight.T, self.norm.module)
 
     @property
     def W_out(self) -> torch.Tensor:
@@ -156,11 +163,11 @@ class SproutUnembedWeights:
 
     @property
     def W_U(self) -> torch.Tensor:
-        return fold_in(linked(self, "head").weight.T, linked(self, "norm"))
+        return fold_in(self.head.module.weight.T, self.norm.module)
 
     @property
     def b_U(self) -> torch.Tensor:
-        head = linked(self, "head").weight
+        head = self.head.module.weight
         return head.new_zeros(head.size(0))
 
 
@@ -195,35 +202,35 @@ class WalkthroughAttentionWeights:
 
     @property
     def W_Q(self) -> torch.Tensor:
-        return fold_in(self._stacked("query"), linked(self, "norm"))
+        return fold_in(self._stacked("query"), self.norm.module)
 
     @property
     def W_K(self) -> torch.Tensor:
-        return fold_in(self._stacked("key"), linked(self, "norm"))
+        return fold_in(self._stacked("key"), self.norm.module)
 
     @property
     def W_V(self) -> torch.Tensor:
-        return fold_in(self._stacked("value"), linked(self, "norm"))
+        return fold_in(self._stacked("value"), self.norm.module)
 
     @property
     def W_O(self) -> torch.Tensor:
-        return fold_out(heads_out(self.projection.weight, self.n_head), linked(self, "after"))
+        return fold_out(heads_out(self.projection.weight, self.n_head), self.after.module)
 
     @property
     def b_Q(self) -> torch.Tensor:
-        return fold_bias(self._stacked("query"), None, linked(self, "norm"))
+        return fold_bias(self._stacked("query"), None, self.norm.module)
 
     @property
     def b_K(self) -> torch.Tensor:
-        return fold_bias(self._stacked("key"), None, linked(self, "norm"))
+        return fold_bias(self._stacked("key"), None, self.norm.module)
 
     @property
     def b_V(self) -> torch.Tensor:
-        return fold_bias(self._stacked("value"), None, linked(self, "norm"))
+        return fold_bias(self._stacked("value"), None, self.norm.module)
 
     @property
     def b_O(self) -> torch.Tensor:
-        return fold_out_bias(self.projection.bias, linked(self, "after"))
+        return fold_out_bias(self.projection.bias, self.after.module)
 
 
 class WalkthroughMLPWeights:
@@ -232,19 +239,19 @@ class WalkthroughMLPWeights:
 
     @property
     def W_in(self) -> torch.Tensor:
-        return fold_in(self.fc1.weight.T, linked(self, "norm"))
+        return fold_in(self.fc1.weight.T, self.norm.module)
 
     @property
     def b_in(self) -> torch.Tensor:
-        return fold_bias(self.fc1.weight.T, self.fc1.bias, linked(self, "norm"))
+        return fold_bias(self.fc1.weight.T, self.fc1.bias, self.norm.module)
 
     @property
     def W_out(self) -> torch.Tensor:
-        return fold_out(self.fc2.weight.T, linked(self, "after"))
+        return fold_out(self.fc2.weight.T, self.after.module)
 
     @property
     def b_out(self) -> torch.Tensor:
-        return fold_out_bias(self.fc2.bias, linked(self, "after"))
+        return fold_out_bias(self.fc2.bias, self.after.module)
 
 
 class WalkthroughUnembedWeights:
@@ -252,8 +259,8 @@ class WalkthroughUnembedWeights:
 
     @property
     def W_U(self) -> torch.Tensor:
-        return fold_in(self.weight.T, linked(self, "norm"))
+        return fold_in(self.weight.T, self.norm.module)
 
     @property
     def b_U(self) -> torch.Tensor:
-        return fold_bias(self.weight.T, self.bias, linked(self, "norm"))
+        return fold_bias(self.weight.T, self.bias, self.norm.module)
