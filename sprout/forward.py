@@ -25,6 +25,10 @@ RETURN_TYPES = ("logits", "loss", "both", None)
 
 def check_return_type(return_type, targets, loss_mask) -> None:
     """`return_type` is one of TransformerLens' four; `targets`/`loss_mask` go with a loss only."""
+    if isinstance(return_type, torch.Tensor):
+        raise ValueError(f"return_type must be one of {RETURN_TYPES}, got a tensor: the second positional argument "
+                         "is return_type, as in HookedTransformer; for model.py's loss pass return_type='loss', "
+                         "targets=..., or call the course's class (sprout.model.GPT.from_sprout(model))")
     if return_type not in RETURN_TYPES:
         raise ValueError(f"return_type must be one of {RETURN_TYPES}, got {return_type!r}")
     if return_type not in ("loss", "both") and (targets is not None or loss_mask is not None):

@@ -17,7 +17,7 @@ from transformer_lens.HookedRootModule import HookedRootModule
 
 from . import generation, text
 from .activation_cache import SproutActivationCache
-from .forward import check_loss_tokens, check_resid, check_return_type, course_loss, finish, layer_range, tl_loss
+from .forward import check_loss_tokens, check_resid, check_return_type, finish, layer_range, tl_loss
 from .hook_checks import cache_hooks, check_buffers, checked_hook, copy_into_buffer, unknown_hook
 from .tokenizer import as_hf
 
@@ -27,11 +27,6 @@ TextOrTokens = Union[str, list, torch.Tensor]
 def hooked(*points: HookPoint) -> bool:
     """Whether any of these hook points has a forward or backward hook attached right now."""
     return any(p._forward_hooks or p._backward_hooks for p in points)
-
-
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor, loss_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """model.py's loss: mean next-token cross-entropy, over the positions where loss_mask is nonzero."""
-    return course_loss(logits, targets, loss_mask)
 
 
 def follow_weights(model):
@@ -347,10 +342,10 @@ class HookedLM(HookedRootModule):
     def run_with_cache(self, *model_args, **kwargs):
         """Run and cache activations: `logits, cache = model.run_with_cache(tokens_or_text)`.
 
-        Returns forward's output (as `forward` documents: the logits, or `(logits, loss)` with targets)
+        Returns forward's output (as `forward` documents: the logits, or what `return_type` asks for)
         and an `ActivationCache`. `names_filter` selects hooks; `pos_slice` keeps those positions of every
         activation; `incl_bwd=True` also caches the loss's gradient at each hook as `<name>_grad` (pass
-        targets or `return_type="loss"`), leaving the parameters' `.grad` as they were.
+        `return_type="loss"` or "both"), leaving the parameters' `.grad` as they were.
 
         As in TransformerLens, caching everything (no `names_filter`) leaves out each head's separate
         write to the stream, `attn.hook_result` [batch, pos, head, d_model], unless
@@ -392,8 +387,8 @@ class HookedLM(HookedRootModule):
             out = self(*model_args, **kwargs)
             loss = out[1] if isinstance(out, tuple) else out
             if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-                raise ValueError("run_with_cache(incl_bwd=True) caches gradients of the loss: pass targets too, "
-                                 "or return_type='loss'")
+                raise ValueError("run_with_cache(incl_bwd=True) caches gradients of the loss: pass return_type='loss' "
+                                 "(or 'both'; with targets=... for model.py's loss)")
             params = [p for p in self.parameters() if p.requires_grad]
             if not loss.requires_grad or not params:
                 raise ValueError("run_with_cache(incl_bwd=True) needs gradients: the parameters do not require grad "

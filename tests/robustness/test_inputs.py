@@ -33,7 +33,7 @@ def test_empty_text_is_refused(char_model, call):
 
 def test_text_longer_than_the_context_is_an_error_not_a_truncation(char_model):
     fits, too_long = "ab" * 32, "ab" * 32 + "c"  # 64 and 65 characters, one token each
-    logits, _ = char_model(fits)
+    logits = char_model(fits)
     assert logits.shape == (1, 64, TINY.vocab_size)
     with pytest.raises(ValueError) as err:
         char_model(too_long)
@@ -50,8 +50,8 @@ def test_windows_is_the_explicit_way_to_run_a_long_text(char_model):
     w = windows(ids, 64)
     assert w.shape == (3, 64)
     assert torch.equal(w[0], ids[:64]) and torch.equal(w[1], ids[64:128]) and torch.equal(w[2], ids[-64:])
-    logits, _ = char_model(w)  # the windows fit, and run as one batch
-    alone, _ = char_model(ids[64:128][None])
+    logits = char_model(w)  # the windows fit, and run as one batch
+    alone = char_model(ids[64:128][None])
     assert torch.allclose(logits[1], alone[0], atol=1e-6)
     overlapping = windows(ids, 64, stride=32)
     starts = [0, 32, 64, 96]  # then the last window moves back to end at token 160

@@ -155,7 +155,7 @@ def test_left_padded_ids_without_their_mask_warn(model):
         warnings.simplefilter("error")
         model(ids, attention_mask=mask)  # with the mask: no warning
         model(model.to_tokens(texts, padding_side="right"))  # right padding reads correctly
-        model(ids, ids)  # the course's training call is not checked
+        model(ids, return_type="loss", targets=ids)  # the course's training call is not checked
         model(model.to_tokens(texts, padding_side="left", prepend_bos=True)[:1])  # one row
         model(model.to_tokens([t[:7] for t in texts], prepend_bos=True))  # every row starts with one BOS
 
