@@ -30,9 +30,16 @@ from typing import Callable, Optional
 import torch
 from transformer_lens.hook_points import HookPoint
 
+from .names import block
+
 INPUT_HOOKS = ("hook_q_input", "hook_k_input", "hook_v_input", "hook_attn_in")
 _FLAG_OF = {"hook_q_input": "use_split_qkv_input", "hook_k_input": "use_split_qkv_input",
             "hook_v_input": "use_split_qkv_input", "hook_attn_in": "use_attn_in", "hook_mlp_in": "use_hook_mlp_in"}
+
+
+def attn_alias(layer: int, name: str) -> str:
+    """TransformerLens 4's name of block `layer`'s input hook `name` under `attn` ("blocks.0.attn.hook_q_input")."""
+    return block(layer) + "attn." + name
 
 
 class HookFlagError(ValueError, AssertionError):
@@ -74,19 +81,19 @@ class HookFlags:
     def setup(self):
         super().setup()
         self._alias_input_hooks()
-        for l, block in enumerate(self.blocks):
+        for l, blk in enumerate(self.blocks):
             for name in INPUT_HOOKS:
-                if hasattr(block, name):
-                    self.mod_dict[f"blocks.{l}.attn.{name}"] = getattr(block, name)
+                if hasattr(blk, name):
+                    self.mod_dict[attn_alias(l, name)] = getattr(blk, name)
 
     def _alias_input_hooks(self):
         cfg = self.cfg
         # TransformerLens 4's names for the input hooks, in hook_dict while their flag is on
-        for l, block in enumerate(self.blocks):
+        for l, blk in enumerate(self.blocks):
             for name in INPUT_HOOKS:
-                alias = f"blocks.{l}.attn.{name}"
-                if hasattr(block, name) and gated_flag(cfg, name) is None:
-                    self.hook_dict[alias] = getattr(block, name)
+                alias = attn_alias(l, name)
+                if hasattr(blk, name) and gated_flag(cfg, name) is None:
+                    self.hook_dict[alias] = getattr(blk, name)
                 else:
                     self.hook_dict.pop(alias, None)
 

@@ -131,8 +131,8 @@ def test_not_a_tensor_is_named(tiny_model):
 def test_a_batch_with_bad_targets_is_refused(tiny_model):
     ids = torch.randint(0, TINY.vocab_size, (2, 3))
     with pytest.raises(ValueError, match=r"targets must be token ids of shape \(2, 3\) .*got \(2, 4\)"):
-        tiny_model(ids, targets=torch.zeros(2, 4, dtype=torch.long))
+        tiny_model(ids, return_type="loss", targets=torch.zeros(2, 4, dtype=torch.long))
     with pytest.raises(IndexError, match=f"Target {TINY.vocab_size + 3} is out of bounds"):
-        tiny_model(ids, targets=torch.full((2, 3), TINY.vocab_size + 3))
+        tiny_model(ids, return_type="loss", targets=torch.full((2, 3), TINY.vocab_size + 3))
     with pytest.raises(RuntimeError, match="expected target dtype to be Long"):
-        tiny_model(ids, targets=torch.zeros(2, 3))
+        tiny_model(ids, return_type="loss", targets=torch.zeros(2, 3))

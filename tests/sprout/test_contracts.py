@@ -2,6 +2,9 @@
 forward is a plain Tensor of logits), `sprout.model.GPT` as the course's model.py (`(logits, loss)`), over
 the same modules and the same state dict. The course class is checked against `PlainSprout`, an
 independent copy of model.py."""
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -131,3 +134,15 @@ def test_targets_without_a_loss_and_tensors_as_return_type_are_refused():
         model(x, targets=x)
     with pytest.raises(ValueError, match="loss_mask= is read only for a loss"):
         model(x, loss_mask=torch.ones(1, 5))
+
+
+def test_the_readme_block_on_the_two_classes_runs_as_written():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### Two classes, one set of weights", 1)[1]
+    code = re.search(r"```python\n(.*?)\n```", section, re.S).group(1)
+    seq = ids(2, 9, vocab=1000)  # within every demo vocabulary
+    scope = {"tokens": seq, "idx": seq[:, :-1], "targets": seq[:, 1:]}
+    exec(code, scope)
+    with torch.no_grad():
+        assert torch.equal(scope["back"](seq), scope["model"](seq))
+    assert scope["loss"].item() == pytest.approx(scope["model"](seq[:, :-1], return_type="loss", targets=seq[:, 1:]).item())
