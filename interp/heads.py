@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 
 from sprout.synthetic import repeated_random_tokens
-from sprout.text import check_integer_ids
+from sprout.tl.text import check_integer_ids
 
 from ._batching import TextOrTokens, batches, token_rows
 from ._model import n_heads, n_layers, require_hooks

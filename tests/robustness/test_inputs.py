@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from sprout import Sprout
-from sprout.text import windows
+from sprout.tl.text import windows
 from sprout.tokenizer import char_tokenizer, encode
 from tests.conftest import TINY, randomize_gains
 
@@ -38,7 +38,7 @@ def test_text_longer_than_the_context_is_an_error_not_a_truncation(char_model):
     with pytest.raises(ValueError) as err:
         char_model(too_long)
     assert str(err.value).startswith("sequence of 65 tokens is longer than the model's context of 64 tokens")
-    assert "sprout.text.windows(ids, 64)" in str(err.value)
+    assert "sprout.tl.text.windows(ids, 64)" in str(err.value)
     with pytest.raises(ValueError, match="65 tokens is longer than the model's context of 64"):
         char_model.run_with_cache(too_long)
     with pytest.raises(ValueError, match="65 tokens is longer"):

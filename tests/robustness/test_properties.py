@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from sprout import Sprout, checkpoint
 from sprout.checkpoint import from_state_dict
-from sprout.model import apply_rope, rope_tables
+from sprout.layers import apply_rope, rope_tables
 from sprout.synthetic import generate_corpus
 from sprout.tokenizer import char_tokenizer, decode, encode, train_bpe
 from tests.conftest import TINY, randomize_gains

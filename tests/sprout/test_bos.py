@@ -116,7 +116,7 @@ def test_to_tokens_truncates_as_transformer_lens_and_refuses_on_request(model):
     bos = model.tokenizer.bos_token_id
     assert model.to_tokens(long, prepend_bos=True).tolist() == [[bos] + ids[:CFG.context - 1]]
     assert [len(r) for r in model.to_str_tokens([long, "the cat"])] == [CFG.context, 2]
-    with pytest.raises(ValueError, match=rf"sequence of {len(ids)} tokens is longer .*sprout.text.windows"):
+    with pytest.raises(ValueError, match=rf"sequence of {len(ids)} tokens is longer .*sprout.tl.text.windows"):
         model.to_tokens(long, truncate=False)
     with pytest.raises(ValueError, match="longer than the model's context"):
         model(long)  # the forward never truncates

@@ -11,7 +11,7 @@ import torch
 import sprout
 from benchmarks.plain_sprout import PlainSprout
 from sprout import GPT, Sprout, build_step
-from sprout.generation import sample
+from sprout.tl.generation import sample
 from tests.conftest import TINY, randomize_gains
 
 

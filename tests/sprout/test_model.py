@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from benchmarks.plain_sprout import PlainSprout
 from sprout import Sprout, SproutConfig
-from sprout.model import apply_rope, rope_tables
+from sprout.layers import apply_rope, rope_tables
 from tests.conftest import TINY
 
 

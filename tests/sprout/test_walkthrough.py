@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from sprout.config import STEPS
 from sprout.tokenizer import char_tokenizer
 from sprout.walkthrough import (
-    STEPS,
     WalkthroughConfig,
     WalkthroughGPT,
     build_step,

@@ -1,6 +1,6 @@
 """TransformerLens' text methods on a hooked model: `to_tokens`, `to_str_tokens`, `to_string`,
 `to_single_token`, `to_single_str_token`, `get_token_position`, `tokens_to_residual_directions` and
-`generate`, each a thin call of `sprout.text` or `sprout.generation` with the model's tokenizer.
+`generate`, each a thin call of `sprout.tl.text` or `sprout.tl.generation` with the model's tokenizer.
 """
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Optional, Union
 
 import torch
 
+from ..tokenizer import as_hf
 from . import generation, text
-from .tokenizer import as_hf
 
 TextOrTokens = Union[str, list, torch.Tensor]
 
@@ -38,7 +38,7 @@ class TextIO:
 
         As TransformerLens: `prepend_bos` (default `model.cfg.default_prepend_bos`) puts `<|endoftext|>`
         first; `truncate=True` keeps the first `n_ctx` tokens, `truncate=False` refuses a longer text
-        (naming `sprout.text.windows`); `to_tokens("")` is [[BOS]] with prepend_bos, else shape [1, 0].
+        (naming `sprout.tl.text.windows`); `to_tokens("")` is [[BOS]] with prepend_bos, else shape [1, 0].
         """
         return text.to_tokens(self, input, prepend_bos, padding_side, move_to_device, truncate)
 
@@ -95,7 +95,7 @@ class TextIO:
         none for a character tokenizer), at an id in `stop` (model.py's argument), at `stop_strings`
         or `stopping_criteria` (transformers'); finished rows are filled with the EOS until all stop.
         `use_past_kv_cache` (default) runs each new token alone against a key-value cache
-        (`sprout.generation`): the same tokens as without it, and faster for long outputs. Past the
+        (`sprout.tl.generation`): the same tokens as without it, and faster for long outputs. Past the
         context, generation slides a window of `n_ctx` tokens (the cache is dropped from there).
 
         Returns (`return_type`): "str" the text(s) without padding, BOS and EOS (one str for a batch
@@ -106,7 +106,7 @@ class TextIO:
         `return_input_tokens=True` adds the prompt's ids as the model read them.
 
         The course's `generate(idx, max_new)` works too; model.py sampled at temperature 0.8 with
-        top-p 0.95: pass them (or use `sprout.generation.sample`) for its samples. `pixel_values`
+        top-p 0.95: pass them (or use `sprout.tl.generation.sample`) for its samples. `pixel_values`
         and `forced_bos_token_id` (vision and encoder-decoder models) are refused.
         """
         for name, value in (("pixel_values", pixel_values), ("forced_bos_token_id", forced_bos_token_id)):

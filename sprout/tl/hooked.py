@@ -2,7 +2,7 @@
 run_with_* entry points (thread-safe, with checked hooks); the text methods are `text_io.TextIO`'s.
 
 A model subclasses `HookedLM` and defines `run_layers(x, attn_mask, positions, start_at_layer,
-stop_at_layer, past_kv_cache)`: the layers alone. `forward` reads TransformerLens' arguments (`sprout.forward`).
+stop_at_layer, past_kv_cache)`: the layers alone. `forward` reads TransformerLens' arguments (`sprout.tl.forward`).
 """
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def _show_user_hook(points, checked, hook) -> None:
 
 
 class HookedLM(TextIO, HookedRootModule):
-    """A HookedRootModule with TransformerLens' forward contract (see `sprout.forward`).
+    """A HookedRootModule with TransformerLens' forward contract (see `sprout.tl.forward`).
 
     Subclasses set `self.config`, `self.cfg` (its `transformer_lens_config()`, which their blocks read
     for the hook flags), `self.embed`, `self.tokenizer`, build their layers, define `run_layers`, then
@@ -121,7 +121,7 @@ class HookedLM(TextIO, HookedRootModule):
         `loss_per_token`; `attention_mask` [batch, pos] (1 token, 0 padding; texts of unequal length
         are padded and masked on their own); `prepend_bos` (text only, as in TransformerLens:
         `<|endoftext|>` first; default `model.cfg.default_prepend_bos`); `padding_side`;
-        `past_kv_cache` (a `TransformerLensKeyValueCache`, `sprout.generation`: the input is the
+        `past_kv_cache` (a `TransformerLensKeyValueCache`, `sprout.tl.generation`: the input is the
         positions after the cached ones, and is appended to it); `start_at_layer=S` (input is then the
         stream entering block S [batch, pos, d_model], checked; `tokens=` its ids for a loss);
         `stop_at_layer=L` returns the stream leaving block L-1 [batch, pos, d_model], firing no
@@ -228,7 +228,7 @@ class HookedLM(TextIO, HookedRootModule):
                            gated=self._gated_flag)
 
     def _gated_flag(self, name: str) -> Optional[str]:
-        """The flag (off) without which hook point `name` never fires; None here (see `sprout.hook_flags`)."""
+        """The flag (off) without which hook point `name` never fires; None here (see `sprout.tl.hook_flags`)."""
         return None
 
     def run_with_cache(self, *model_args, **kwargs):

@@ -1,5 +1,5 @@
 """TransformerLens' weight matrices on the modules of Sprout and the walkthrough GPT (`blocks[l].attn.W_Q`,
-`blocks[l].mlp.W_in`, `embed.W_E`, `unembed.W_U`, ...); `sprout/stacked_weights.py` stacks them per model.
+`blocks[l].mlp.W_in`, `embed.W_E`, `unembed.W_U`, ...); `sprout/tl/stacked_weights.py` stacks them per model.
 
 The layout is TransformerLens' (`W_Q` [n_heads, d_model, d_head], `W_O` [n_heads, d_head, d_model],
 `W_in` [d_model, d_mlp], ...), and as with TransformerLens' default loading

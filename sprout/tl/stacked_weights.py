@@ -1,7 +1,7 @@
 """The model-level TransformerLens weights: `W_Q` ... `W_U` stacked over blocks, `QK`/`OV` as
 FactoredMatrix, composition scores, `tl_parameters` (what `SVDInterpreter` reads).
 
-Each property stacks the per-module ones of `sprout/weights.py` (norm gains folded in, as TransformerLens'
+Each property stacks the per-module ones of `sprout/tl/weights.py` (norm gains folded in, as TransformerLens'
 `fold_ln`), so the model and `blocks[l].attn.W_Q` always agree.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch.nn as nn
 from transformer_lens.FactoredMatrix import FactoredMatrix
 from transformer_lens.utilities.matrix import composition_scores
 
-from .names import block
+from ..names import block
 
 _ROTARY = ("there is no learned position embedding (positional_embedding_type='rotary': RoPE rotates each "
            "head's queries and keys, so positions show in blocks.{l}.attn.hook_rot_q / hook_rot_k; see the README, "

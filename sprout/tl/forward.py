@@ -76,7 +76,7 @@ def check_resid(resid, cfg, start_at_layer: int) -> torch.Tensor:
     if T > n_ctx:
         raise ValueError(f"sequence of {T} tokens is longer than the model's context of {n_ctx} tokens; "
                          f"nothing is truncated silently: cut it into windows yourself, e.g. "
-                         f"sprout.text.windows(ids, {n_ctx})")
+                         f"sprout.tl.text.windows(ids, {n_ctx})")
     if resid.dtype != cfg.dtype:
         raise TypeError(f"{what} in the model's dtype {cfg.dtype}, got {resid.dtype}: cast it with .to({cfg.dtype})")
     if resid.device != torch.device(cfg.device):

@@ -30,7 +30,7 @@ from typing import Callable, Optional
 import torch
 from transformer_lens.hook_points import HookPoint
 
-from .names import block
+from ..names import block
 
 INPUT_HOOKS = ("hook_q_input", "hook_k_input", "hook_v_input", "hook_attn_in")
 _FLAG_OF = {"hook_q_input": "use_split_qkv_input", "hook_k_input": "use_split_qkv_input",
