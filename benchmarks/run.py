@@ -34,7 +34,7 @@ import torch
 import interp
 import sprout
 from benchmarks.plain_sprout import PlainSprout
-from sprout import Sprout, SproutConfig
+from sprout import GPT, Sprout, SproutConfig
 from sprout.files.hf import export
 
 TINY = SproutConfig(vocab_size=512, context=64, n_layer=2, n_head=4, d_model=64, d_ff=128)
@@ -188,9 +188,10 @@ def measure(cfg: SproutConfig, folder: Path, batch: int, pos: int, repeats: int,
     plain.train()
     targets = torch.randint(0, cfg.vocab_size, (batch, pos), generator=g)
     opts = {m: torch.optim.AdamW(m.parameters(), lr=1e-4) for m in (plain, ours)}
+    course = GPT.from_sprout(ours)  # the course's (logits, loss) on our weights, as plain's
     training = interleaved({
         "plain_step": lambda: training_step(plain, opts[plain], tokens, targets),
-        "ours_step": lambda: training_step(ours, opts[ours], tokens, targets),
+        "ours_step": lambda: training_step(course, opts[ours], tokens, targets),
     }, repeats)
     add(training, [
         ("plain_step", "plain training step (forward + backward + AdamW)", "plain_step", "reference"),

@@ -1,7 +1,7 @@
 """The one input contract of every analysis: text or token ids in, checked ids [batch, pos] and a mask out.
 
 Every public function of interp that reads text or token ids goes through here, so they all take the
-same things and refuse the same things with the forward's own words (`sprout.text`): float or bool ids
+same things and refuse the same things with the forward's own words (`sprout.tl.text`): float or bool ids
 (1.7 never becomes token 1), ids outside the vocabulary, sequences longer than the context, empty input.
 
 - `token_batch` gives one batch [batch, pos] for analyses that compare positions across rows
@@ -21,7 +21,7 @@ from typing import NamedTuple, Optional, Sequence, Union
 import torch
 from jaxtyping import Int
 
-from sprout.text import check_attention_mask, check_integer_ids, check_tokens, tokens_and_mask
+from sprout.tl.text import check_attention_mask, check_integer_ids, check_tokens, tokens_and_mask
 from sprout.tokenizer import encode
 
 # text, a list of texts or of 1-D id rows, or ids [pos] / [batch, pos]

@@ -29,7 +29,7 @@ from jaxtyping import Bool, Float, Int
 
 from sprout.material import repeated_random_tokens
 from sprout.names import act_name
-from sprout.text import check_integer_ids
+from sprout.tl.text import check_integer_ids
 
 from ._batching import TextOrTokens, batches, token_rows
 from ._deprecated import renamed

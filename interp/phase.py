@@ -26,7 +26,7 @@ from typing import Optional
 import pandas as pd
 import torch
 
-from sprout.text import check_tokens
+from sprout.tl.text import check_tokens
 
 from ._deprecated import renamed
 from ._inputs import sequences

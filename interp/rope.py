@@ -22,7 +22,7 @@ def rope_distance_check(config=None, positions=CHAPTER_POSITIONS, seed: int = 1,
 
     Returns:
         One row per pair: `m`, `n`, `distance` (m - n), `score` (rope(q, m) . rope(k, n), computed with
-        `sprout.model.rope_tables` and `apply_rope`), `norm_ratio` (|rope(q, m)| / |q|: a rotation keeps
+        `sprout.layers.rope_tables` and `apply_rope`), `norm_ratio` (|rope(q, m)| / |q|: a rotation keeps
         the length, so 1), `spread` (max - min score over the pairs with the same distance: 0 up to float
         rounding, because the score depends only on m - n).
 
@@ -33,7 +33,7 @@ def rope_distance_check(config=None, positions=CHAPTER_POSITIONS, seed: int = 1,
         ([3, 3, 3, 1], True, True)
     """
     from sprout import SproutConfig
-    from sprout.model import apply_rope, rope_tables
+    from sprout.layers import apply_rope, rope_tables
 
     config = SproutConfig.preset("sprout") if config is None else config
     d = config.d_head

@@ -10,100 +10,40 @@ Hook points carry TransformerLens' canonical names (`blocks.0.ln1.hook_scale`, `
 `head`, and a HookPoint's name is its module path, so the hook points of a norm, the MLP and the
 unembedding live in small weightless modules (`ln1`, `mlp`, `ln_final`, `unembed`) that sit beside the
 weighted ones and are handed to them in forward. The state dict keeps model.py's keys; the hooks keep
-TransformerLens' names; nothing is registered twice.
+TransformerLens' names; nothing is registered twice. The small layers (norms, RoPE, SwiGLU, the hook
+modules) are in `sprout.layers`; here are the attention, the block and the models built from them:
+`Sprout` (TransformerLens' contract) and `GPT` (the course's), over the same modules.
 """
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Optional, Union
+from typing import Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from tokenizers import Tokenizer
 from transformer_lens.hook_points import HookPoint
 
-from .config import SproutConfig
-from .hook_flags import HookFlags, editable, per_head_inputs
-from .hooked import HookedLM, hooked, padding_masks
-from .pattern_attention import hooked_attention
-from .stacked_weights import TLWeights
-from .weights import Embed, SproutAttentionWeights, SproutMLPWeights, SproutUnembedWeights, link, linked
-
-if TYPE_CHECKING:  # held as it is; transformers is imported only where a tokenizer is wrapped
-    from transformers import PreTrainedTokenizerFast
-
-
-class NormHooks(nn.Module):
-    """The hook points of one norm (`ln1`, `ln2`, `ln_final`); the gain lives in the RMSNorm it is linked to."""
-
-    def __init__(self):
-        super().__init__()
-        self.hook_scale = HookPoint()  # [batch, pos, 1]: sqrt(mean(x^2) + eps)
-        self.hook_normalized = HookPoint()  # [batch, pos, d_model]: x / scale, before the gain
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The whole RMSNorm, gain included, firing this norm's hooks: what TransformerLens' RMSNorm module
-        computes, so `model.unembed(model.ln_final(x))` are the logits and `blocks[l].attn(blocks[l].ln1(x))`
-        is block l's attention. (`W_U`, `W_Q` ... carry the gain themselves: pair them with `normalize`.)"""
-        return linked(self, "norm")(x, self)
-
-    def normalize(self, x: torch.Tensor) -> torch.Tensor:
-        """x / rms(x) [..., d_model], without the gain and without firing hooks: `hook_normalized` for any x,
-        what pairs with the folded `W_U` (TransformerLens' gainless ln_final under fold_ln)."""
-        xf = x.float()
-        return (xf / (xf.pow(2).mean(-1, keepdim=True) + linked(self, "norm").eps).sqrt()).type_as(x)
-
-
-class RMSNorm(nn.Module):
-    """Rescale a vector to unit root-mean-square, then apply a learned gain (computed in float32)."""
-
-    def __init__(self, dim: int, eps: float = 1e-6):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor, hooks: Optional[NormHooks] = None) -> torch.Tensor:
-        if hooks is None or not hooked(hooks.hook_scale, hooks.hook_normalized):
-            return F.rms_norm(x.float(), (x.size(-1),), self.weight.float(), self.eps).type_as(x)
-        xf = x.float()
-        scale = hooks.hook_scale(editable((xf.pow(2).mean(-1, keepdim=True) + self.eps).sqrt(), hooks.hook_scale))
-        return (hooks.hook_normalized(xf / scale) * self.weight.float()).type_as(x)
-
-
-def rope_tables(d_head: int, context: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of position * theta_i, each [context, d_head / 2]."""
-    inv_freq = 1.0 / (base ** (torch.arange(0, d_head, 2).float() / d_head))
-    angles = torch.outer(torch.arange(context).float(), inv_freq)
-    return angles.cos(), angles.sin()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the pairs (x[i], x[i + d/2]) of x [batch, pos, head, d_head]; cos/sin [pos, d_head/2]."""
-    return rotate(x, *rope_rows(cos, sin))
-
-
-def rope_rows(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The [pos, d_head/2] tables as whole rows [pos, 1, d_head]: (cos, cos) and (-sin, sin)."""
-    return torch.cat((cos, cos), dim=-1)[..., None, :], torch.cat((-sin, sin), dim=-1)[..., None, :]
-
-
-def rotate(x: torch.Tensor, cos_rows: torch.Tensor, sin_rows: torch.Tensor) -> torch.Tensor:
-    """RoPE on whole rows: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) = x * (cos, cos) + (x2, x1) * (-sin, sin).
-
-    Bit-identical to rotating the two halves apart, in four kernels instead of seven; on a busy
-    2-core machine every kernel waits at a thread barrier, so the count shows in the forward's time.
-    """
-    return x * cos_rows + x.roll(x.size(-1) // 2, dims=-1) * sin_rows
+from .config import SproutConfig, SproutTransformerLensConfig
+from .layers import FeedForward, MLPHooks, NormHooks, RMSNorm, UnembedHooks, rope_rows, rope_tables, rotate
+from .tl import text
+from .tl.forward import course_loss
+from .tl.generation import sample
+from .tl.hook_flags import HookFlags, editable, per_head_inputs
+from .tl.hooked import HookedLM, follow_weights, hooked, padding_masks
+from .tl.pattern_attention import hooked_attention
+from .tl.stacked_weights import TLWeights
+from .tl.weights import Embed, Ref, SproutAttentionWeights
 
 
 class Attention(SproutAttentionWeights, nn.Module):
     """Causal multi-head self-attention with per-head QK-RMSNorm and RoPE."""
 
-    def __init__(self, cfg: SproutConfig):
+    def __init__(self, cfg: SproutConfig, norm: Optional[RMSNorm] = None):
         super().__init__()
         self.n_head = cfg.n_head
         self.d_head = cfg.d_head
+        self.norm: Ref[Optional[RMSNorm]] = Ref(norm)  # ln1's RMSNorm, whose gain W_Q/W_K/W_V fold in
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.q_norm = RMSNorm(self.d_head)
@@ -143,7 +83,7 @@ class Attention(SproutAttentionWeights, nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, head, T, d_head)
         if hooked(self.hook_attn_scores, self.hook_pattern):
             # Materialise scores and pattern only when someone reads or edits them; unedited, z is still
-            # the fused kernel's (sprout/pattern_attention.py).
+            # the fused kernel's (sprout/tl/pattern_attention.py).
             # In place: scores is fresh, and a copy of [batch, head, pos, pos] costs as much as the softmax.
             scores = (q @ k.transpose(-2, -1)).div_(math.sqrt(self.d_head))
             hidden = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1) if attn_mask is None else ~attn_mask
@@ -174,7 +114,6 @@ class Attention(SproutAttentionWeights, nn.Module):
             what = "past_kv_cache_entry" if past_kv_cache_entry is not None else "position_bias"
             raise ValueError(f"{what} is not taken by a direct call of Sprout's attention (RoPE, no ALiBi); "
                              "run the model's forward for cached keys and values")
-        x: Union[torch.Tensor, tuple[torch.Tensor, ...]]
         x = tuple(query_input if t is None else t for t in (query_input, key_input, value_input))
         if x[0].dim() == 3 and all(t is x[0] for t in x):
             x = x[0]
@@ -202,60 +141,26 @@ class Attention(SproutAttentionWeights, nn.Module):
         return tuple(torch.einsum("bphm,hdm->bphd", x, W[i]) for i, x in enumerate((xq, xk, xv)))
 
 
-class MLPHooks(SproutMLPWeights, nn.Module):
-    """The hook points of the SwiGLU layer (`mlp`); the weights live in FeedForward (`ffn`) and are read,
-    in TransformerLens' layout, through `W_in`, `W_gate`, `W_out`."""
-
-    def __init__(self):
-        super().__init__()
-        self.hook_pre = HookPoint()  # [batch, pos, d_ff]: x W1, before SiLU
-        self.hook_pre_linear = HookPoint()  # [batch, pos, d_ff]: x W3, the linear half of the gate
-        self.hook_post = HookPoint()  # [batch, pos, d_ff]: silu(x W1) * x W3
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The SwiGLU layer on ln2's output x [batch, pos, d_model], firing its hooks (TransformerLens' MLP)."""
-        return self._ffn()(x, self)
-
-
-class FeedForward(nn.Module):
-    """SwiGLU: silu(x W1) * (x W3), projected back with W2."""
-
-    def __init__(self, cfg: SproutConfig):
-        super().__init__()
-        self.w1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
-        self.w3 = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
-        self.w2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
-
-    def forward(self, x: torch.Tensor, hooks: Optional[MLPHooks] = None) -> torch.Tensor:
-        if hooks is None:
-            return self.w2(F.silu(self.w1(x)) * self.w3(x))
-        pre, pre_linear = hooks.hook_pre(self.w1(x)), hooks.hook_pre_linear(self.w3(x))
-        return self.w2(hooks.hook_post(F.silu(pre) * pre_linear))
-
-
 class Block(nn.Module):
     """One pre-norm transformer block: x + attn(norm1(x)), then x + ffn(norm2(x))."""
 
     hook_out_is_single_residual_stream = True  # TransformerLens' logit_lens asks
 
-    def __init__(self, cfg: SproutConfig):
+    def __init__(self, cfg: SproutConfig, flags: SproutTransformerLensConfig):
         super().__init__()
         # Registration order matches model.py's, so the same seed gives the same initial weights.
         self.norm1 = RMSNorm(cfg.d_model)
-        self.attn = Attention(cfg)
+        self.attn = Attention(cfg, norm=self.norm1)
         self.norm2 = RMSNorm(cfg.d_model)
         self.ffn = FeedForward(cfg)
-        self.ln1, self.ln2, self.mlp = NormHooks(), NormHooks(), MLPHooks()
-        link(self.ln1, norm=self.norm1)
-        link(self.ln2, norm=self.norm2)
-        link(self.attn, norm=self.norm1)  # for W_Q/W_K/W_V with ln1's gain folded in
-        link(self.mlp, norm=self.norm2, ffn=self.ffn)
+        self.ln1, self.ln2, self.mlp = NormHooks(self.norm1), NormHooks(self.norm2), MLPHooks(self.norm2, self.ffn)
+        self.flags = flags  # the model's cfg: TransformerLens' hook flags are read from it (sprout/tl/hook_flags.py)
         self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
         self.hook_attn_out = HookPoint()
         self.hook_resid_mid = HookPoint()
         self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
-        # Fire only with TransformerLens' flags on (sprout/hook_flags.py):
+        # Fire only with TransformerLens' flags on (sprout/tl/hook_flags.py):
         self.hook_q_input = HookPoint()  # [batch, pos, head, d_model]: each head's copy of resid_pre, before ln1
         self.hook_k_input = HookPoint()
         self.hook_v_input = HookPoint()
@@ -265,50 +170,47 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 attn_mask: Optional[torch.Tensor] = None, kv=None) -> torch.Tensor:
         x = self.hook_resid_pre(x)
-        flags = linked(self, "lens")
-        if flags is not None and (flags.use_split_qkv_input or flags.use_attn_in):
+        flags = self.flags
+        if flags.use_split_qkv_input or flags.use_attn_in:
             attn_in = per_head_inputs(self, x, self.attn.n_head, flags.use_attn_in, lambda c: self.norm1(c))
             if hooked(self.ln1.hook_scale, self.ln1.hook_normalized):
                 self.norm1(x, self.ln1)  # ln1's hooks still see the shared stream; the heads read their copies
         else:
             attn_in = self.norm1(x, self.ln1)
         x = self.hook_resid_mid(x + self.hook_attn_out(self.attn.attend(attn_in, cos, sin, attn_mask, kv)))
-        mlp_in = self.hook_mlp_in(x.clone()) if flags is not None and flags.use_hook_mlp_in else x
+        mlp_in = self.hook_mlp_in(x.clone()) if flags.use_hook_mlp_in else x
         x = self.hook_resid_post(x + self.hook_mlp_out(self.ffn(self.norm2(mlp_in, self.ln2), self.mlp)))
         return x
 
 
-class UnembedHooks(SproutUnembedWeights, nn.Module):
-    """The hook point of the output layer (`unembed`); its weight is `head`, tied to `embed`."""
+class SproutTransformer(nn.Module):
+    """Sprout's modules and the pass through them, under neither calling convention: the parent of
+    `Sprout` (TransformerLens' contract) and `GPT` (the course's). Both hold these modules under these
+    names, so both state dicts are model.py's and either loads the other's with strict=True.
 
-    def __init__(self):
+    `share=other` builds the model over `other`'s modules instead of new ones: the same parameters,
+    buffers and hook points (not copies), so training one trains the other (`GPT.from_sprout`,
+    `Sprout.from_gpt`). `cfg` is TransformerLens' view of `config`, built once and shared with `share`;
+    its `device` and `dtype` follow the weights when the model is moved or cast (`hooked.follow_weights`).
+    """
+
+    def __init__(self, cfg: SproutConfig, *, share: Optional["SproutTransformer"] = None):
         super().__init__()
-        self.hook_out = HookPoint()  # [batch, pos, vocab]: the logits
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits [..., vocab] from the final norm's output x (gain applied: `model.ln_final(x)`), through
-        the tied embedding; `W_U` is this matrix with the gain folded in, for the gainless stream."""
-        return self.hook_out(linked(self, "head")(x))
-
-
-class Sprout(TLWeights, HookFlags, HookedLM):
-    """The Sprout transformer, hooked. `logits, loss = model(idx, targets, loss_mask)` as model.py, and
-    `model(tokens, return_type=...)` as TransformerLens (see `HookedLM.forward`)."""
-
-    def __init__(self, cfg: SproutConfig, tokenizer: Union[Tokenizer, PreTrainedTokenizerFast, None] = None):
-        super().__init__()
+        if share is not None:
+            if share.config != cfg:
+                raise ValueError(f"share= a model of config {share.config}, not of {cfg}: the modules are its")
+            self._adopt(share)
+            return
         self.config = cfg
-        self.tokenizer = tokenizer  # optional; held as a Hugging Face PreTrainedTokenizerFast
+        self.cfg: SproutTransformerLensConfig = cfg.transformer_lens_config()
         self.embed = Embed(cfg.vocab_size, cfg.d_model)
         self.hook_embed = HookPoint()  # [batch, pos, d_model]
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(Block(cfg, self.cfg) for _ in range(cfg.n_layer))
         self.norm = RMSNorm(cfg.d_model)
-        self.ln_final = NormHooks()
-        link(self.ln_final, norm=self.norm)
+        self.ln_final = NormHooks(self.norm)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.head.weight = self.embed.weight  # weight tying
-        self.unembed = UnembedHooks()
-        link(self.unembed, norm=self.norm, head=self.head)
+        self.unembed = UnembedHooks(self.norm, self.head)
         cos, sin = rope_tables(cfg.d_head, cfg.context, cfg.rope_base)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
@@ -317,14 +219,18 @@ class Sprout(TLWeights, HookFlags, HookedLM):
         for name, p in self.named_parameters():
             if name.endswith("proj.weight") or name.endswith("w2.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
-        self.setup()
+
+    def _adopt(self, other: "SproutTransformer") -> None:
+        self.config, self.cfg = other.config, other.cfg
+        for name in ("embed", "hook_embed", "blocks", "norm", "ln_final", "head", "unembed"):
+            setattr(self, name, getattr(other, name))
+        self.register_buffer("cos", other.cos, persistent=False)
+        self.register_buffer("sin", other.sin, persistent=False)
 
     @staticmethod
     def _init(m: nn.Module):
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
-
-    # --- forward (the calling conventions live in HookedLM.forward) -------------------------------
 
     def run_layers(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
                    positions: Optional[torch.Tensor] = None, start_at_layer: Optional[int] = None,
@@ -360,6 +266,63 @@ class Sprout(TLWeights, HookFlags, HookedLM):
         return self.unembed(self.norm(x, self.ln_final))
 
 
-# The course's names, so code written against model.py runs unchanged.
-GPT = Sprout
-Config = SproutConfig
+class Sprout(SproutTransformer, TLWeights, HookFlags, HookedLM):
+    """The Sprout transformer under TransformerLens' contract: `model(tokens)` is the logits, a plain
+    Tensor [batch, pos, vocab]; `return_type`, `loss_per_token`, `attention_mask`, `start_at_layer`,
+    `stop_at_layer` as HookedTransformer (see `HookedLM.forward`). What `sprout.load` returns.
+
+    The course's `logits, loss = model(idx, targets)` is `GPT`'s: `GPT.from_sprout(model)` shares these
+    weights."""
+
+    def __init__(self, cfg: SproutConfig, tokenizer=None, *, share: Optional[SproutTransformer] = None):
+        super().__init__(cfg, share=share)
+        self.tokenizer = tokenizer  # optional; held as a Hugging Face PreTrainedTokenizerFast
+        self.setup()
+
+    @classmethod
+    def from_gpt(cls, gpt: "GPT", tokenizer=None) -> "Sprout":
+        """The TransformerLens-contract model over a course model's modules (the same parameters)."""
+        return cls(gpt.config, tokenizer, share=gpt)
+
+
+class GPT(SproutTransformer):
+    """The course's model.py contract on Sprout's modules: `logits, loss = model(idx, targets, loss_mask)`,
+    and `logits, _ = model(idx)` is `(logits, None)`. The state dict is model.py's (and `Sprout`'s).
+
+    `GPT.from_sprout(model)` is the course's view of a loaded model (`sprout.load`), sharing its
+    parameters; `Sprout.from_gpt(gpt)` the other way. The hook points are the same modules as the
+    Sprout's, so hooks added through a Sprout fire here too.
+    """
+
+    def __init__(self, cfg: SproutConfig, *, share: Optional[SproutTransformer] = None):
+        super().__init__(cfg, share=share)
+
+    @classmethod
+    def from_sprout(cls, model: Sprout) -> "GPT":
+        """The course's model over a Sprout's modules (the same parameters, not a copy)."""
+        return cls(model.config, share=model)
+
+    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None,
+                loss_mask: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Token ids [batch, pos] -> (logits [batch, pos, vocab], loss or None): model.py's forward. The
+        loss is the mean next-token cross-entropy of every position against `targets` [batch, pos],
+        over the positions where `loss_mask` [batch, pos] is nonzero."""
+        logits = self.run_layers(text.check_tokens(self, idx))
+        if targets is None:
+            return logits, None
+        return logits, course_loss(logits, targets, loss_mask)
+
+    def generate(self, idx: torch.Tensor, max_new: int, temperature: float = 0.8, top_k: Optional[int] = None,
+                 top_p: Optional[float] = 0.95, stop=None) -> torch.Tensor:
+        """model.py's sampler: `max_new` tokens after idx [batch, pos], at its defaults (temperature 0.8,
+        top-p 0.95); ids in an optional `stop` end a row. Returns ids [batch, pos + new]."""
+        return sample(Sprout.from_gpt(self), idx, max_new, temperature, top_k, top_p, stop)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def _apply(self, fn, recurse: bool = True):
+        return follow_weights(super()._apply(fn, recurse))
+
+
+Config = SproutConfig  # the course's name

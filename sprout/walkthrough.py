@@ -21,7 +21,6 @@ scripts set no initialisation of their own.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Optional, Union
 
 import torch
@@ -30,98 +29,12 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 from transformer_lens.hook_points import HookPoint
 
-from .config import SproutTransformerLensConfig, strict_from_dict
-from .hook_flags import HookFlags, editable, per_head_inputs
-from .hooked import HookedLM, hooked, padding_masks
-from .pattern_attention import hooked_attention
-from .stacked_weights import TLWeights
-from .weights import Embed, PosEmbed, WalkthroughAttentionWeights, WalkthroughMLPWeights, WalkthroughUnembedWeights, link, linked
-
-
-@dataclass(frozen=True)
-class WalkthroughConfig:
-    """One step of the walkthrough's model. The defaults are the final script's (train_gpt.py)."""
-
-    vocab_size: int = 65  # distinct characters of the training text (65 for Tiny Shakespeare)
-    context: int = 256  # block_size: rows of the position table, longest sequence
-    d_model: int = 384  # C, the width of the embeddings and of the residual stream
-    n_head: int = 6  # attention heads per block, each of size C / n_head
-    n_layer: int = 6  # transformer blocks
-    dropout: float = 0.2  # on attention weights, after projections, after the ReLU, on each branch
-    blocks: bool = True  # False: one attention (+ feed-forward) directly on the embedding (4.2, 4.4)
-    feed_forward: bool = True  # ReLU feed-forward of width 4C after the attention (4.4 on)
-    residual: bool = True  # x + f(x) around each sub-layer (4.7 on)
-    layer_norm: bool = True  # pre-norm LayerNorm before each sub-layer (4.9 on)
-    final_layer_norm: bool = True  # LayerNorm before the LM head (4.10 on)
-    extra_projections: bool = False  # 4.8's extra Linear(C, C) after attention and feed-forward
-
-    def __post_init__(self):
-        for name in ("vocab_size", "context", "d_model", "n_head", "n_layer"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"WalkthroughConfig.{name} must be a positive integer, got {value!r}")
-        for name in ("blocks", "feed_forward", "residual", "layer_norm", "final_layer_norm", "extra_projections"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"WalkthroughConfig.{name} must be True or False, got {getattr(self, name)!r}")
-        if self.d_model % self.n_head:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout must be a number in [0, 1), got {self.dropout!r}")
-        if not self.blocks:
-            inside = [n for n in ("residual", "layer_norm", "extra_projections") if getattr(self, n)]
-            if self.n_layer != 1 or inside:
-                raise ValueError("blocks=False is the walkthrough's steps 4.2/4.4 (one attention on the "
-                                 f"embedding): it needs n_layer=1 and no {inside or 'block features'}, "
-                                 f"got n_layer={self.n_layer}")
-
-    @property
-    def d_head(self) -> int:
-        return self.d_model // self.n_head
-
-    @property
-    def d_mlp(self) -> int:
-        return 4 * self.d_model
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "WalkthroughConfig":
-        return strict_from_dict(cls, d, "WalkthroughConfig")
-
-    def transformer_lens_config(self) -> SproutTransformerLensConfig:
-        """TransformerLens' description of this architecture (what its tools read as `model.cfg`)."""
-        has_norm = self.layer_norm or self.final_layer_norm
-        return SproutTransformerLensConfig(
-            d_model=self.d_model, d_head=self.d_head, n_layers=self.n_layer, n_ctx=self.context,
-            n_heads=self.n_head, d_mlp=self.d_mlp, d_vocab=self.vocab_size, device="cpu",
-            positional_embedding_type="standard", n_key_value_heads=self.n_head, gated_mlp=False,
-            attn_only=not self.feed_forward, uses_rms_norm=False, eps=1e-5, act_fn="relu",
-            normalization_type="LN" if has_norm else None, final_rms=False, default_prepend_bos=False,
-            source=self,
-        )
-
-
-# Phase 4 at the walkthrough's toy size (C 32, 4 heads of 8, context 8), and the final script.
-TOY = dict(context=8, d_model=32, n_head=4, dropout=0.0)
-STEPS: dict[str, dict[str, Any]] = {
-    "4.2": dict(TOY, n_layer=1, blocks=False, feed_forward=False, residual=False, layer_norm=False,
-                final_layer_norm=False),
-    "4.4": dict(TOY, n_layer=1, blocks=False, residual=False, layer_norm=False, final_layer_norm=False),
-    "4.6": dict(TOY, n_layer=3, residual=False, layer_norm=False, final_layer_norm=False),
-    "4.7": dict(TOY, n_layer=3, layer_norm=False, final_layer_norm=False),
-    "4.8": dict(TOY, n_layer=3, layer_norm=False, final_layer_norm=False, extra_projections=True),
-    "4.9": dict(TOY, n_layer=3, final_layer_norm=False),
-    "4.10": dict(TOY, n_layer=3),
-    "final": dict(),
-}
-
-
-def step_config(step: str, vocab_size: int = 65, **overrides) -> WalkthroughConfig:
-    """The config of one walkthrough step ("4.2" ... "4.10", "final"); overrides change any field."""
-    if step not in STEPS:
-        raise ValueError(f"unknown walkthrough step {step!r}; choose one of {list(STEPS)}")
-    return WalkthroughConfig(**{**STEPS[step], "vocab_size": vocab_size, **overrides})
+from .config import SproutTransformerLensConfig, WalkthroughConfig, step_config
+from .tl.hook_flags import HookFlags, editable, per_head_inputs
+from .tl.hooked import HookedLM, hooked, padding_masks
+from .tl.pattern_attention import hooked_attention
+from .tl.stacked_weights import TLWeights
+from .tl.weights import Embed, PosEmbed, Ref, WalkthroughAttentionWeights, WalkthroughMLPWeights, WalkthroughUnembedWeights
 
 
 def build_step(step: str, vocab_size: Optional[int] = None, tokenizer: Optional[Tokenizer] = None,
@@ -189,9 +102,11 @@ class Head(nn.Module):
 class Attention(WalkthroughAttentionWeights, nn.Module):
     """Causal multi-head self-attention: separate heads, concatenated, then a biased projection."""
 
-    def __init__(self, cfg: WalkthroughConfig):
+    def __init__(self, cfg: WalkthroughConfig, norm: Ref, after: Ref):
         super().__init__()
         self.n_head, self.d_head = cfg.n_head, cfg.d_head
+        self.norm = norm  # ln1 (nn.Identity without one), folded into W_Q/W_K/W_V and b_Q/b_K/b_V
+        self.after = after  # step 4.8's extra projection (None without one), folded into W_O/b_O
         self.heads = nn.ModuleList(Head(cfg.d_model, cfg.d_head) for _ in range(cfg.n_head))
         self.projection = nn.Linear(cfg.d_model, cfg.d_model)
         self.attn_dropout = nn.Dropout(cfg.dropout)  # on the attention weights
@@ -266,8 +181,10 @@ class Attention(WalkthroughAttentionWeights, nn.Module):
 class MLP(WalkthroughMLPWeights, nn.Module):
     """The position-wise feed-forward layer: fc2(dropout(relu(fc1(x)))), width 4C, with biases."""
 
-    def __init__(self, cfg: WalkthroughConfig):
+    def __init__(self, cfg: WalkthroughConfig, norm: Ref, after: Ref):
         super().__init__()
+        self.norm = norm  # ln2, folded into W_in/b_in
+        self.after = after  # step 4.8's extra projection, folded into W_out/b_out
         self.fc1 = nn.Linear(cfg.d_model, cfg.d_mlp)
         self.fc2 = nn.Linear(cfg.d_mlp, cfg.d_model)
         self.dropout = nn.Dropout(cfg.dropout)  # after the ReLU
@@ -283,13 +200,16 @@ class Block(nn.Module):
     """One block of a step: [ln1 ->] attention [-> extra projection], added to x if residual; then the
     same for the feed-forward layer. Hooks exist only for what the step computes."""
 
-    def __init__(self, cfg: WalkthroughConfig):
+    def __init__(self, cfg: WalkthroughConfig, flags: SproutTransformerLensConfig):
         super().__init__()
         self.residual = cfg.residual
-        # Registration order follows the walkthrough's, so a seed draws the same initial weights.
+        self.flags = flags  # the model's cfg: TransformerLens' hook flags are read from it (sprout/tl/hook_flags.py)
+        # Registration order follows the walkthrough's, so a seed draws the same initial weights; the
+        # norms and extra projections come after the layers that fold them in, so their Refs are filled here.
         # What a step lacks is an nn.Identity: no weights, no hooks, nothing in the state dict.
-        self.attn = Attention(cfg)
-        self.mlp = MLP(cfg) if cfg.feed_forward else None
+        norm1, norm2, after_attn, after_mlp = Ref(), Ref(), Ref(), Ref()
+        self.attn = Attention(cfg, norm1, after_attn)
+        self.mlp = MLP(cfg, norm2, after_mlp) if cfg.feed_forward else None
         extra = cfg.extra_projections
         self.attention_projection = nn.Linear(cfg.d_model, cfg.d_model) if extra else nn.Identity()
         self.feedforward_projection = nn.Linear(cfg.d_model, cfg.d_model) if extra and cfg.feed_forward else nn.Identity()
@@ -297,9 +217,9 @@ class Block(nn.Module):
         self.ln2 = LayerNorm(cfg.d_model) if cfg.layer_norm and cfg.feed_forward else nn.Identity()
         self.dropout = nn.Dropout(cfg.dropout)  # on each branch, before it joins the stream
         # W_Q ... with ln1 folded in (TransformerLens' fold_ln); W_O, W_out with 4.8's extra projections
-        link(self.attn, norm=self.ln1, after=self.attention_projection if extra else None)
-        if self.mlp is not None:
-            link(self.mlp, norm=self.ln2, after=self.feedforward_projection if extra else None)
+        norm1.module, norm2.module = self.ln1, self.ln2
+        after_attn.module = self.attention_projection if extra else None
+        after_mlp.module = self.feedforward_projection if extra else None
         self.hook_attn_out = HookPoint()  # [batch, pos, d_model]: what the attention branch writes
         if self.mlp is not None:
             self.hook_mlp_out = HookPoint()
@@ -308,7 +228,7 @@ class Block(nn.Module):
             if self.mlp is not None:
                 self.hook_resid_mid = HookPoint()
             self.hook_resid_post = HookPoint()
-        # Fire only with TransformerLens' flags on (sprout/hook_flags.py):
+        # Fire only with TransformerLens' flags on (sprout/tl/hook_flags.py):
         self.hook_q_input = HookPoint()  # [batch, pos, head, C]: each head's copy of the block's input, before ln1
         self.hook_k_input = HookPoint()
         self.hook_v_input = HookPoint()
@@ -319,17 +239,17 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, kv=None) -> torch.Tensor:
         if self.residual:
             x = self.hook_resid_pre(x)
-        flags = linked(self, "lens")
+        flags = self.flags
         a = self.hook_attn_out(self.dropout(self.attention_projection(self.attn.attend(self._attn_input(x, flags), attn_mask, kv))))
         if self.mlp is None:
             return self.hook_resid_post(x + a) if self.residual else a
         x = self.hook_resid_mid(x + a) if self.residual else a
-        mlp_in = self.hook_mlp_in(x.clone()) if flags is not None and flags.use_hook_mlp_in else x
+        mlp_in = self.hook_mlp_in(x.clone()) if flags.use_hook_mlp_in else x
         m = self.hook_mlp_out(self.dropout(self.feedforward_projection(self.mlp(self.ln2(mlp_in)))))
         return self.hook_resid_post(x + m) if self.residual else m
 
     def _attn_input(self, x: torch.Tensor, flags):
-        if flags is None or not (flags.use_split_qkv_input or flags.use_attn_in):
+        if not (flags.use_split_qkv_input or flags.use_attn_in):
             return self.ln1(x)
         if not isinstance(self.ln1, LayerNorm):
             return per_head_inputs(self, x, self.attn.n_head, flags.use_attn_in, lambda c: c)
@@ -341,8 +261,9 @@ class Block(nn.Module):
 class Unembed(WalkthroughUnembedWeights, nn.Linear):
     """The LM head: Linear(C, vocab) with a bias, not tied to the embedding."""
 
-    def __init__(self, d_model: int, vocab_size: int):
+    def __init__(self, d_model: int, vocab_size: int, norm: nn.Module):
         super().__init__(d_model, vocab_size)
+        self.norm = Ref(norm)  # the final LayerNorm (nn.Identity without one), folded into W_U and b_U
         self.hook_out = HookPoint()  # [batch, pos, vocab]: the logits
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -350,8 +271,8 @@ class Unembed(WalkthroughUnembedWeights, nn.Linear):
 
 
 class WalkthroughGPT(TLWeights, HookFlags, HookedLM):
-    """The walkthrough's character GPT, hooked; called as model.py (`logits, loss = model(idx, targets)`) or as
-    TransformerLens (`model(tokens, return_type=...)`), see `HookedLM.forward`."""
+    """The walkthrough's character GPT, hooked, under TransformerLens' contract: `model(tokens)` is the
+    logits, `model(tokens, return_type=...)` as HookedTransformer (see `HookedLM.forward`)."""
 
     family = "walkthrough"
 
@@ -361,15 +282,15 @@ class WalkthroughGPT(TLWeights, HookFlags, HookedLM):
             raise ValueError(f"the tokenizer has {tokenizer.get_vocab_size()} tokens but the config's "
                              f"vocab_size is {cfg.vocab_size}")
         self.config = cfg
+        self.cfg: SproutTransformerLensConfig = cfg.transformer_lens_config()  # device, dtype: HookedLM._apply
         self.tokenizer = tokenizer  # optional tokenizers.Tokenizer (one id per character)
         self.embed = Embed(cfg.vocab_size, cfg.d_model)
         self.pos_embed = PosEmbed(cfg.context, cfg.d_model)
         self.hook_embed = HookPoint()  # [batch, pos, d_model]
         self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(Block(cfg, self.cfg) for _ in range(cfg.n_layer))
         self.ln_final = LayerNorm(cfg.d_model) if cfg.final_layer_norm else nn.Identity()
-        self.unembed = Unembed(cfg.d_model, cfg.vocab_size)
-        link(self.unembed, norm=self.ln_final)  # W_U, b_U with the final LayerNorm folded in
+        self.unembed = Unembed(cfg.d_model, cfg.vocab_size, self.ln_final)
         self.setup()
 
     def run_layers(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,

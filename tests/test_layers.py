@@ -329,3 +329,62 @@ def test_installing_the_project_installs_no_experiments_or_benchmarks_package():
     assert "sprout.training" in installed and "sprout.demo" in installed
     script = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]["sprout"]
     assert script.split(":")[0] in installed
+
+
+def module_edges() -> dict[str, set[str]]:
+    """Each of our modules -> the modules of ours it imports: `from a import b` is a.b when b is a module,
+    else a (a package's `__init__`); only modules that exist count."""
+    paths = {module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+    edges = {}
+    for name, path in paths.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                prefix = _absolute(node, name, path.name == "__init__.py")[0]
+                for a in node.names:
+                    found.add(f"{prefix}.{a.name}" if f"{prefix}.{a.name}" in paths else prefix)
+        edges[name] = {d for d in found if d in paths and d != name}
+    return edges
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of a graph, one path each (Tarjan's strongly connected components)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_module_imports_itself_through_others():
+    """No import circle anywhere, inside a package too (sprout.tokenizer <-> sprout.hf_tokenizer was one)."""
+    assert cycles(module_edges()) == []
+
+
+def test_the_cycle_finder_finds_a_circle_and_passes_a_chain():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []

@@ -27,8 +27,8 @@ from safetensors.torch import save as _safetensors_bytes
 from tokenizers import Tokenizer
 
 from ..config import SproutConfig
-from ..hooked import HookedLM
 from ..model import Sprout
+from ..tl.hooked import HookedLM
 from ..walkthrough import WalkthroughConfig, WalkthroughGPT
 from .fit import describe, fit
 from .folders import NotOursError, write_bytes, write_folder

@@ -24,9 +24,9 @@ from tqdm import tqdm
 
 from ..config import SproutConfig
 from ..files import load, save
-from ..hooked import HookedLM
 from ..material import repeated_random_tokens
 from ..model import Sprout
+from ..tl.hooked import HookedLM
 from ..walkthrough import WalkthroughGPT, build_step
 from . import rundir
 from .corpus import TokenData, check_data, check_windows, data_stamp, get_batch, prepare_data, stamp_changes
@@ -91,10 +91,10 @@ def evaluate(model, recipe: Recipe, val: np.ndarray, vocab_size: int) -> dict[st
     losses = []
     for _ in range(recipe.eval_batches):
         x, y = get_batch(val, recipe.batch_size, recipe.context, g)
-        losses.append(model(x, y)[1].item())
+        losses.append(model(x, return_type="loss", targets=y).item())
     half = min(REP_HALF, recipe.context // 2)
     seq = repeated_random_tokens(16, half, vocab_size, g)
-    logits, _ = model(seq[:, :-1])
+    logits = model(seq[:, :-1])
     nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), seq[:, 1:], reduction="none")
     model.train(was_training)
     # first half: predicting tokens 1..half-1; second half: tokens half+1..2*half-1 (copyable ones)
@@ -259,7 +259,7 @@ def train_step(run: Run, net: torch.nn.Module, step: int) -> tuple[float, float]
     for group in run.optimizer.param_groups:
         group["lr"] = lr
     x, y, mask = get_train_batch(recipe, run.data.train, run.vocab_size, run.batch_gen, step)
-    _, loss = net(x, y, loss_mask=mask if uses_mask(recipe, step) else None)
+    loss = net(x, return_type="loss", targets=y, loss_mask=mask if uses_mask(recipe, step) else None)
     run.optimizer.zero_grad(set_to_none=True)
     loss.backward()
     # grad_clip 0 means no clipping (as in nanoGPT); the norm is still measured for the check below

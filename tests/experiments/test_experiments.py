@@ -159,7 +159,7 @@ def test_rope_and_training_numbers(run):
     ids = torch.tensor(model.tokenizer.encode(held_out_text(model, SETTINGS.held_out_chars), add_special_tokens=False).ids)
     with torch.no_grad():  # independent: consecutive windows of the context, each predicting its own tokens 2..T
         windows = [w for w in (ids[i:i + CFG.context] for i in range(0, len(ids), CFG.context)) if len(w) > 1]
-        losses = [model(w[None, :-1], w[None, 1:])[1].item() * (len(w) - 1) for w in windows]
+        losses = [model(w[None, :-1], return_type="loss", targets=w[None, 1:]).item() * (len(w) - 1) for w in windows]
     expected = sum(losses) / sum(len(w) - 1 for w in windows)
     got = train["tiny", "held-out loss on fresh stories (nats/token), measured here"]["measured"]
     assert got == pytest.approx(expected, rel=1e-5)

@@ -17,7 +17,7 @@ The one planted edge: L0H0 -> L1H0 through the key.
 import torch
 
 from sprout import Sprout, SproutConfig
-from sprout.model import rope_rows, rope_tables
+from sprout.layers import rope_rows, rope_tables
 
 CFG = SproutConfig(vocab_size=16, context=64, n_layer=2, n_head=3, d_model=192, d_ff=32)
 D_HEAD, CONST, PREV, DECOY = 64, 16, 32, 64

@@ -5,7 +5,7 @@ from transformer_lens.head_detector import detect_head
 
 import interp
 from sprout import Sprout, SproutConfig
-from sprout.model import apply_rope, rope_tables
+from sprout.layers import apply_rope, rope_tables
 
 TINY = SproutConfig(vocab_size=256, context=64, n_layer=2, n_head=4, d_model=64, d_ff=128)
 PREVIOUS = {(0, 0), (1, 3)}  # the hand-built model's previous-token heads; the rest attend to themselves

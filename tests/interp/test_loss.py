@@ -35,7 +35,7 @@ def test_mean_loss_equals_the_course_models_loss_window_by_window(tiny_model):
     for a in range(0, 150, n_ctx):  # consecutive windows, each predicting its own tokens 2..T
         w = ids[:, a:a + n_ctx]
         if w.shape[1] > 1:
-            _, loss = tiny_model(w[:, :-1], w[:, 1:])
+            loss = tiny_model(w[:, :-1], return_type="loss", targets=w[:, 1:])
             total, n = total + loss.item() * (w.shape[1] - 1), n + w.shape[1] - 1
     assert interp.mean_loss(tiny_model, ids) == pytest.approx(total / n, rel=1e-5)
 
@@ -45,7 +45,7 @@ def test_second_copy_loss_is_what_ablate_heads_calls_clean(tiny_model):
     abl = interp.ablate_heads(tiny_model, [(1, 0)], half_len=12, n_seqs=6, seed=3)
     assert rep.loc["second", "loss"] == pytest.approx(abl["loss_clean"].iloc[0], rel=1e-5)
     tokens = interp.repeated_tokens(tiny_model, 12, 6, seed=3)
-    _, first = tiny_model(tokens[:, :11], tokens[:, 1:12])  # the first copy's own predictions
+    first = tiny_model(tokens[:, :11], return_type="loss", targets=tokens[:, 1:12])  # the first copy's own predictions
     assert rep.loc["first", "loss"] == pytest.approx(first.item(), rel=1e-5)
     assert rep.loc["second", "ratio"] == pytest.approx(rep.loc["second", "loss"] / rep.loc["first", "loss"])
 

@@ -10,7 +10,7 @@ import interp
 import sprout
 from experiments import ship
 from interp.tuned_lens_train import windows
-from sprout.checkpoint import demo_dir
+from sprout.files import demo_dir
 from sprout.names import act_name
 
 GOOD = dict(explained_variance=0.95, ce_loss_recovered=0.98, l0=32.0, dead_fraction=0.01)

@@ -21,7 +21,7 @@ import interp
 import sprout
 from interp.saes.shipped import shipped_folder
 from interp.tuned_lens_train import windows as tuned_lens_windows
-from sprout.checkpoint import demo_dir
+from sprout.files import demo_dir
 from sprout.names import act_name
 from sprout.training.english import english_corpus, is_english, parse_data
 from sprout.training.recipes import Recipe

@@ -17,10 +17,10 @@ model = build_model(recipe, recipe.vocab_size)
 optimizer = make_optimizer(model, recipe)
 tokens = torch.randint(0, recipe.vocab_size, (recipe.context * recipe.batch_size * 4,)).numpy()
 x, y, mask = get_train_batch(recipe, tokens, recipe.vocab_size, torch.Generator().manual_seed(0))
-model(x, y, loss_mask=mask)[1].backward()
+model(x, return_type="loss", targets=y, loss_mask=mask).backward()
 torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
 optimizer.step()
 with torch.no_grad():
-    model(x, y)
+    model(x, return_type="loss", targets=y)
     model(torch.randint(0, recipe.vocab_size, (16, recipe.context - 1)))
 del model, optimizer

@@ -206,7 +206,7 @@ def _options(main, argv=()) -> set[str]:
 
 
 # Every option of every command, by what it takes. None takes token ids: a command that starts to must run
-# them through the token contract (sprout.text / interp._batching), and be tested on float ids and unequal
+# them through the token contract (sprout.tl.text / interp._batching), and be tested on float ids and unequal
 # unmasked lists, before its option is added here.
 PATHS = {"--model", "--models", "--out", "--text-file", "--readme", "--runs", "--data", "--data-cache", "--docs"}
 TEXTS = {"--text", "--name"}

@@ -93,7 +93,7 @@ def bad_inside_nested_contexts(model):
 
 def bad_backward_hook(model):
     with model.hooks(bwd_hooks=[("blocks.0.hook_resid_mid", boom)]):
-        _, loss = model(IDS, targets=IDS)
+        loss = model(IDS, return_type="loss", targets=IDS)
         loss.backward()
 
 
@@ -135,7 +135,7 @@ def test_a_thousand_mixed_calls_leave_no_hook_and_no_growing_memory(tiny_model):
     torch.set_num_threads(1)  # a thousand tiny forwards: thread hand-offs would cost more than the maths
     try:
         with torch.no_grad():
-            before, _ = model(IDS)
+            before = model(IDS)
         rng = random.Random(0)
         plan = [rng.choice(CALLS) for _ in range(1000)]
         assert {fn for fn, _ in plan} == {fn for fn, _ in CALLS}

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from sprout import Sprout
-from sprout.text import windows
+from sprout.tl.text import windows
 from sprout.tokenizer import char_tokenizer, encode
 from tests.conftest import TINY, randomize_gains
 
@@ -33,12 +33,12 @@ def test_empty_text_is_refused(char_model, call):
 
 def test_text_longer_than_the_context_is_an_error_not_a_truncation(char_model):
     fits, too_long = "ab" * 32, "ab" * 32 + "c"  # 64 and 65 characters, one token each
-    logits, _ = char_model(fits)
+    logits = char_model(fits)
     assert logits.shape == (1, 64, TINY.vocab_size)
     with pytest.raises(ValueError) as err:
         char_model(too_long)
     assert str(err.value).startswith("sequence of 65 tokens is longer than the model's context of 64 tokens")
-    assert "sprout.text.windows(ids, 64)" in str(err.value)
+    assert "sprout.tl.text.windows(ids, 64)" in str(err.value)
     with pytest.raises(ValueError, match="65 tokens is longer than the model's context of 64"):
         char_model.run_with_cache(too_long)
     with pytest.raises(ValueError, match="65 tokens is longer"):
@@ -50,8 +50,8 @@ def test_windows_is_the_explicit_way_to_run_a_long_text(char_model):
     w = windows(ids, 64)
     assert w.shape == (3, 64)
     assert torch.equal(w[0], ids[:64]) and torch.equal(w[1], ids[64:128]) and torch.equal(w[2], ids[-64:])
-    logits, _ = char_model(w)  # the windows fit, and run as one batch
-    alone, _ = char_model(ids[64:128][None])
+    logits = char_model(w)  # the windows fit, and run as one batch
+    alone = char_model(ids[64:128][None])
     assert torch.allclose(logits[1], alone[0], atol=1e-6)
     overlapping = windows(ids, 64, stride=32)
     starts = [0, 32, 64, 96]  # then the last window moves back to end at token 160
@@ -131,8 +131,8 @@ def test_not_a_tensor_is_named(tiny_model):
 def test_a_batch_with_bad_targets_is_refused(tiny_model):
     ids = torch.randint(0, TINY.vocab_size, (2, 3))
     with pytest.raises(ValueError, match=r"targets must be token ids of shape \(2, 3\) .*got \(2, 4\)"):
-        tiny_model(ids, targets=torch.zeros(2, 4, dtype=torch.long))
+        tiny_model(ids, return_type="loss", targets=torch.zeros(2, 4, dtype=torch.long))
     with pytest.raises(IndexError, match=f"Target {TINY.vocab_size + 3} is out of bounds"):
-        tiny_model(ids, targets=torch.full((2, 3), TINY.vocab_size + 3))
+        tiny_model(ids, return_type="loss", targets=torch.full((2, 3), TINY.vocab_size + 3))
     with pytest.raises(RuntimeError, match="expected target dtype to be Long"):
-        tiny_model(ids, targets=torch.zeros(2, 3))
+        tiny_model(ids, return_type="loss", targets=torch.zeros(2, 3))

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from sprout import Sprout
 from sprout.files import checkpoint
 from sprout.files.checkpoint import from_state_dict
+from sprout.layers import apply_rope, rope_tables
 from sprout.material import generate_corpus
-from sprout.model import apply_rope, rope_tables
 from sprout.tokenizer import char_tokenizer, decode, encode, train_bpe
 from tests.conftest import TINY, randomize_gains
 
@@ -161,7 +161,7 @@ def test_rope_is_a_rotation_whose_scores_depend_only_on_m_minus_n(half, m, n, sh
 def test_attention_rows_sum_to_one_are_causal_and_match_the_fused_path(model, batch, pos, seed):
     ids = torch.randint(0, TINY.vocab_size, (batch, pos), generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
-        fused, _ = model(ids)  # scaled_dot_product_attention: no hook reads the pattern
+        fused = model(ids)  # scaled_dot_product_attention: no hook reads the pattern
         logits, cache = model.run_with_cache(ids, names_filter=lambda n: n.endswith(("hook_pattern", "hook_attn_scores")))
     future = torch.ones(pos, pos, dtype=torch.bool).triu(1)
     for l in range(TINY.n_layer):

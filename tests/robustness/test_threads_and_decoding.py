@@ -126,7 +126,7 @@ def test_a_hook_returning_a_broadcastable_shape_is_refused(tiny_model):
 
 def test_incl_bwd_leaves_parameter_grads_as_they_were(tiny_model):
     ids = torch.randint(0, TINY.vocab_size, (2, 6))
-    _, cache = tiny_model.run_with_cache(ids, ids, incl_bwd=True)
+    _, cache = tiny_model.run_with_cache(ids, "loss", targets=ids, incl_bwd=True)
     assert "hook_embed_grad" in cache.cache_dict
     assert all(p.grad is None for p in tiny_model.parameters())
     tiny_model.embed.weight.grad = torch.ones_like(tiny_model.embed.weight)

@@ -116,7 +116,7 @@ def test_to_tokens_truncates_as_transformer_lens_and_refuses_on_request(model):
     bos = model.tokenizer.bos_token_id
     assert model.to_tokens(long, prepend_bos=True).tolist() == [[bos] + ids[:CFG.context - 1]]
     assert [len(r) for r in model.to_str_tokens([long, "the cat"])] == [CFG.context, 2]
-    with pytest.raises(ValueError, match=rf"sequence of {len(ids)} tokens is longer .*sprout.text.windows"):
+    with pytest.raises(ValueError, match=rf"sequence of {len(ids)} tokens is longer .*sprout.tl.text.windows"):
         model.to_tokens(long, truncate=False)
     with pytest.raises(ValueError, match="longer than the model's context"):
         model(long)  # the forward never truncates
@@ -155,7 +155,7 @@ def test_left_padded_ids_without_their_mask_warn(model):
         warnings.simplefilter("error")
         model(ids, attention_mask=mask)  # with the mask: no warning
         model(model.to_tokens(texts, padding_side="right"))  # right padding reads correctly
-        model(ids, ids)  # the course's training call is not checked
+        model(ids, return_type="loss", targets=ids)  # the course's training call is not checked
         model(model.to_tokens(texts, padding_side="left", prepend_bos=True)[:1])  # one row
         model(model.to_tokens([t[:7] for t in texts], prepend_bos=True))  # every row starts with one BOS
 

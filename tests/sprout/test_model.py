@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from benchmarks.plain_sprout import PlainSprout
 from sprout import Sprout, SproutConfig
-from sprout.model import apply_rope, rope_tables
+from sprout.layers import apply_rope, rope_tables
 from tests.conftest import TINY
 
 
@@ -42,7 +42,7 @@ def qwen3_from(model: Sprout):
 def test_logits_equal_huggingface_qwen3(tiny_model):
     tokens = torch.randint(0, TINY.vocab_size, (3, TINY.context), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        ours, _ = tiny_model(tokens)
+        ours = tiny_model(tokens)
         theirs = qwen3_from(tiny_model)(tokens).logits
     assert (ours - theirs).abs().max().item() <= 1e-5
 
@@ -135,11 +135,23 @@ def test_config_round_trip_and_errors():
         SproutConfig(d_model=36, n_head=4)
 
 
-def test_transformer_lens_config_speaks_both_languages(tiny_model):
+def test_transformer_lens_config_describes_the_model_and_keeps_its_source(tiny_model):
     cfg = tiny_model.cfg
     assert (cfg.n_layers, cfg.n_heads, cfg.d_head, cfg.d_mlp, cfg.d_vocab, cfg.n_ctx) == (2, 4, 16, 128, 256, 64)
-    assert (cfg.n_layer, cfg.context, cfg.vocab_size) == (2, 64, 256)
+    assert cfg.source is tiny_model.config and (cfg.source.n_layer, cfg.source.context) == (2, 64)
     assert cfg.normalization_type == "RMS" and cfg.positional_embedding_type == "rotary"
+    assert not hasattr(cfg, "context")  # the course's names are the course config's, not forwarded
+
+
+def test_reading_cfg_changes_nothing_and_moving_the_model_updates_it(tiny_model):
+    model = Sprout(tiny_model.config)
+    cfg = model.cfg
+    assert model.cfg is cfg and (cfg.device, cfg.dtype) == ("cpu", torch.float32)
+    assert all(block.flags is cfg for block in model.blocks)  # the hook flags the blocks read
+    model.double()
+    assert model.cfg is cfg and cfg.dtype == torch.float64
+    model.float()
+    assert cfg.dtype == torch.float32
 
 
 HOOK_SHAPES = {
@@ -235,14 +247,14 @@ def test_pattern_rows_sum_to_one_and_are_causal(tiny_model):
 
 def test_the_two_attention_paths_agree(tiny_model):
     tokens = torch.randint(0, TINY.vocab_size, (3, TINY.context))
-    fast, _ = tiny_model(tokens)
+    fast = tiny_model(tokens)
     slow = tiny_model.run_with_hooks(tokens, fwd_hooks=[(lambda n: n.endswith("hook_pattern"), lambda x, hook: x)])
     assert (fast - slow).abs().max().item() <= 1e-5
 
 
 def test_hooks_do_not_change_logits(tiny_model):
     tokens = torch.randint(0, TINY.vocab_size, (2, 33))
-    plain, _ = tiny_model(tokens)
+    plain = tiny_model(tokens)
     hooked = tiny_model.run_with_hooks(tokens, fwd_hooks=[(lambda n: True, lambda x, hook: x)])
     assert (plain - hooked).abs().max().item() <= 1e-5
 
@@ -259,7 +271,7 @@ def test_an_edit_at_a_hook_changes_everything_downstream(tiny_model, name):
 
     edited = tiny_model.run_with_hooks(tokens, fwd_hooks=[(name, perturb)])
     assert (edited - clean).abs().max().item() > 1e-3
-    after, _ = tiny_model(tokens)  # the hook is gone afterwards
+    after = tiny_model(tokens)  # the hook is gone afterwards
     assert (after - clean).abs().max().item() <= 1e-5
 
 
@@ -274,7 +286,7 @@ def test_zeroing_a_head_through_hook_z_equals_zeroing_its_weights(tiny_model):
     dh = TINY.d_head
     with torch.no_grad():
         tiny_model.blocks[0].attn.proj.weight[:, dh:2 * dh] = 0
-        direct, _ = tiny_model(tokens)
+        direct = tiny_model(tokens)
     assert (hooked - direct).abs().max().item() <= 1e-5
 
 
@@ -292,20 +304,20 @@ def test_loss_and_loss_mask_follow_model_py(tiny_model):
     g = torch.Generator().manual_seed(4)
     x = torch.randint(0, 256, (2, 10), generator=g)
     y = torch.randint(0, 256, (2, 10), generator=g)
-    logits, loss = tiny_model(x, y)
+    logits, loss = tiny_model(x, return_type="both", targets=y)
     per_token = F.cross_entropy(logits.view(-1, 256), y.view(-1), reduction="none")
     assert loss.item() == pytest.approx(per_token.mean().item(), rel=1e-6)
     mask = torch.zeros(2, 10)
     mask[0, 3:7] = 1
-    _, masked = tiny_model(x, y, loss_mask=mask)
+    masked = tiny_model(x, return_type="loss", targets=y, loss_mask=mask)
     assert masked.item() == pytest.approx(per_token.view(2, 10)[0, 3:7].mean().item(), rel=1e-6)
-    _, nothing = tiny_model(x, y, loss_mask=torch.zeros(2, 10))
+    nothing = tiny_model(x, return_type="loss", targets=y, loss_mask=torch.zeros(2, 10))
     assert nothing.item() == 0
 
 
 def test_run_with_cache_with_targets_returns_the_loss(tiny_model):
     x = torch.randint(0, 256, (1, 8))
-    (logits, loss), cache = tiny_model.run_with_cache(x, x)
+    (logits, loss), cache = tiny_model.run_with_cache(x, "both", targets=x)
     assert loss is not None and logits.shape == (1, 8, 256) and len(cache.cache_dict) > 0
 
 
@@ -342,7 +354,7 @@ def test_generate_follows_the_sampler(tiny_model):
     assert out.shape == (1, 8) and torch.equal(out[:, :3], torch.tensor([[1, 2, 3]]))
     # top_k=1 is greedy: each new token is the argmax given what came before
     for t in range(3, 8):
-        logits, _ = tiny_model(out[:, :t])
+        logits = tiny_model(out[:, :t])
         assert logits[0, -1].argmax().item() == out[0, t].item()
 
 
@@ -372,7 +384,7 @@ def test_run_with_cache_into_fills_preallocated_buffers(tiny_model):
 
 def test_run_with_cache_incl_bwd_caches_the_loss_gradients(tiny_model):
     x = torch.randint(0, TINY.vocab_size, (2, 10))
-    (logits, loss), cache = tiny_model.run_with_cache(x, x, incl_bwd=True, names_filter="blocks.0.hook_resid_post")
+    (logits, loss), cache = tiny_model.run_with_cache(x, "both", targets=x, incl_bwd=True, names_filter="blocks.0.hook_resid_post")
     # the same gradient by hand: d loss / d resid_post of block 0
     store = {}
 
@@ -381,10 +393,10 @@ def test_run_with_cache_incl_bwd_caches_the_loss_gradients(tiny_model):
         store["resid"] = t
 
     tiny_model.zero_grad()
-    _, loss2 = tiny_model.run_with_hooks(x, x, fwd_hooks=[("blocks.0.hook_resid_post", keep)])
+    loss2 = tiny_model.run_with_hooks(x, "loss", targets=x, fwd_hooks=[("blocks.0.hook_resid_post", keep)])
     loss2.backward()
     assert torch.allclose(cache["blocks.0.hook_resid_post_grad"], store["resid"].grad, atol=1e-7)
     assert loss.item() == pytest.approx(loss2.item())
-    with pytest.raises(ValueError, match="pass targets too"):
+    with pytest.raises(ValueError, match="return_type=.loss."):
         tiny_model.run_with_cache(x, incl_bwd=True)
     assert not any(hp._forward_hooks or hp._backward_hooks for hp in tiny_model.hook_dict.values())

@@ -13,6 +13,7 @@ from transformer_lens import utilities as utils
 from transformer_lens.tools.analysis.attribution_patching import attribution_patch
 
 from sprout import Sprout, SproutConfig, build_step
+from sprout.model import GPT
 from sprout.tokenizer import train_bpe
 from tests.conftest import TINY, randomize_gains
 
@@ -54,31 +55,32 @@ def test_return_types_match_an_independent_loss(tiny_model):
         tiny_model(ids, return_type="logit")
 
 
-def test_course_contract_keeps_working(tiny_model):
+def test_targets_give_model_py_loss_through_return_type(tiny_model):
     ids = torch.randint(0, TINY.vocab_size, (2, 9))
     targets = torch.randint(0, TINY.vocab_size, (2, 9))
     ref = tiny_model(ids, return_type="logits")
-    logits, loss = tiny_model(ids, targets)
-    assert torch.equal(logits, ref)
+    loss = tiny_model(ids, return_type="loss", targets=targets)
     torch.testing.assert_close(loss.double(), nll(ref, targets).mean(), rtol=1e-5, atol=1e-6)
     mask = torch.tensor([[1, 1, 0, 1, 0, 0, 1, 1, 1], [0] * 8 + [1]])
-    _, masked = tiny_model(ids, targets, mask)
+    logits, masked = tiny_model(ids, return_type="both", targets=targets, loss_mask=mask)
+    assert torch.equal(logits, ref)
     torch.testing.assert_close(masked.double(), nll(ref, targets)[mask.bool()].mean(), rtol=1e-5, atol=1e-6)
-    logits, none = tiny_model(ids)  # `logits, _ = model(idx)`
-    assert none is None and type(logits) is torch.Tensor and torch.equal(logits, ref)
+    with pytest.raises(ValueError, match="targets= is read only for a loss"):
+        tiny_model(ids, targets=targets)
 
 
-def test_output_is_a_tensor_that_iterates_over_the_batch(tiny_model):
+def test_the_forward_is_a_plain_tensor_that_unpacks_as_any_tensor(tiny_model):
     ids = torch.randint(0, TINY.vocab_size, (3, 5))
-    out, ref = tiny_model(ids), tiny_model(ids, return_type="logits")
-    assert isinstance(out, torch.Tensor) and torch.equal(out, ref) and out.shape == ref.shape
-    assert torch.equal(out[0, -1], ref[0, -1]) and torch.equal(out.softmax(-1), ref.softmax(-1))
-    assert type(out + 1) is torch.Tensor
-    rows = [row for row in out]
-    assert len(rows) == 3 and all(torch.equal(r, ref[i]) for i, r in enumerate(rows))
-    assert len(list(out)) == 3 and [torch.equal(a, b) for a, b in zip(out, ref)] == [True] * 3
-    a, b, c = out  # three names: the batch, as for any tensor
-    assert torch.equal(c, ref[2])
+    out = tiny_model(ids)
+    assert type(out) is torch.Tensor and out.shape == (3, 5, TINY.vocab_size)
+    with pytest.raises(ValueError, match="too many values to unpack"):
+        a, b = out
+    with pytest.raises(ValueError, match="too many values to unpack"):
+        a, b = tiny_model(ids)
+    a, b = tiny_model(ids[:2])  # a batch of two unpacks into its rows
+    assert torch.equal(a, out[0]) and torch.equal(b, out[1])
+    with pytest.raises(ValueError, match="return_type must be one of"):
+        tiny_model(ids, ids)  # the second positional argument is return_type, as in HookedTransformer
 
 
 def test_stop_and_start_at_layer(tiny_model):
@@ -86,8 +88,6 @@ def test_stop_and_start_at_layer(tiny_model):
     _, cache = tiny_model.run_with_cache(ids)
     resid = tiny_model(ids, stop_at_layer=1)
     torch.testing.assert_close(resid, cache["blocks.1.hook_resid_pre"])
-    x, none = tiny_model(ids, stop_at_layer=1)  # the course's pair
-    assert none is None and torch.equal(x, resid)
     fired = []
     tiny_model.run_with_hooks(ids, stop_at_layer=1, fwd_hooks=[("blocks.1.hook_resid_pre", lambda t, hook: fired.append(1))])
     assert fired == []  # as TransformerLens: no hook of the stop layer fires
@@ -127,7 +127,7 @@ def test_tl_induction_loss_equals_the_loss_by_hand():
 
 def test_a_transformerlens_training_loop_trains_the_same_as_the_course_loop(tiny_model):
     ids = torch.randint(0, TINY.vocab_size, (4, 16))
-    twin = Sprout(TINY)
+    twin = GPT(TINY)  # the course's class, loading the TransformerLens class's state dict as it is
     twin.load_state_dict(tiny_model.state_dict())
     tl_opt = torch.optim.SGD(tiny_model.parameters(), lr=0.1)
     course_opt = torch.optim.SGD(twin.parameters(), lr=0.1)

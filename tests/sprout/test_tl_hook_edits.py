@@ -97,7 +97,7 @@ def test_hooked_pattern_path_is_as_accurate_as_sdpa(build):
     tokens = torch.randint(0, model.cfg.d_vocab, (4, model.cfg.n_ctx), generator=torch.Generator().manual_seed(2))
     every_pattern = [(lambda n: n.endswith("hook_pattern"), identity)]
     with torch.no_grad():
-        sdpa, _ = model(tokens)
+        sdpa = model(tokens)
         hooked = model.run_with_hooks(tokens, fwd_hooks=every_pattern)
         exact = copy.deepcopy(model).double().run_with_hooks(tokens, fwd_hooks=every_pattern).float()
     sdpa_error, hooked_error = (sdpa - exact).abs().max(), (hooked - exact).abs().max()

@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from sprout.config import STEPS
 from sprout.files.walkthrough_keys import from_walkthrough_state_dict, infer_config, to_walkthrough_state_dict
 from sprout.tokenizer import char_tokenizer
 from sprout.walkthrough import (
-    STEPS,
     WalkthroughConfig,
     WalkthroughGPT,
     build_step,
@@ -129,9 +129,9 @@ def test_forward_equals_the_seeds_equations(step):
     w, idx = walkthrough_keys(model), tokens(model)
     with torch.no_grad():
         expected = reference_logits(w, model.config, idx)
-        plain, _ = model(idx)
+        plain = model(idx)
         cached, _ = model.run_with_cache(idx, names_filter=lambda n: True)  # the materialised pattern and per-head result path
-        short, _ = model(idx[:, :5])
+        short = model(idx[:, :5])
     assert (plain - expected).abs().max().item() <= 1e-5
     assert (cached - expected).abs().max().item() <= 1e-5
     assert (short - expected[:, :5]).abs().max().item() <= 1e-5  # causal: a prefix sees nothing later
@@ -259,7 +259,7 @@ def test_an_edit_at_a_hook_changes_only_what_comes_after():
     model = make("4.10")
     idx = tokens(model)
     with torch.no_grad():
-        clean, _ = model(idx)
+        clean = model(idx)
 
         def ablate(z, hook):
             z[:, 5, 0] = 0  # head 0 of block 1, query position 5
@@ -289,8 +289,8 @@ def test_stop_at_layer_returns_the_stream_entering_that_block():
     idx = tokens(model)
     _, cache = model.run_with_cache(idx)
     with torch.no_grad():
-        resid, loss = model(idx, stop_at_layer=2)
-    assert loss is None and torch.allclose(resid, cache["blocks.2.hook_resid_pre"], atol=1e-6)
+        resid = model(idx, stop_at_layer=2)
+    assert torch.allclose(resid, cache["blocks.2.hook_resid_pre"], atol=1e-6)
 
 
 # ----------------------------------------------------------------------------- training behaviour
@@ -314,8 +314,8 @@ def test_loss_is_mean_cross_entropy_with_an_optional_mask():
     idx, targets = tokens(model, seed=1), tokens(model, seed=2)
     mask = torch.zeros_like(targets)
     mask[:, 3:] = 1
-    logits, loss = model(idx, targets)
-    _, masked = model(idx, targets, loss_mask=mask)
+    logits, loss = model(idx, return_type="both", targets=targets)
+    masked = model(idx, return_type="loss", targets=targets, loss_mask=mask)
     per_token = F.cross_entropy(logits.reshape(-1, 65), targets.reshape(-1), reduction="none").view_as(targets)
     assert torch.allclose(loss, per_token.mean())
     assert torch.allclose(masked, per_token[:, 3:].mean())
@@ -346,7 +346,7 @@ def test_transformer_lens_config_describes_each_step():
         assert cfg.positional_embedding_type == "standard"
     model = build_step("4.2")
     assert model.cfg.attn_only and model.cfg.d_mlp == 128 and model.cfg.n_ctx == 8 and model.cfg.d_head == 8
-    assert model.cfg.context == 8 and model.cfg.vocab_size == 65  # the walkthrough's names, via the source config
+    assert model.config.context == 8 and model.cfg.source is model.config  # the walkthrough's names
     assert WalkthroughGPT.family == "walkthrough"
 
 

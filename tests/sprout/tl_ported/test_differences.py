@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sprout.model import apply_rope
+from sprout.layers import apply_rope
 from tests.sprout.tl_ported.test_hooks import PROMPT
 
 

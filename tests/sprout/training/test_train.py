@@ -151,13 +151,13 @@ def test_non_finite_loss_stops_with_a_clear_error_and_keeps_the_last_good_checkp
     calls = {"n": 0}
     forward = Sprout.forward
 
-    def poisoned(self, idx, targets=None, loss_mask=None):
-        logits, loss = forward(self, idx, targets, loss_mask)
+    def poisoned(self, *args, **kwargs):
+        loss = forward(self, *args, **kwargs)
         if self.training:
             calls["n"] += 1
             if calls["n"] > 15:
                 loss = loss * float("nan")
-        return logits, loss
+        return loss
 
     monkeypatch.setattr(Sprout, "forward", poisoned)
     out = tmp_path / "run"

@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 from transformer_lens.utilities import get_attention_mask
 
-from .tokenizer import EOT, decode, encode
+from ..tokenizer import EOT, decode, encode
 
 
 def _tokenizer(model):
@@ -120,7 +120,7 @@ def to_tokens(model, text, prepend_bos=None, padding_side=None, move_to_device: 
     """Text, a list of texts (padded to the longest), or ids -> ids [batch, pos] on the model's device.
 
     As TransformerLens: `truncate=True` keeps each text's first `n_ctx` tokens (its BOS included);
-    `truncate=False` refuses a longer text, naming `sprout.text.windows`. `to_tokens("")` is the BOS
+    `truncate=False` refuses a longer text, naming `sprout.tl.text.windows`. `to_tokens("")` is the BOS
     alone with prepend_bos, else an empty [1, 0] tensor.
     """
     if isinstance(text, torch.Tensor):
@@ -133,7 +133,7 @@ def to_tokens(model, text, prepend_bos=None, padding_side=None, move_to_device: 
     device = model.cfg.device if move_to_device else "cpu"
     idx, _ = pad_rows(model, ids, padding_side, device)
     if idx.size(1) > 0:
-        check_tokens(model, idx)  # ids in the model's vocabulary; too long (truncate=False) names sprout.text.windows
+        check_tokens(model, idx)  # ids in the model's vocabulary; too long (truncate=False) names sprout.tl.text.windows
     return idx
 
 
@@ -189,7 +189,7 @@ def check_tokens(model, idx) -> torch.Tensor:
     if T > n_ctx:
         raise ValueError(f"sequence of {T} tokens is longer than the model's context of {n_ctx} tokens; "
                          f"nothing is truncated silently: cut it into windows yourself, e.g. "
-                         f"sprout.text.windows(ids, {n_ctx})")
+                         f"sprout.tl.text.windows(ids, {n_ctx})")
     lo, hi = int(idx.min()), int(idx.max())
     if lo < 0 or hi >= vocab:
         bad = lo if lo < 0 else hi
@@ -281,7 +281,7 @@ def warn_if_left_padded(model, idx: torch.Tensor) -> None:
 
     The sign: rows begin with different numbers of the pad token (`<|endoftext|>`, which is also the
     BOS). Left padding without its mask is read as real tokens and shifts every position; the same ids
-    with `attention_mask` (as `sprout.text.tokens_and_mask` returns it) are read correctly. The course's
+    with `attention_mask` (as `sprout.tl.text.tokens_and_mask` returns it) are read correctly. The course's
     training call (`targets` given) is not checked.
     """
     if idx.size(0) < 2:

@@ -40,7 +40,7 @@ def cache_length(cache) -> int:
 def _check_cache(model, cache, batch: int) -> int:
     entries = getattr(cache, "entries", None)
     if entries is None or not hasattr(cache, "append_attention_mask"):
-        raise TypeError(f"past_kv_cache must be a TransformerLensKeyValueCache (sprout.generation.new_cache(model, "
+        raise TypeError(f"past_kv_cache must be a TransformerLensKeyValueCache (sprout.tl.generation.new_cache(model, "
                         f"batch_size)), got {type(cache).__name__}")
     if len(entries) != model.cfg.n_layers:
         raise ValueError(f"past_kv_cache has {len(entries)} layers but the model has {model.cfg.n_layers}")

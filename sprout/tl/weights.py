@@ -1,5 +1,5 @@
 """TransformerLens' weight matrices on the modules of Sprout and the walkthrough GPT (`blocks[l].attn.W_Q`,
-`blocks[l].mlp.W_in`, `embed.W_E`, `unembed.W_U`, ...); `sprout/stacked_weights.py` stacks them per model.
+`blocks[l].mlp.W_in`, `embed.W_E`, `unembed.W_U`, ...); `sprout/tl/stacked_weights.py` stacks them per model.
 
 The layout is TransformerLens' (`W_Q` [n_heads, d_model, d_head], `W_O` [n_heads, d_head, d_model],
 `W_in` [d_model, d_mlp], ...), and as with TransformerLens' default loading
@@ -11,34 +11,41 @@ computed from the modules' own weights (`attn.qkv.weight`, `ffn.w1.weight`, ...)
 raw, trainable parameters under model.py's keys.
 
 A norm and the modules that read it are siblings in a block (`norm1` beside `attn`), so each reader
-holds a plain reference to the norm it reads (`link`), outside the module tree: not a parameter, not a
-submodule, not a state-dict key.
+holds its norm through a `Ref`, outside the module tree: not a parameter, not a submodule, not a
+state-dict key.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Protocol
+from typing import Generic, Optional, TypeVar
 
 import torch
 import torch.nn as nn
 
-
-def link(module: object, **siblings: Optional[nn.Module]) -> None:
-    """Let `module` read its siblings' weights (e.g. the norm before it) without registering them."""
-    module.__dict__.setdefault("_linked", {}).update(siblings)
+M = TypeVar("M", bound=Optional[nn.Module])
 
 
-def linked(module: object, name: str) -> Any:
-    """The sibling `link` gave `module` under `name` (a norm, a Linear, ...), or None."""
-    return module.__dict__.get("_linked", {}).get(name)
+class Ref(Generic[M]):
+    """A reference to a sibling module (e.g. the norm before a reader), held outside the module tree.
+
+    Assigning a module to a module's attribute registers it as a submodule (a second state-dict key, a
+    second path to its hooks); a Ref is a plain object, so `ref.module` is only read. `copy.deepcopy`
+    and pickling follow it to the copied sibling, as they follow any shared object.
+    """
+
+    __slots__ = ("module",)
+
+    def __init__(self, module: M = None):
+        self.module = module
+
+    def __repr__(self) -> str:
+        return f"Ref({type(self.module).__name__})"
 
 
 def _norm_affine(norm: Optional[nn.Module]) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
     """(gain, bias) of an RMSNorm or LayerNorm; None where there is no norm or no bias."""
     if norm is None or not hasattr(norm, "weight"):
         return None, None
-    gain = norm.weight
-    assert isinstance(gain, torch.Tensor)
-    return gain, getattr(norm, "bias", None)
+    return norm.weight, getattr(norm, "bias", None)
 
 
 def fold_in(W: torch.Tensor, norm: Optional[nn.Module]) -> torch.Tensor:
@@ -55,12 +62,12 @@ def fold_bias(W: torch.Tensor, b: Optional[torch.Tensor], norm: Optional[nn.Modu
     return b if beta is None else b + torch.einsum("m,...mo->...o", beta, W)
 
 
-def fold_out(W: torch.Tensor, after: Optional[nn.Linear]) -> torch.Tensor:
+def fold_out(W: torch.Tensor, after: Optional[nn.Module]) -> torch.Tensor:
     """W [..., d_model] writing into a Linear `after` (step 4.8's extra projection) -> the composed write."""
     return W if after is None else W @ after.weight.T
 
 
-def fold_out_bias(b: torch.Tensor, after: Optional[nn.Linear]) -> torch.Tensor:
+def fold_out_bias(b: torch.Tensor, after: Optional[nn.Module]) -> torch.Tensor:
     return b if after is None else after(b)
 
 
@@ -82,14 +89,9 @@ class SproutAttentionWeights:
     and the zero biases, for Sprout's Attention (fused `qkv`, `proj`). The QK-norm gains are not in
     `W_Q`/`W_K`: they act after QK-norm's per-vector rescaling (see the README on QK circuits)."""
 
-    n_head: int  # the attention module's own (sprout.model.Attention)
-    d_head: int
-    qkv: nn.Linear
-    proj: nn.Linear
-
     def _qkv(self, i: int) -> torch.Tensor:
         d = self.n_head * self.d_head
-        return fold_in(heads_in(self.qkv.weight[i * d:(i + 1) * d], self.n_head), linked(self, "norm"))
+        return fold_in(heads_in(self.qkv.weight[i * d:(i + 1) * d], self.n_head), self.norm.module)
 
     @property
     def W_Q(self) -> torch.Tensor:
@@ -107,7 +109,7 @@ class SproutAttentionWeights:
     def W_O(self) -> torch.Tensor:
         return heads_out(self.proj.weight, self.n_head)
 
-    def _zeros(self, *shape: int) -> torch.Tensor:
+    def _zeros(self, *shape) -> torch.Tensor:
         return self.qkv.weight.new_zeros(shape)
 
     @property
@@ -127,33 +129,20 @@ class SproutAttentionWeights:
         return self._zeros(self.proj.weight.size(0))
 
 
-class SwiGLUWeights(Protocol):
-    """What the MLP hook module reads from the feed-forward layer it is linked to (sprout.model's)."""
-
-    w1: nn.Linear
-    w2: nn.Linear
-    w3: nn.Linear
-
-    def __call__(self, x: torch.Tensor, hooks: nn.Module) -> torch.Tensor: ...
-
-
 class SproutMLPWeights:
     """`W_gate` (w1, through SiLU) and `W_in` (w3, the linear half) [d_model, d_mlp] with ln2's gain
     folded in, `W_out` (w2) [d_mlp, d_model], zero biases; on the hook module `mlp`, read from `ffn`."""
 
-    def _ffn(self) -> SwiGLUWeights:
-        ffn = linked(self, "ffn")
-        if ffn is None:
-            raise AttributeError("this MLP hook module is not linked to a feed-forward layer")
-        return ffn
+    def _ffn(self) -> nn.Module:
+        return self.ffn.module
 
     @property
     def W_in(self) -> torch.Tensor:
-        return fold_in(self._ffn().w3.weight.T, linked(self, "norm"))
+        return fold_in(self._ffn().w3.weight.T, self.norm.module)
 
     @property
     def W_gate(self) -> torch.Tensor:
-        return fold_in(self._ffn().w1.weight.T, linked(self, "norm"))
+        return fold_in(self._ffn().w1.weight.T, self.norm.module)
 
     @property
     def W_out(self) -> torch.Tensor:
@@ -174,11 +163,11 @@ class SproutUnembedWeights:
 
     @property
     def W_U(self) -> torch.Tensor:
-        return fold_in(linked(self, "head").weight.T, linked(self, "norm"))
+        return fold_in(self.head.module.weight.T, self.norm.module)
 
     @property
     def b_U(self) -> torch.Tensor:
-        head = linked(self, "head").weight
+        head = self.head.module.weight
         return head.new_zeros(head.size(0))
 
 
@@ -207,81 +196,71 @@ class WalkthroughAttentionWeights:
     Step 4.8's extra projection after the attention folds into `W_O`/`b_O`, so `hook_z @ W_O + b_O` is
     what the attention writes to the stream there too."""
 
-    heads: nn.ModuleList  # the attention module's own (sprout.walkthrough.Attention)
-    n_head: int
-    projection: nn.Linear
-
     def _stacked(self, name: str) -> torch.Tensor:
         weight = torch.cat([getattr(h, name).weight for h in self.heads])  # [head * d_head, d_model]
         return heads_in(weight, self.n_head)
 
     @property
     def W_Q(self) -> torch.Tensor:
-        return fold_in(self._stacked("query"), linked(self, "norm"))
+        return fold_in(self._stacked("query"), self.norm.module)
 
     @property
     def W_K(self) -> torch.Tensor:
-        return fold_in(self._stacked("key"), linked(self, "norm"))
+        return fold_in(self._stacked("key"), self.norm.module)
 
     @property
     def W_V(self) -> torch.Tensor:
-        return fold_in(self._stacked("value"), linked(self, "norm"))
+        return fold_in(self._stacked("value"), self.norm.module)
 
     @property
     def W_O(self) -> torch.Tensor:
-        return fold_out(heads_out(self.projection.weight, self.n_head), linked(self, "after"))
+        return fold_out(heads_out(self.projection.weight, self.n_head), self.after.module)
 
     @property
     def b_Q(self) -> torch.Tensor:
-        return fold_bias(self._stacked("query"), None, linked(self, "norm"))
+        return fold_bias(self._stacked("query"), None, self.norm.module)
 
     @property
     def b_K(self) -> torch.Tensor:
-        return fold_bias(self._stacked("key"), None, linked(self, "norm"))
+        return fold_bias(self._stacked("key"), None, self.norm.module)
 
     @property
     def b_V(self) -> torch.Tensor:
-        return fold_bias(self._stacked("value"), None, linked(self, "norm"))
+        return fold_bias(self._stacked("value"), None, self.norm.module)
 
     @property
     def b_O(self) -> torch.Tensor:
-        return fold_out_bias(self.projection.bias, linked(self, "after"))
+        return fold_out_bias(self.projection.bias, self.after.module)
 
 
 class WalkthroughMLPWeights:
     """`W_in` [d_model, d_mlp] (ln2 folded in) and `b_in` (fc1's bias plus ln2's bias through fc1),
     `W_out` [d_mlp, d_model] and `b_out` (fc2, with step 4.8's extra projection folded in)."""
 
-    fc1: nn.Linear  # the MLP's own (sprout.walkthrough.MLP)
-    fc2: nn.Linear
-
     @property
     def W_in(self) -> torch.Tensor:
-        return fold_in(self.fc1.weight.T, linked(self, "norm"))
+        return fold_in(self.fc1.weight.T, self.norm.module)
 
     @property
     def b_in(self) -> torch.Tensor:
-        return fold_bias(self.fc1.weight.T, self.fc1.bias, linked(self, "norm"))
+        return fold_bias(self.fc1.weight.T, self.fc1.bias, self.norm.module)
 
     @property
     def W_out(self) -> torch.Tensor:
-        return fold_out(self.fc2.weight.T, linked(self, "after"))
+        return fold_out(self.fc2.weight.T, self.after.module)
 
     @property
     def b_out(self) -> torch.Tensor:
-        return fold_out_bias(self.fc2.bias, linked(self, "after"))
+        return fold_out_bias(self.fc2.bias, self.after.module)
 
 
 class WalkthroughUnembedWeights:
     """`W_U` [d_model, vocab] and `b_U` [vocab] with the final LayerNorm folded in, when the step has one."""
 
-    weight: torch.Tensor  # the nn.Linear's own (sprout.walkthrough.Unembed)
-    bias: nn.Parameter
-
     @property
     def W_U(self) -> torch.Tensor:
-        return fold_in(self.weight.T, linked(self, "norm"))
+        return fold_in(self.weight.T, self.norm.module)
 
     @property
     def b_U(self) -> torch.Tensor:
-        return fold_bias(self.weight.T, self.bias, linked(self, "norm"))
+        return fold_bias(self.weight.T, self.bias, self.norm.module)

@@ -1,50 +1,38 @@
 """The model-level TransformerLens weights: `W_Q` ... `W_U` stacked over blocks, `QK`/`OV` as
 FactoredMatrix, composition scores, `tl_parameters` (what `SVDInterpreter` reads).
 
-Each property stacks the per-module ones of `sprout/weights.py` (norm gains folded in, as TransformerLens'
+Each property stacks the per-module ones of `sprout/tl/weights.py` (norm gains folded in, as TransformerLens'
 `fold_ln`), so the model and `blocks[l].attn.W_Q` always agree.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import Iterator, Optional
 
 import torch
 import torch.nn as nn
 from transformer_lens.FactoredMatrix import FactoredMatrix
 from transformer_lens.utilities.matrix import composition_scores
 
-if TYPE_CHECKING:  # a mixin of HookedLM's subclasses: checked as one
-    from .hooked import HookedLM as _Model
-else:
-    _Model = object
+from ..names import block
 
-_POSITIONAL = ("W_pos", "W_E_pos", "pos_embed", "hook_pos_embed")
 _ROTARY = ("there is no learned position embedding (positional_embedding_type='rotary': RoPE rotates each "
            "head's queries and keys, so positions show in blocks.{l}.attn.hook_rot_q / hook_rot_k; see the README, "
            "'Where Sprout differs from TransformerLens')")
 
 
-class TLWeights(_Model):
+class TLWeights:
     """The model-level weights, stacked over blocks, as TransformerLens' HookedTransformer has them.
 
     Needs `blocks[l].attn` and (with an MLP) `blocks[l].mlp` answering the per-module properties,
     `embed` (an `Embed`), `unembed` answering `W_U`/`b_U`, and `cfg`.
     """
 
-    def __getattr__(self, name: str):
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            if name in _POSITIONAL:
-                raise AttributeError(f"{type(self).__name__} has no {name}: {_ROTARY}") from None
-            raise
-
     def _stack(self, module: str, name: str) -> torch.Tensor:
         parts = []
-        for l, block in enumerate(self.blocks):
-            owner = getattr(block, module, None)
+        for l, blk in enumerate(self.blocks):
+            owner = getattr(blk, module, None)
             if owner is None:
-                raise AttributeError(f"blocks.{l} has no {module} (this model's layers have none), so there "
+                raise AttributeError(f"block {l} has no {module} (this model's layers have none), so there "
                                      f"is no {name}")
             parts.append(getattr(owner, name))
         return torch.stack(parts)
@@ -190,12 +178,11 @@ class TLWeights(_Model):
         """[d_model]: the biases written to the stream before block `layer` (its attention's too with
         `mlp_input`): `b_O` and, with `include_mlp_biases`, `b_out`. Zero for Sprout, which has none."""
         total = self.embed.weight.new_zeros(self.cfg.d_model)
-        block: Any  # a Block of Sprout or of the walkthrough GPT
-        for l, block in enumerate(self.blocks[:layer + 1]):
+        for l, blk in enumerate(self.blocks[:layer + 1]):
             if l < layer or mlp_input:
-                total = total + block.attn.b_O
-            if l < layer and include_mlp_biases and getattr(block, "mlp", None) is not None:
-                total = total + block.mlp.b_out
+                total = total + blk.attn.b_O
+            if l < layer and include_mlp_biases and getattr(blk, "mlp", None) is not None:
+                total = total + blk.mlp.b_out
         return total
 
     def tl_parameters(self) -> dict[str, torch.Tensor]:
@@ -206,21 +193,21 @@ class TLWeights(_Model):
         params = {"embed.W_E": self.W_E}
         if getattr(self, "pos_embed", None) is not None:
             params["pos_embed.W_pos"] = self.W_pos
-        for l, block in enumerate(self.blocks):
+        for l, blk in enumerate(self.blocks):
             for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O"):
-                params[f"blocks.{l}.attn.{name}"] = getattr(block.attn, name)
+                params[block(l) + "attn." + name] = getattr(blk.attn, name)
             mlp_names = ("W_in", "W_gate", "W_out", "b_in", "b_out") if cfg.gated_mlp else ("W_in", "W_out", "b_in", "b_out")
             for name in mlp_names:
-                params[f"blocks.{l}.mlp.{name}"] = self._mlp_param(block, name)
+                params[block(l) + "mlp." + name] = self._mlp_param(blk, name)
         params["unembed.W_U"] = self.W_U
         params["unembed.b_U"] = self.b_U
         return params
 
-    def _mlp_param(self, block: nn.Module, name: str) -> torch.Tensor:
-        mlp = getattr(block, "mlp", None)
+    def _mlp_param(self, blk: nn.Module, name: str) -> torch.Tensor:
+        mlp = getattr(blk, "mlp", None)
         if mlp is not None:
             return getattr(mlp, name)
-        d_model, d_mlp = self.cfg.d_model, self.cfg.d_mlp or 0
+        d_model, d_mlp = self.cfg.d_model, self.cfg.d_mlp
         shape = {"W_in": (d_model, d_mlp), "W_gate": (d_model, d_mlp), "W_out": (d_mlp, d_model),
                  "b_in": (d_mlp,), "b_out": (d_model,)}[name]
         return self.embed.weight.new_zeros(shape)

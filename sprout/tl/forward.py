@@ -1,17 +1,10 @@
-"""The forward's two calling conventions: the course's `(logits, loss)` and TransformerLens' `return_type`.
+"""The forward's contract, TransformerLens' HookedTransformer's: `model(tokens)` is the logits, and
+`return_type` chooses "logits", "loss", "both" or None, as there.
 
-The course writes `logits, loss = model(idx, targets)` and `logits, _ = model(idx)`; TransformerLens
-writes `logits = model(tokens)` and `model(tokens, return_type="loss")`. Both hold at once:
-
-- with `targets` (and no `return_type`) the forward returns the tuple `(logits, loss)`, as model.py;
-- with `return_type` it returns exactly what TransformerLens' HookedTransformer does;
-- with neither it returns the logits as an `Output`: a torch.Tensor in every respect (indexing,
-  arithmetic, `.softmax`, shapes; every result of an operation on it is a plain Tensor) except that
-  unpacking it into two names, `logits, loss = model(idx)`, gives `(logits, None)`, the course's pair.
-
-Only a two-name unpacking statement gets the pair; `for row in logits`, `list(logits)`, `zip(logits, ...)`
-and `torch.unbind` iterate over the batch as for any tensor. The price is one corner: a TransformerLens
-user who unpacks a batch of two by `a, b = model(tokens)` gets (logits, None); write `a, b = logits.unbind()`.
+The loss of `return_type="loss"` is TransformerLens' (position t predicts token t + 1, `[batch, pos - 1]`
+per token); given `targets=` (keyword only) it is model.py's instead (every position against its
+target, `loss_mask` weighting the positions), which is what the trainer asks for. The course's own
+calling convention, `logits, loss = model(idx, targets)`, is a class of its own: `sprout.model.GPT`.
 
 Layer ranges are TransformerLens': `stop_at_layer=L` runs blocks 0..L-1 and returns the stream they
 leave ([batch, pos, d_model]; no `blocks.L.*` hook fires), `start_at_layer=S` takes the stream entering
@@ -21,59 +14,27 @@ the model before any block runs, with the same words as token ids.
 """
 from __future__ import annotations
 
-import dis
-import sys
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from transformer_lens.utilities.lm_utils import lm_cross_entropy_loss
 
-_UNPACK_SEQUENCE = dis.opmap["UNPACK_SEQUENCE"]
 RETURN_TYPES = ("logits", "loss", "both", None)
 
 
-class _Unset:
-    def __repr__(self):
-        return "<course default>"
-
-
-COURSE = _Unset()  # return_type not given: the course's contract
-
-
-class Output(torch.Tensor):
-    """Logits [batch, pos, vocab] (or the residual stream under `stop_at_layer`) that also unpack as the
-    course's pair `(logits, None)`."""
-
-    # Operations on an Output give plain Tensors: no subclass dispatch on any later op, so no cost.
-    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]  # torch's own off switch
-
-    def __iter__(self):
-        # Python asks for an iterator both to unpack (`a, b = x`) and to loop (`for row in x`); the
-        # caller's current instruction tells them apart: UNPACK_SEQUENCE 2 is the course's pair.
-        frame = sys._getframe(1)
-        code, i = frame.f_code.co_code, frame.f_lasti
-        if code[i] == _UNPACK_SEQUENCE and code[i + 1] == 2:
-            return iter((self.as_subclass(torch.Tensor), None))
-        return iter(self.as_subclass(torch.Tensor))
-
-    def __repr__(self, *, tensor_contents=None):
-        return repr(self.as_subclass(torch.Tensor))
-
-    def __reduce_ex__(self, proto):
-        return self.as_subclass(torch.Tensor).__reduce_ex__(proto)
-
-
-def split_positional(targets, loss_mask, return_type, loss_per_token):
-    """TransformerLens' second and third positional arguments are `return_type` and `loss_per_token`;
-    the course's are `targets` and `loss_mask`. A string in second place is a return_type."""
-    if isinstance(targets, str):
-        return_type, targets = targets, None
-        if isinstance(loss_mask, bool):
-            loss_per_token, loss_mask = loss_mask, None
-    if return_type is not COURSE and return_type not in RETURN_TYPES:
+def check_return_type(return_type, targets, loss_mask) -> None:
+    """`return_type` is one of TransformerLens' four; `targets`/`loss_mask` go with a loss only."""
+    if isinstance(return_type, torch.Tensor):
+        raise ValueError(f"return_type must be one of {RETURN_TYPES}, got a tensor: the second positional argument "
+                         "is return_type, as in HookedTransformer; for model.py's loss pass return_type='loss', "
+                         "targets=..., or call the course's class (sprout.model.GPT.from_sprout(model))")
+    if return_type not in RETURN_TYPES:
         raise ValueError(f"return_type must be one of {RETURN_TYPES}, got {return_type!r}")
-    return targets, loss_mask, return_type, loss_per_token
+    if return_type not in ("loss", "both") and (targets is not None or loss_mask is not None):
+        what = "targets" if targets is not None else "loss_mask"
+        raise ValueError(f"{what}= is read only for a loss: pass return_type='loss' or 'both' with it (for the "
+                         "course's `logits, loss = model(idx, targets)`, use sprout.model.GPT.from_sprout(model))")
 
 
 def check_layer(n_layers: int, value, name: str, top: int) -> int:
@@ -115,7 +76,7 @@ def check_resid(resid, cfg, start_at_layer: int) -> torch.Tensor:
     if T > n_ctx:
         raise ValueError(f"sequence of {T} tokens is longer than the model's context of {n_ctx} tokens; "
                          f"nothing is truncated silently: cut it into windows yourself, e.g. "
-                         f"sprout.text.windows(ids, {n_ctx})")
+                         f"sprout.tl.text.windows(ids, {n_ctx})")
     if resid.dtype != cfg.dtype:
         raise TypeError(f"{what} in the model's dtype {cfg.dtype}, got {resid.dtype}: cast it with .to({cfg.dtype})")
     if resid.device != torch.device(cfg.device):
@@ -160,11 +121,7 @@ def tl_loss(logits: torch.Tensor, tokens: torch.Tensor, attention_mask=None, per
 
 def finish(logits: torch.Tensor, tokens: Optional[torch.Tensor], targets, loss_mask, attention_mask,
            return_type, loss_per_token: bool):
-    """The forward's result for the chosen convention (see the module docstring)."""
-    if return_type is COURSE:
-        if targets is None:
-            return logits.as_subclass(Output)
-        return logits, course_loss(logits, targets, loss_mask, attention_mask, loss_per_token)
+    """The forward's result for `return_type` (see the module docstring)."""
     if return_type == "logits":
         return logits
     if return_type is None:

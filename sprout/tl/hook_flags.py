@@ -10,8 +10,8 @@ reaches that head's query alone: what path patching and `patching.get_act_patch_
 a copy, so an edit there reaches the MLP and not the residual stream. All off by default, and a block
 with them off runs exactly as before.
 
-The flags live on `model.cfg` (TransformerLens reads and restores them there), and every block reads
-that same config object, so `model.cfg.use_split_qkv_input = True` works too. TransformerLens 4 names
+The flags live on `model.cfg` (TransformerLens reads and restores them there), and every block holds
+that same config object (`block.flags`), so `model.cfg.use_split_qkv_input = True` works too. TransformerLens 4 names
 the input hooks under `attn` (`blocks.{l}.attn.hook_q_input`, what its edge attribution patching
 reads); those names resolve to the same hook points by name, and while a flag is on they are also
 entries of `hook_dict`, so a cache of everything holds the activation under both names (one tensor).
@@ -25,21 +25,21 @@ entry points accept it).
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 from transformer_lens.hook_points import HookPoint
 
-from .weights import link
-
-if TYPE_CHECKING:  # a mixin of HookedLM's subclasses: checked as one
-    from .hooked import HookedLM as _Model
-else:
-    _Model = object
+from ..names import block
 
 INPUT_HOOKS = ("hook_q_input", "hook_k_input", "hook_v_input", "hook_attn_in")
 _FLAG_OF = {"hook_q_input": "use_split_qkv_input", "hook_k_input": "use_split_qkv_input",
             "hook_v_input": "use_split_qkv_input", "hook_attn_in": "use_attn_in", "hook_mlp_in": "use_hook_mlp_in"}
+
+
+def attn_alias(layer: int, name: str) -> str:
+    """TransformerLens 4's name of block `layer`'s input hook `name` under `attn` ("blocks.0.attn.hook_q_input")."""
+    return block(layer) + "attn." + name
 
 
 class HookFlagError(ValueError, AssertionError):
@@ -75,27 +75,25 @@ def per_head_inputs(block, x: torch.Tensor, n_head: int, shared: bool, norm: Cal
     return tuple(norm(hook(copies())) for hook in (block.hook_q_input, block.hook_k_input, block.hook_v_input))
 
 
-class HookFlags(_Model):
+class HookFlags:
     """Mixin for a HookedLM whose blocks honour `cfg.use_split_qkv_input`, `use_attn_in`, `use_hook_mlp_in`."""
 
     def setup(self):
         super().setup()
-        self._link_flags()
-        for l, block in enumerate(self.blocks):
+        self._alias_input_hooks()
+        for l, blk in enumerate(self.blocks):
             for name in INPUT_HOOKS:
-                if hasattr(block, name):
-                    self.mod_dict[f"blocks.{l}.attn.{name}"] = getattr(block, name)
+                if hasattr(blk, name):
+                    self.mod_dict[attn_alias(l, name)] = getattr(blk, name)
 
-    def _link_flags(self):
+    def _alias_input_hooks(self):
         cfg = self.cfg
-        for block in self.blocks:
-            link(block, lens=cfg)  # type: ignore[arg-type]  # the config, not a module: a plain reference too
         # TransformerLens 4's names for the input hooks, in hook_dict while their flag is on
-        for l, block in enumerate(self.blocks):
+        for l, blk in enumerate(self.blocks):
             for name in INPUT_HOOKS:
-                alias = f"blocks.{l}.attn.{name}"
-                if hasattr(block, name) and gated_flag(cfg, name) is None:
-                    self.hook_dict[alias] = getattr(block, name)
+                alias = attn_alias(l, name)
+                if hasattr(blk, name) and gated_flag(cfg, name) is None:
+                    self.hook_dict[alias] = getattr(blk, name)
                 else:
                     self.hook_dict.pop(alias, None)
 
@@ -103,20 +101,20 @@ class HookFlags(_Model):
         return gated_flag(self.cfg, name)
 
     def get_caching_hooks(self, *args, **kwargs):
-        self._link_flags()  # flags set on model.cfg directly: hook_dict's aliases follow them here
+        self._alias_input_hooks()  # flags set on model.cfg directly: hook_dict's aliases follow them here
         return super().get_caching_hooks(*args, **kwargs)
 
     def set_use_attn_result(self, use_attn_result: bool):
         """Cache each head's write (`attn.hook_result`) when caching everything (it is computed whenever hooked)."""
         self.cfg.use_attn_result = bool(use_attn_result)
-        self._link_flags()
+        self._alias_input_hooks()
 
     def set_use_split_qkv_input(self, use_split_qkv_input: bool):
         """Give each head its own copy of the stream for Q, K and V (`hook_q_input` ...); off: one shared ln1."""
         if use_split_qkv_input and self.cfg.use_attn_in:
             raise ValueError("use_split_qkv_input and use_attn_in are mutually exclusive: call set_use_attn_in(False) first")
         self.cfg.use_split_qkv_input = bool(use_split_qkv_input)
-        self._link_flags()
+        self._alias_input_hooks()
 
     def set_use_attn_in(self, use_attn_in: bool):
         """Give each head one copy of the stream for Q, K and V together (`hook_attn_in`)."""
@@ -124,12 +122,12 @@ class HookFlags(_Model):
             raise ValueError("use_attn_in and use_split_qkv_input are mutually exclusive: "
                              "call set_use_split_qkv_input(False) first")
         self.cfg.use_attn_in = bool(use_attn_in)
-        self._link_flags()
+        self._alias_input_hooks()
 
     def set_use_hook_mlp_in(self, use_hook_mlp_in: bool):
         """Expose the MLP's input before ln2 as `hook_mlp_in`."""
         self.cfg.use_hook_mlp_in = bool(use_hook_mlp_in)
-        self._link_flags()
+        self._alias_input_hooks()
 
     def check_hooks_to_add(self, hook_point, hook_point_name: str, hook, dir="fwd", is_permanent=False, prepend=False):
         """`model.add_hook` on a hook whose flag is off: a HookFlagError (TransformerLens' AssertionError)."""
