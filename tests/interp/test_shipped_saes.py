@@ -19,8 +19,8 @@ from safetensors.torch import load_file
 
 import interp
 import sprout
+from interp import stream_windows as tuned_lens_windows
 from interp.saes.shipped import shipped_folder
-from interp.tuned_lens_train import windows as tuned_lens_windows
 from sprout.files import demo_dir
 from sprout.names import act_name
 from sprout.training.english import english_corpus, is_english, parse_data
