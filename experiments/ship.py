@@ -155,7 +155,7 @@ def train_dictionaries(model, r: Recipe, texts: dict, parts=PARTS) -> dict:
     return out
 
 
-def ship_saes(name: str, model, r: Recipe, parts=PARTS) -> list:
+def ship_saes(name: str, model, r: Recipe, parts=PARTS, keep_passing: bool = False) -> list:
     texts = demo_texts(name, r)
     t0 = time.perf_counter()
     trained = train_dictionaries(model, r, texts, parts)
@@ -173,11 +173,16 @@ def ship_saes(name: str, model, r: Recipe, parts=PARTS) -> list:
               f"L0 {held['l0']:.1f}, dead {dead_fraction:.1%} of {n_dead_tokens} tokens"
               + (f"  MISSES: {'; '.join(miss)}" if miss else ""))
         bad += [f"{sae.hook_name}: {m}" for m in miss]
+        if miss and keep_passing:
+            continue
         if sae.model_fingerprint != fingerprint(model):
             raise SystemExit(f"{name} {sae.hook_name}: not stamped with the weights' fingerprint")
         folder = shipped_folder(demo_dir() / name, **({"layer": key} if kind == "transcoder" else {"hook": key}))
         ready.append((sae, folder))
-    if bad:
+    if bad and keep_passing:
+        print(f"{name}: {len(bad)} target(s) missed; shipping the {len(ready)} dictionaries that meet every target:\n  "
+              + "\n  ".join(bad))
+    elif bad:
         raise SystemExit(f"{name}: not shipped, {len(bad)} target(s) missed:\n  " + "\n  ".join(bad))
     written = [sae.save(folder) for sae, folder in ready]
     for sae, _ in ready:  # what was written is what the loaders find for these weights
@@ -198,6 +203,8 @@ def main(argv=None) -> int:
     p.add_argument("--only", nargs="+", choices=["lens", "saes"], default=["lens", "saes"])
     p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
                    help="with saes: the residual SAEs, the transcoders or both (each part is shipped on its own)")
+    p.add_argument("--keep-passing", action="store_true",
+                   help="write the dictionaries that meet every target even when others miss (those are not written)")
     p.add_argument("--steps", type=positive, default=None, help="override the recipe's SAE and transcoder steps (a trial)")
     p.add_argument("--threads", type=positive, default=None,
                    help="torch CPU threads (default torch's; on a machine shared with other jobs 1 is much faster)")
@@ -213,7 +220,7 @@ def main(argv=None) -> int:
         r = RECIPES[args.name]
         if args.steps is not None:
             r = Recipe(**{**asdict(r), "steps": args.steps, "transcoder_steps": args.steps})
-        ship_saes(args.name, model, r, args.parts)
+        ship_saes(args.name, model, r, args.parts, keep_passing=args.keep_passing)
     return 0
 
 
