@@ -29,7 +29,7 @@ from sprout.material import generate_story
 from sprout.names import act_name
 from sprout.tokenizer import raw
 
-from .common import held_out_text, model_dir, number, positive, standalone
+from .common import folder_of, held_out_text, number, positive, standalone
 
 NAME = "features"
 DOC = "Feature pages for the shipped SAEs and transcoders: top contexts, activation histograms, logit effects."
@@ -56,9 +56,10 @@ def add_args(p):
     p.add_argument("--readme", default=None, metavar="README", help="rewrite the README's Features section and stop")
 
 
-def dictionaries(model) -> list:
-    """(label, dictionary) for each residual SAE and transcoder found for this model, in block order."""
-    roots = ([model_dir(model)] if model_dir(model) is not None else []) + [None]
+def dictionaries(model, folder=None) -> list:
+    """(label, dictionary) for each residual SAE and transcoder found for this model (beside it in `folder`,
+    else among the shipped ones), in block order."""
+    roots = ([folder] if folder is not None else []) + [None]
     found = []
     for layer in range(int(model.cfg.n_layers)):
         for label, load in ((f"resid_post {layer}", lambda r: interp.load_sae(model, act_name("resid_post", layer), root=r)),
@@ -126,13 +127,14 @@ def _metrics_cell(sae) -> str:
 def run(models, out, args) -> list[dict]:
     rows = []
     for model_label, model in models.items():
-        found = dictionaries(model)
+        folder = folder_of(models, model_label)
+        found = dictionaries(model, folder)
         if not found:
             rows.append(number("dictionaries", "none shipped or beside the checkpoint", None, model_label))
             continue
         (out.dir / model_label).mkdir(parents=True, exist_ok=True)
         js = os.path.relpath(out.plotly_js(), out.dir / model_label).replace(os.sep, "/")
-        text = held_out_text(model, args.chars)
+        text = held_out_text(model, args.chars, folder=folder)
         items = []
         for i, (label, sae) in enumerate(found):
             rep = feature_report(model, sae, text, n_show=args.show)
