@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import warnings
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Callable, Optional, cast
+from typing import TYPE_CHECKING, Any, Callable, Optional, cast
 
 import torch
 from transformer_lens.hook_points import HookPoint
@@ -83,6 +83,7 @@ class HookedLM(TextIO, HookedRootModule):
     """
 
     if TYPE_CHECKING:  # what the subclasses build (see above)
+        config: Any  # SproutConfig or WalkthroughConfig
         blocks: torch.nn.ModuleList
         run_layers: Callable[..., torch.Tensor]
 

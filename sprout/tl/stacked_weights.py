@@ -189,6 +189,7 @@ class TLWeights:
         """[d_model]: the biases written to the stream before block `layer` (its attention's too with
         `mlp_input`): `b_O` and, with `include_mlp_biases`, `b_out`. Zero for Sprout, which has none."""
         total = self.embed.weight.new_zeros(self.cfg.d_model)
+        blk: Any  # a block: its attn (and mlp) answer b_O (b_out)
         for l, blk in enumerate(self.blocks[:layer + 1]):
             if l < layer or mlp_input:
                 total = total + blk.attn.b_O
@@ -219,6 +220,7 @@ class TLWeights:
         if mlp is not None:
             return getattr(mlp, name)
         d_model, d_mlp = self.cfg.d_model, self.cfg.d_mlp
+        assert d_mlp is not None  # both models' transformer_lens_config() set it
         shape = {"W_in": (d_model, d_mlp), "W_gate": (d_model, d_mlp), "W_out": (d_mlp, d_model),
                  "b_in": (d_mlp,), "b_out": (d_model,)}[name]
         return self.embed.weight.new_zeros(shape)

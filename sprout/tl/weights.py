@@ -286,7 +286,7 @@ class WalkthroughUnembedWeights:
     """`W_U` [d_model, vocab] and `b_U` [vocab] with the final LayerNorm folded in, when the step has one."""
 
     weight: torch.Tensor
-    bias: Optional[torch.Tensor]
+    bias: nn.Parameter  # nn.Linear's
     norm: Ref[Optional[nn.Module]]
 
     @property
