@@ -114,6 +114,7 @@ def _quantile_threshold(u: _Unit, x: torch.Tensor, target_l0: float, global_rows
     the ground-truth test: 0.95 mean max cosine at 300 steps, 0.88 when starting at the target)."""
     pre = u.sae.pre_acts(x).relu()
     n_keep = max(1, int(round(4 * target_l0 * global_rows)))
+    assert u.sae.threshold is not None  # a jumprelu SAE's
     u.sae.threshold.fill_(float(batch_threshold(pre, n_keep)))
 
 
@@ -174,6 +175,7 @@ def _step_unit(u: _Unit, x, y, s: TrainSettings, step: int, global_rows: int) ->
         p.grad = None
     sae.normalize_decoder_()
     if sae.kind == "jumprelu":
+        assert sae.threshold is not None  # a jumprelu SAE's
         with torch.no_grad():
             sae.threshold.clamp_(min=0)
     sae.rule.after_step(acts, sae, s.threshold_lr)
