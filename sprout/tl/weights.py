@@ -16,13 +16,10 @@ state-dict key.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Generic, Optional, TypeVar, cast
+from typing import Any, Generic, Optional, TypeVar, cast
 
 import torch
 import torch.nn as nn
-
-if TYPE_CHECKING:
-    from ..layers import FeedForward
 
 # Covariant: a Ref is only read, so a Ref[RMSNorm] is a Ref[Optional[nn.Module]].
 M = TypeVar("M", bound=Optional[nn.Module], covariant=True)
@@ -145,9 +142,9 @@ class SproutMLPWeights:
     folded in, `W_out` (w2) [d_mlp, d_model], zero biases; on the hook module `mlp`, read from `ffn`."""
 
     norm: Ref[Optional[nn.Module]]
-    ffn: Ref[FeedForward]
+    ffn: Ref[Any]  # sprout.layers.FeedForward (w1, w2, w3), not imported: layers imports this module
 
-    def _ffn(self) -> FeedForward:
+    def _ffn(self) -> Any:
         return self.ffn.module
 
     @property
