@@ -28,10 +28,10 @@ def renamed(**old_to_new: str) -> Callable:
             try:
                 return fn(*args, **kwargs)
             except (TypeError, ValueError) as e:
-                new = next((n for n in used if str(e).startswith(f"{n} ")), None)
-                if new is None:
+                hit = next((n for n in used if str(e).startswith(f"{n} ")), None)
+                if hit is None:
                     raise
-                raise type(e)(used[new] + str(e)[len(new):]) from None
-        inner.renamed = dict(old_to_new)
+                raise type(e)(used[hit] + str(e)[len(hit):]) from None
+        inner.renamed = dict(old_to_new)  # type: ignore[attr-defined]  # a function attribute, which mypy does not model
         return inner
     return wrap

@@ -3,6 +3,7 @@ the gradients' all-reduce."""
 from __future__ import annotations
 
 import os
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -21,7 +22,7 @@ def average_grads(module: torch.nn.Module, world: int) -> None:
     """Data parallelism's all-reduce: every process ends up with the mean of the processes' gradients."""
     if world == 1:
         return
-    grads = [p.grad for p in module.parameters()]
+    grads = [cast(torch.Tensor, p.grad) for p in module.parameters()]  # called after backward: all set
     flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat)
     flat /= world

@@ -2,6 +2,8 @@
 stream's logits, with the [tokens, vocab] tensors in reused buffers (KL = this cross-entropy - H(p))."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from ._model import final_modules
@@ -41,19 +43,20 @@ class Scratch:
     """
 
     def __init__(self):
-        self.buffers, self.turn = None, 0
+        self.buffers: Optional[list[torch.Tensor]] = None
+        self.turn = 0
 
     def take(self, rows: int, vocab: int, like: torch.Tensor) -> list[torch.Tensor]:
         """[p, z, log_softmax(z), grad], each [rows, vocab] like `like`."""
         b = self.buffers
         if b is None or b[0].shape != (rows, vocab) or b[0].dtype != like.dtype or b[0].device != like.device:
-            self.buffers = [like.new_empty(rows, vocab) for _ in range(4)]
-        return self.buffers
+            b = self.buffers = [like.new_empty(rows, vocab) for _ in range(4)]
+        return b
 
     @torch.no_grad()
     def target(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The output distribution p of logits [rows, vocab] (in a buffer) and sum_v p log p, the mean over rows."""
-        p, _, log_p, _ = self.take(*logits.shape, logits)
+        p, _, log_p, _ = self.take(*logits.shape, logits)  # type: ignore[call-arg]  # logits is [rows, vocab]; mypy cannot count a Size
         torch.log_softmax(logits, dim=-1, out=log_p)
         torch.exp(log_p, out=p)
         return p, torch.dot(p.reshape(-1), log_p.reshape(-1)) / logits.shape[0]

@@ -11,7 +11,7 @@ Private: the techniques' modules are the public surface; everything here takes c
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union, cast
 
 import pandas as pd
 import torch
@@ -76,7 +76,8 @@ def clean_and_corrupted(model, clean, corrupted) -> tuple[torch.Tensor, torch.Te
     if clean.shape != corrupted.shape:
         raise ValueError(f"clean and corrupted must have the same [batch, pos] shape (patching swaps activations "
                          f"position by position); got clean {tuple(clean.shape)} and corrupted {tuple(corrupted.shape)}")
-    if (clean_mask is None) != (corrupted_mask is None) or (clean_mask is not None and not clean_mask.equal(corrupted_mask)):
+    if (clean_mask is None) != (corrupted_mask is None) or (
+            clean_mask is not None and not clean_mask.equal(cast(torch.Tensor, corrupted_mask))):  # both given here
         lengths = [[clean.shape[1]] * clean.shape[0] if m is None else m.sum(1).tolist() for m in (clean_mask, corrupted_mask)]
         raise ValueError(f"clean and corrupted are padded differently (real tokens per row: clean {lengths[0]}, "
                          f"corrupted {lengths[1]}): patching swaps activations position by position, so each row "
@@ -103,6 +104,7 @@ def patches(model, site: str, by: str, n_pos: int) -> list[Patch]:
 
 def _write(act: torch.Tensor, source: torch.Tensor, p: Patch, layout: str) -> None:
     """Copy the patched piece of `source` (one clean activation, [batch, ...]) into `act` in place."""
+    idx: tuple[Union[slice, int], ...]
     if layout == "pattern":  # [batch, head, query_pos, key_pos]; a position is a destination (query) row
         idx = (slice(None), slice(None) if p.head is None else p.head, slice(None) if p.pos is None else p.pos)
     else:  # [batch, pos, (head,) ...]
@@ -167,7 +169,7 @@ def check_logit_positions(logit_positions, n_pos: int) -> Optional[list[int]]:
     if logit_positions is None:
         return None
     if isinstance(logit_positions, int) and not isinstance(logit_positions, bool):
-        raw = [logit_positions]
+        raw: Optional[list] = [logit_positions]
     else:  # ints only: a float, a str, a bool or a tensor is refused below
         raw = list(logit_positions) if isinstance(logit_positions, (list, tuple, range)) else None
     if not raw or not all(isinstance(p, int) and not isinstance(p, bool) and -n_pos <= p < n_pos for p in raw):
@@ -206,7 +208,8 @@ def patch_values(model, clean: torch.Tensor, corrupted: torch.Tensor, metric: Me
     starts = [act_name("resid_pre", layer) for layer in by_layer(todo)]
     starts = [name for name in starts if name in model.hook_dict]  # a walkthrough step without residuals has none
     _, streams = model.run_with_cache(corrupted, names_filter=starts, **masked(mask)) if starts else (None, {})
-    n_max, values = chunk_size(model, corrupted, batch_size), {}
+    n_max = chunk_size(model, corrupted, batch_size)
+    values: dict[Patch, float] = {}
     for layer, group in by_layer(todo).items():
         source, start_name = cache[hook_name(site, layer)], act_name("resid_pre", layer)
         run_from = (streams[start_name], "stream") if start_name in starts else (corrupted, "tokens")
@@ -224,7 +227,8 @@ def patch_values(model, clean: torch.Tensor, corrupted: torch.Tensor, metric: Me
 def baselines(model, clean: torch.Tensor, corrupted: torch.Tensor, metric: Metric,
               mask: Optional[torch.Tensor] = None) -> tuple[float, float]:
     """The metric on the clean and on the corrupted run, unpatched."""
-    return tuple(split_metric(metric, model.run_with_hooks(ids, **masked(mask)), 1, mask)[0] for ids in (clean, corrupted))
+    return cast(tuple[float, float],
+                tuple(split_metric(metric, model.run_with_hooks(ids, **masked(mask)), 1, mask)[0] for ids in (clean, corrupted)))
 
 
 def patch_frame(todo: list[Patch], site: str, values: dict, clean_value: float, corrupted_value: float) -> pd.DataFrame:

@@ -54,7 +54,8 @@ def _ablate_hook(heads_in_layer: list[int], value: Optional[torch.Tensor]):
 @torch.inference_mode()
 def _mean_z(model, rows, layers, batch_size) -> dict[int, torch.Tensor]:
     names = [act_name("z", l) for l in layers]
-    total, n = {}, 0
+    total: dict[int, torch.Tensor] = {}
+    n = 0
     for _, ids in batches(rows, batch_size, device=model.cfg.device):
         _, cache = model.run_with_cache(ids, names_filter=names)
         for l, name in zip(layers, names):

@@ -30,7 +30,8 @@ from ._patch_engine import (
 
 def _grad_run(model, tokens: torch.Tensor, metric: Metric, names: list[str], mask=None) -> tuple[dict, dict]:
     """Activations and d metric / d activation at `names` on one forward and one backward."""
-    acts, grads = {}, {}
+    acts: dict[str, torch.Tensor] = {}
+    grads: dict[str, torch.Tensor] = {}
 
     leaves = []
 

@@ -9,6 +9,8 @@ difference uses `W_U[:, target] - W_U[:, baseline]`.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import pandas as pd
 import torch
 
@@ -32,7 +34,7 @@ def _components(model) -> list[tuple[str, int, int, str]]:
     return out
 
 
-def _direction(model, ids: torch.Tensor, target, baseline) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _direction(model, ids: torch.Tensor, target, baseline) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
     """(target ids, baseline ids or None, directions [batch, pos, d_model]) for every scored position."""
     def as_ids(value, name):
         if isinstance(value, str):

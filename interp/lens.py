@@ -10,7 +10,7 @@ top-k and a few statistics.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 import pandas as pd
@@ -25,7 +25,7 @@ from ._model import n_layers, require_hooks, str_tokens, unembed
 
 def lens_sites(model, include_mid: bool = False) -> list[tuple[float, str]]:
     """(layer, hook name) for every layer boundary the lens reads, in depth order."""
-    sites = [(0, act_name("resid_pre", 0))]
+    sites: list[tuple[float, str]] = [(0, act_name("resid_pre", 0))]
     for l in range(n_layers(model)):
         if include_mid:
             sites.append((l + 0.5, act_name("resid_mid", l)))
@@ -64,7 +64,7 @@ def _lens_batches(model, data, k: int, batch_size: int, include_mid: bool, seq_l
         B, T = ids.shape
         n = B * T
         nxt = torch.cat([ids[:, 1:], ids[:, -1:]], 1).reshape(n, 1)  # the last column is a placeholder
-        f32 = dict(dtype=torch.float32, device=ids.device)
+        f32: dict[str, Any] = dict(dtype=torch.float32, device=ids.device)
         top_probs, top_ids = torch.empty(L, n, k, **f32), torch.empty(L, n, k, dtype=torch.long, device=ids.device)
         p_next = torch.empty(L, n, **f32)
         rank_next = torch.empty(L, n, dtype=torch.int32, device=ids.device) if stats else None
@@ -92,6 +92,7 @@ def _lens_batches(model, data, k: int, batch_size: int, include_mid: bool, seq_l
                 z_next = z.gather(-1, nxt[s])
                 p_next[l, s] = (z_next - lse)[:, 0]  # log p; exponentiated once per batch below
                 if stats:
+                    assert rank_next is not None and entropy is not None and kl is not None  # made with stats
                     rank_next[l, s] = (z > z_next).sum(-1, dtype=torch.int32)  # int32: no bool -> int64 copy
                     entropy[l, s] = lse[:, 0] - (p * z).sum(-1)  # -sum p log p, with log p = z - lse
                     if l < L - 1:  # KL(final || lens) = sum p_final log p_final - sum p_final (z - lse)

@@ -65,13 +65,14 @@ def _source_name(node: Node) -> str:
     return _z(node.layer) if node.kind == "head" else _mlp(node.layer)
 
 
-def _freeze_hook(base: torch.Tensor, senders: list[Node], source: torch.Tensor):
+def _freeze_hook(base: torch.Tensor, senders: list[Node], source: Optional[torch.Tensor]):
     """Frozen at the base value ([batch, ...]), except copy i's sender, which takes `source`."""
     def hook(act, hook):
         B = base.shape[0]
         out = base.repeat(len(senders), *([1] * (base.dim() - 1)))
         for i, s in enumerate(senders):
             if _source_name(s) == hook.name:
+                assert source is not None  # hook.name is a sender's, so the caller gave its source
                 rows = slice(i * B, (i + 1) * B)
                 if s.kind == "head":
                     out[rows, :, s.head] = source[:, :, s.head]
@@ -203,7 +204,8 @@ def path_patch(model, clean, corrupted, metric: Metric, senders, receivers, via=
 
 def _patched_values(model, base, metric, pairs, recorded, senders, via, limit, mask) -> list[float]:
     sender_index = {s: i for i, s in enumerate(senders)}
-    n_max, B, values = chunk_size(model, base, limit), base.shape[0], {}
+    n_max, B = chunk_size(model, base, limit), base.shape[0]
+    values: dict[tuple, float] = {}  # (sender, receiver) -> metric
     grouped = by_layer([_Pair(s, r) for s, r in pairs])
     for layer, group in grouped.items():
         for start in range(0, len(group), n_max):

@@ -15,7 +15,7 @@ import os
 import stat
 import warnings
 from pathlib import Path
-from typing import Optional, Union
+from typing import Any, Iterable, Optional, Union, cast
 
 import pandas as pd
 import torch
@@ -38,7 +38,7 @@ PathLike = Union[str, os.PathLike]
 
 def model_config(model) -> dict:
     """The model's config as a plain dict (what a lens records of the model it belongs to)."""
-    config = getattr(model, "config", None)
+    config: Any = getattr(model, "config", None)
     if hasattr(config, "to_dict"):
         return {k: v for k, v in config.to_dict().items() if isinstance(v, (int, float, str, bool, type(None)))}
     cfg = model.cfg
@@ -77,10 +77,11 @@ class TunedLens(nn.Module):
         require_hooks(model, self.sites)
         d = int(model.cfg.d_model)
         self.translators = nn.ModuleList(nn.Linear(d, d) for _ in self.sites[:-1])
-        for t in self.translators:
+        for t in cast("Iterable[nn.Linear]", self.translators):
             nn.init.zeros_(t.weight)
             nn.init.zeros_(t.bias)
-        self.config, self.model_fingerprint = model_config(model), fingerprint(model)
+        self.config = model_config(model)
+        self.model_fingerprint: Optional[str] = fingerprint(model)  # None: a lens file that records none
         self.info: dict = {}
         self.step = 0
         self.optimizer_state: Optional[dict] = None
@@ -89,7 +90,7 @@ class TunedLens(nn.Module):
         """The stream at site `index` [..., d_model] as the tuned lens reads it (same shape)."""
         if index == len(self.translators):
             return resid
-        t = self.translators[index]
+        t = cast(nn.Linear, self.translators[index])
         return resid + t(resid.to(t.weight.dtype)).to(resid.dtype)
 
     def check_model(self, model, source: str = "this tuned lens") -> None:

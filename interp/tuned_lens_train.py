@@ -40,7 +40,7 @@ def _batch_rows(n_windows: int, batch_size: int, step: int, seed: int) -> torch.
     """The windows of global batch `step`: consecutive slices of a fresh permutation per epoch, so that any
     step's batch is known without replaying the steps before it (resuming, several processes)."""
     start = step * batch_size
-    idx = []
+    idx: list[int] = []
     while len(idx) < batch_size:
         epoch, offset = divmod(start + len(idx), n_windows)
         perm = torch.randperm(n_windows, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
@@ -133,6 +133,7 @@ def _start(model, data, s: TunedLensSettings, lens: Optional[TunedLens], world: 
     opt = torch.optim.SGD(lens.parameters(), lr=s.lr * (1 - s.momentum), momentum=s.momentum,
                           nesterov=s.momentum > 0, weight_decay=s.weight_decay)
     if start > 0:
+        assert lens.optimizer_state is not None  # resume_start is 0 without it
         opt.load_state_dict(lens.optimizer_state)
     lens.info["schedule"] = schedule
     return lens, opt, rows, start

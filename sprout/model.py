@@ -114,7 +114,8 @@ class Attention(SproutAttentionWeights, nn.Module):
             what = "past_kv_cache_entry" if past_kv_cache_entry is not None else "position_bias"
             raise ValueError(f"{what} is not taken by a direct call of Sprout's attention (RoPE, no ALiBi); "
                              "run the model's forward for cached keys and values")
-        x = tuple(query_input if t is None else t for t in (query_input, key_input, value_input))
+        x: torch.Tensor | tuple[torch.Tensor, ...] = tuple(
+            query_input if t is None else t for t in (query_input, key_input, value_input))
         if x[0].dim() == 3 and all(t is x[0] for t in x):
             x = x[0]
         elif x[0].dim() == 3:
@@ -193,6 +194,10 @@ class SproutTransformer(nn.Module):
     `Sprout.from_gpt`). `cfg` is TransformerLens' view of `config`, built once and shared with `share`;
     its `device` and `dtype` follow the weights when the model is moved or cast (`hooked.follow_weights`).
     """
+
+    config: SproutConfig
+    cos: torch.Tensor  # buffers [context, d_head] (rope_tables)
+    sin: torch.Tensor
 
     def __init__(self, cfg: SproutConfig, *, share: Optional["SproutTransformer"] = None):
         super().__init__()

@@ -207,7 +207,10 @@ class Block(nn.Module):
         # Registration order follows the walkthrough's, so a seed draws the same initial weights; the
         # norms and extra projections come after the layers that fold them in, so their Refs are filled here.
         # What a step lacks is an nn.Identity: no weights, no hooks, nothing in the state dict.
-        norm1, norm2, after_attn, after_mlp = Ref(), Ref(), Ref(), Ref()
+        norm1: Ref[Optional[nn.Module]] = Ref()
+        norm2: Ref[Optional[nn.Module]] = Ref()
+        after_attn: Ref[Optional[nn.Module]] = Ref()
+        after_mlp: Ref[Optional[nn.Module]] = Ref()
         self.attn = Attention(cfg, norm1, after_attn)
         self.mlp = MLP(cfg, norm2, after_mlp) if cfg.feed_forward else None
         extra = cfg.extra_projections

@@ -29,6 +29,7 @@ import math
 import os
 import stat
 from pathlib import Path
+from typing import cast
 
 import torch
 from safetensors import SafetensorError
@@ -108,8 +109,9 @@ def _tensors(sae: SAE) -> dict:
                                                                 ("W_dec", sae.W_dec), ("b_dec", sae.b_dec))}
     if sae.threshold is not None:
         out["threshold"] = sae.threshold.detach().cpu().contiguous().clone()
-    if getattr(sae, "W_skip", None) is not None:
-        out["W_skip"] = sae.W_skip.detach().cpu().contiguous()
+    w_skip = getattr(sae, "W_skip", None)  # a Transcoder's
+    if w_skip is not None:
+        out["W_skip"] = w_skip.detach().cpu().contiguous()
     return out
 
 
@@ -184,7 +186,7 @@ def _no_constant(name: str):
 
 
 def _field(cfg: dict, key: str, types, path: Path, default=None, required: bool = False):
-    meta = cfg.get("metadata") if isinstance(cfg.get("metadata"), dict) else {}
+    meta = cfg["metadata"] if isinstance(cfg.get("metadata"), dict) else {}
     if key in cfg and cfg[key] is not None:
         value = cfg[key]
     elif key in meta and meta[key] is not None:
@@ -371,7 +373,7 @@ def hook_widths(model, hooks: list[str]) -> dict:
         seen[hook.name] = int(x.shape[-1])
 
     layers = [hook_layer(h) for h in hooks]
-    stop = None if any(layer is None for layer in layers) else min(max(layers) + 1, int(model.cfg.n_layers))
+    stop = None if any(layer is None for layer in layers) else min(max(cast(list[int], layers)) + 1, int(model.cfg.n_layers))
     ids = torch.zeros(1, 1, dtype=torch.long, device=model.cfg.device)
     with torch.inference_mode():
         model.run_with_hooks(ids, fwd_hooks=[(h, grab) for h in hooks], stop_at_layer=stop)

@@ -13,7 +13,7 @@ once (`run_with_cache_into`); the block's positions are then shuffled and cut in
 from __future__ import annotations
 
 import hashlib
-from typing import Optional
+from typing import Optional, cast
 
 import torch
 
@@ -104,9 +104,10 @@ class ModelSource:
         self.harvest_batch = harvest_batch
         layers = [hook_layer(h) for h in self.hooks]
         n_layers = int(model.cfg.n_layers)
-        self.stop = None if any(v is None for v in layers) else min(max(layers) + 1, n_layers)
+        self.stop = None if any(v is None for v in layers) else min(max(cast(list[int], layers)) + 1, n_layers)
         self.widths = hook_widths(model, self.hooks)
-        self.block, self.buffers = None, None
+        self.block: Optional[int] = None
+        self.buffers: Optional[dict[str, torch.Tensor]] = None
 
     def fingerprint(self) -> str:
         return hashlib.sha256(self.windows.numpy().tobytes()).hexdigest()[:16]
@@ -139,5 +140,6 @@ class ModelSource:
         slot, t = g // self.T, g % self.T
         keep = slot % n_proc == rank
         local = (slot[keep] // n_proc) * self.T + t[keep]
+        assert self.buffers is not None  # filled by the _harvest of this block
         return {h: b.view(-1, b.shape[-1])[local] for h, b in self.buffers.items()}
 

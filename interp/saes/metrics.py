@@ -58,7 +58,7 @@ class _Sums:
     def __init__(self, d_sae: int):
         self.n = 0
         self.sse = self.sq = self.l0 = 0.0
-        self.sum_x = None
+        self.sum_x: Optional[torch.Tensor] = None
         self.fires = torch.zeros(d_sae, dtype=torch.float64)
         self.ce = {"clean": 0.0, "spliced": 0.0, "zero": 0.0}
         self.kl = {"spliced": 0.0, "zero": 0.0}
@@ -87,6 +87,7 @@ class _Sums:
         self.n_pred += int(pred.sum())
 
     def row(self, dense_threshold: float) -> dict:
+        assert self.sum_x is not None  # row() is read only after tokens were added (n > 0)
         tss = self.sq - self.sum_x.pow(2).sum().item() / self.n
         fvu = self.sse / tss if tss > 0 else float("nan")
         freq = self.fires / self.n

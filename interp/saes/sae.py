@@ -16,12 +16,16 @@ Training is in `train`.
 from __future__ import annotations
 
 import re
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence, cast
 
 import torch
 import torch.nn as nn
 
 from .kinds import KIND_NAMES, THRESHOLD_KINDS, TOPK_KINDS, make_kind
+
+if TYPE_CHECKING:
+    from .kinds.jumprelu import JumpReLU
+    from .kinds.matryoshka import Matryoshka
 
 _LAYER = re.compile(r"^blocks\.(\d+)\.")
 
@@ -93,7 +97,7 @@ class SAE(nn.Module):
         self.W_dec = nn.Parameter(w_dec.to(dtype=dtype, device=device))
         self.b_dec = nn.Parameter(torch.zeros(self.d_out, dtype=dtype, device=device))
         if kind == "jumprelu":
-            self.threshold = nn.Parameter(torch.full((self.d_sae,), 0.01, dtype=dtype, device=device))
+            self.threshold: Optional[torch.Tensor] = nn.Parameter(torch.full((self.d_sae,), 0.01, dtype=dtype, device=device))
         elif kind in THRESHOLD_KINDS:
             self.register_buffer("threshold", torch.zeros(self.d_sae, dtype=dtype, device=device))
         else:
@@ -104,11 +108,11 @@ class SAE(nn.Module):
 
     @property
     def widths(self) -> Optional[list[int]]:
-        return list(self.rule.widths) if self.kind == "matryoshka" else None
+        return list(cast("Matryoshka", self.rule).widths) if self.kind == "matryoshka" else None
 
     @property
     def bandwidth(self) -> Optional[float]:
-        return self.rule.bandwidth if self.kind == "jumprelu" else None
+        return cast("JumpReLU", self.rule).bandwidth if self.kind == "jumprelu" else None
 
     def _check_input(self, x: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, torch.Tensor):
@@ -163,8 +167,9 @@ class SAE(nn.Module):
         self.b_dec.div_(scale_out)
         if self.threshold is not None:
             self.threshold.div_(scale_out)
-        if getattr(self, "W_skip", None) is not None:
-            self.W_skip.mul_(scale_in / scale_out)
+        w_skip = getattr(self, "W_skip", None)  # a Transcoder's
+        if w_skip is not None:
+            w_skip.mul_(scale_in / scale_out)
 
     def check_model(self, model, source: str = "this SAE") -> None:
         """Raise a ValueError if `model` is not the one this dictionary was trained on (its fingerprint and
@@ -244,7 +249,8 @@ class Transcoder(SAE):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The predicted MLP output [..., d_out] of the MLP input x [..., d_in]."""
         out = self.decode(self.encode(x))
-        return out if self.W_skip is None else out + self.skip_term(x)
+        skip = self.skip_term(x)  # None exactly without W_skip
+        return out if skip is None else out + skip
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", d_out={self.d_out}, skip={self.skip}, hook_name_out={self.hook_name_out!r}"

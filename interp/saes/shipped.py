@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Optional, cast
 
 from .._model import model_name, require_hooks
 from ..tuned_lens import fingerprint
@@ -18,7 +18,7 @@ def shipped_folder(root, hook: Optional[str] = None, layer: Optional[int] = None
     for the transcoder of block `layer` (root: the demo's folder, e.g. sprout/demo/gpt-4)."""
     if (hook is None) == (layer is None):
         raise ValueError("give one of hook= (an SAE) or layer= (a transcoder)")
-    return Path(root) / "saes" / (hook if hook is not None else f"transcoder-{int(layer)}")
+    return Path(root) / "saes" / (hook if hook is not None else f"transcoder-{int(cast(int, layer))}")  # one of the two: checked above
 
 
 def _find(model, root, name_of, what: str, expect: type) -> SAE:
@@ -56,4 +56,6 @@ def load_transcoder(model, layer: int, root=None) -> Transcoder:
     """The transcoder shipped for this model's MLP in block `layer` (`saes/transcoder-<layer>/`)."""
     if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < int(model.cfg.n_layers):
         raise ValueError(f"layer must be a block of {model_name(model)} (0..{int(model.cfg.n_layers) - 1}), got {layer!r}")
-    return _find(model, root, lambda r: shipped_folder(r, layer=layer), f"transcoder for layer {layer}", Transcoder)
+    # load(expect=Transcoder) refuses anything else
+    return cast(Transcoder, _find(model, root, lambda r: shipped_folder(r, layer=layer), f"transcoder for layer {layer}",
+                                  Transcoder))

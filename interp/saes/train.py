@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from typing import Optional, Union
+from typing import Any, Optional, Union, cast
 
 import torch
 import torch.distributed as dist
@@ -114,6 +114,7 @@ def _quantile_threshold(u: _Unit, x: torch.Tensor, target_l0: float, global_rows
     the ground-truth test: 0.95 mean max cosine at 300 steps, 0.88 when starting at the target)."""
     pre = u.sae.pre_acts(x).relu()
     n_keep = max(1, int(round(4 * target_l0 * global_rows)))
+    assert u.sae.threshold is not None  # a jumprelu SAE's
     u.sae.threshold.fill_(float(batch_threshold(pre, n_keep)))
 
 
@@ -157,22 +158,24 @@ def _step_unit(u: _Unit, x, y, s: TrainSettings, step: int, global_rows: int) ->
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
+    grads = [cast(torch.Tensor, p.grad) for p in params]  # all set just above
     if dist.is_initialized():
-        flat = _sum(torch.cat([p.grad.reshape(-1) for p in params]))
-        for p, chunk in zip(params, flat.split([p.numel() for p in params])):
-            p.grad.copy_(chunk.view_as(p))
+        flat = _sum(torch.cat([g.reshape(-1) for g in grads]))
+        for g, chunk in zip(grads, flat.split([p.numel() for p in params])):
+            g.copy_(chunk.view_as(g))
     sae.project_decoder_grad_()
     if s.grad_clip > 0:
         with torch.no_grad():
-            norm = torch.sqrt(sum(p.grad.double().pow(2).sum() for p in params)).item()
+            norm = torch.sqrt(cast(torch.Tensor, sum(g.double().pow(2).sum() for g in grads))).item()
             if norm > s.grad_clip:
-                for p in params:
-                    p.grad.mul_(s.grad_clip / (norm + 1e-6))
+                for g in grads:
+                    g.mul_(s.grad_clip / (norm + 1e-6))
     u.opt.step(s.lr_at(step))
     for p in params:
         p.grad = None
     sae.normalize_decoder_()
     if sae.kind == "jumprelu":
+        assert sae.threshold is not None  # a jumprelu SAE's
         with torch.no_grad():
             sae.threshold.clamp_(min=0)
     sae.rule.after_step(acts, sae, s.threshold_lr)
@@ -250,6 +253,7 @@ def train_sae(source, hook: Union[str, list, None] = None, *, data=None, kind: s
     """
     hooks, many = _hook_list(hook)
     with torch.inference_mode(False), torch.enable_grad():
+        src: Union[TensorSource, ModelSource]
         if isinstance(source, torch.Tensor):
             if many:
                 raise ValueError("a tensor of activations trains one SAE: pass one hook name (or none)")
@@ -281,7 +285,7 @@ def train_transcoder(model, data, layer: Union[int, list], *, kind: str = "topk"
     arguments are `train_sae`'s. Returns the Transcoder, or {layer: Transcoder} for a list.
     """
     many = isinstance(layer, (list, tuple))
-    layers = list(layer) if many else [layer]
+    layers: list[int] = list(layer) if isinstance(layer, (list, tuple)) else [layer]  # many
     n = int(model.cfg.n_layers)
     for lay in layers:
         if isinstance(lay, bool) or not isinstance(lay, int) or not 0 <= lay < n:
@@ -299,8 +303,8 @@ def train_transcoder(model, data, layer: Union[int, list], *, kind: str = "topk"
 
 def _new_sae(s: TrainSettings, d_in: int, hook_in: str, hook_out: Optional[str], d_out: Optional[int] = None,
              layer: Optional[int] = None) -> SAE:
-    kw = dict(kind=s.kind, k=s.k, widths=s.widths, bandwidth=s.bandwidth, seed=s.seed)
-    if s.kind in TOPK_KINDS and s.k > s.d_sae:
+    kw: dict[str, Any] = dict(kind=s.kind, k=s.k, widths=s.widths, bandwidth=s.bandwidth, seed=s.seed)
+    if s.kind in TOPK_KINDS and cast(int, s.k) > s.d_sae:  # the settings give the TopK kinds a k
         raise SettingsError(f"k must be in 1..d_sae={s.d_sae}, got k={s.k}")
     if hook_out is None:
         if s.skip:

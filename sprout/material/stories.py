@@ -159,7 +159,7 @@ def generate_story(rng: random.Random) -> str:
         The story, with "\\n" between paragraphs and no blank line inside.
     """
     kind = rng.choices(_KINDS, _WEIGHTS)[0]
-    names = []
+    names: list[str] = []
     while len(names) < 5:
         name = random_name(rng)
         names += [name] if name not in names else []
@@ -209,7 +209,8 @@ def repeated_fraction(text: str, min_len: int = 20) -> float:
     covered = total = 0
     for story in text.split("\n\n"):
         total += len(story)
-        first, starts = {}, set()
+        first: dict[str, int] = {}
+        starts: set[int] = set()
         for i in range(len(story) - min_len + 1):
             j = first.setdefault(story[i:i + min_len], i)
             if j != i:

@@ -25,12 +25,22 @@ entry points accept it).
 from __future__ import annotations
 
 import warnings
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 from transformer_lens.hook_points import HookPoint
 
 from ..names import block
+
+if TYPE_CHECKING:
+    import torch.nn as nn
+
+    from ..config import SproutTransformerLensConfig
+    from .hooked import HookedLM
+
+    _MixinBase = HookedLM  # what HookFlags' super() calls reach in the models that mix it in
+else:
+    _MixinBase = object
 
 INPUT_HOOKS = ("hook_q_input", "hook_k_input", "hook_v_input", "hook_attn_in")
 _FLAG_OF = {"hook_q_input": "use_split_qkv_input", "hook_k_input": "use_split_qkv_input",
@@ -75,8 +85,12 @@ def per_head_inputs(block, x: torch.Tensor, n_head: int, shared: bool, norm: Cal
     return tuple(norm(hook(copies())) for hook in (block.hook_q_input, block.hook_k_input, block.hook_v_input))
 
 
-class HookFlags:
+class HookFlags(_MixinBase):
     """Mixin for a HookedLM whose blocks honour `cfg.use_split_qkv_input`, `use_attn_in`, `use_hook_mlp_in`."""
+
+    if TYPE_CHECKING:
+        blocks: nn.ModuleList
+        cfg: SproutTransformerLensConfig
 
     def setup(self):
         super().setup()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import warnings
 from contextlib import contextmanager
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, cast
 
 import torch
 from transformer_lens.hook_points import HookPoint
@@ -81,6 +81,11 @@ class HookedLM(TextIO, HookedRootModule):
     Threads: one lock per model. `hooks()`, `run_with_hooks`, `run_with_cache` and a plain call
     `model(...)` hold it, so two threads never see each other's hooks or activations; the second waits.
     """
+
+    if TYPE_CHECKING:  # what the subclasses build (see above)
+        config: Any  # SproutConfig or WalkthroughConfig
+        blocks: torch.nn.ModuleList
+        run_layers: Callable[..., torch.Tensor]
 
     def __init__(self, *args):
         super().__init__(*args)
@@ -154,11 +159,13 @@ class HookedLM(TextIO, HookedRootModule):
         positions = attn_mask = None
         if past_kv_cache is not None:
             attention_mask, positions, attn_mask = generation.cache_masks(
-                self, past_kv_cache, attention_mask, x[..., 0] if start_at_layer is not None else idx)
+                self, past_kv_cache, attention_mask, x[..., 0] if start_at_layer is not None else cast(torch.Tensor, idx))
         elif attention_mask is None and targets is None and idx is not None:
             text.warn_if_left_padded(self, idx)
         if attention_mask is not None and past_kv_cache is None:
-            attention_mask = text.check_attention_mask(attention_mask, x[..., 0] if start_at_layer is not None else idx)
+            # idx is None only with start_at_layer (the branches above)
+            attention_mask = text.check_attention_mask(
+                attention_mask, x[..., 0] if start_at_layer is not None else cast(torch.Tensor, idx))
             positions, attn_mask = padding_masks(attention_mask)
         out = self.run_layers(x, attn_mask, positions, start_at_layer, stop_at_layer, past_kv_cache)
         if stop_at_layer is not None:

@@ -6,7 +6,7 @@ Each property stacks the per-module ones of `sprout/tl/weights.py` (norm gains f
 """
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import torch
 import torch.nn as nn
@@ -14,6 +14,10 @@ from transformer_lens.FactoredMatrix import FactoredMatrix
 from transformer_lens.utilities.matrix import composition_scores
 
 from ..names import block
+
+if TYPE_CHECKING:
+    from ..config import SproutTransformerLensConfig
+    from .weights import Embed
 
 _ROTARY = ("there is no learned position embedding (positional_embedding_type='rotary': RoPE rotates each "
            "head's queries and keys, so positions show in blocks.{l}.attn.hook_rot_q / hook_rot_k; see the README, "
@@ -26,6 +30,13 @@ class TLWeights:
     Needs `blocks[l].attn` and (with an MLP) `blocks[l].mlp` answering the per-module properties,
     `embed` (an `Embed`), `unembed` answering `W_U`/`b_U`, and `cfg`.
     """
+
+    if TYPE_CHECKING:  # what the model mixing this in provides
+        blocks: nn.ModuleList
+        embed: Embed
+        unembed: Any  # UnembedHooks or walkthrough.Unembed, both answering W_U/b_U
+        cfg: SproutTransformerLensConfig
+        __call__: Callable[..., Any]
 
     def _stack(self, module: str, name: str) -> torch.Tensor:
         parts = []
@@ -178,6 +189,7 @@ class TLWeights:
         """[d_model]: the biases written to the stream before block `layer` (its attention's too with
         `mlp_input`): `b_O` and, with `include_mlp_biases`, `b_out`. Zero for Sprout, which has none."""
         total = self.embed.weight.new_zeros(self.cfg.d_model)
+        blk: Any  # a block: its attn (and mlp) answer b_O (b_out)
         for l, blk in enumerate(self.blocks[:layer + 1]):
             if l < layer or mlp_input:
                 total = total + blk.attn.b_O
@@ -208,6 +220,7 @@ class TLWeights:
         if mlp is not None:
             return getattr(mlp, name)
         d_model, d_mlp = self.cfg.d_model, self.cfg.d_mlp
+        assert d_mlp is not None  # both models' transformer_lens_config() set it
         shape = {"W_in": (d_model, d_mlp), "W_gate": (d_model, d_mlp), "W_out": (d_mlp, d_model),
                  "b_in": (d_mlp,), "b_out": (d_model,)}[name]
         return self.embed.weight.new_zeros(shape)

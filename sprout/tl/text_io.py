@@ -4,12 +4,15 @@
 """
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 import torch
 
 from ..hf_tokenizer import as_hf
 from . import generation, text
+
+if TYPE_CHECKING:
+    from ..config import SproutTransformerLensConfig
 
 TextOrTokens = Union[str, list, torch.Tensor]
 
@@ -17,6 +20,12 @@ TextOrTokens = Union[str, list, torch.Tensor]
 class TextIO:
     """The text half of `HookedLM`: a tokenizer (a Hugging Face `PreTrainedTokenizerFast`, or None) and
     TransformerLens' methods that read or write text through it. Reads `cfg`, `W_U`, `forward`."""
+
+    if TYPE_CHECKING:  # what the model mixing this in provides
+        cfg: SproutTransformerLensConfig
+
+        @property
+        def W_U(self) -> torch.Tensor: ...
 
     def __init__(self, *args):
         super().__init__(*args)

@@ -16,12 +16,13 @@ state-dict key.
 """
 from __future__ import annotations
 
-from typing import Generic, Optional, TypeVar
+from typing import Any, Generic, Optional, TypeVar, cast
 
 import torch
 import torch.nn as nn
 
-M = TypeVar("M", bound=Optional[nn.Module])
+# Covariant: a Ref is only read, so a Ref[RMSNorm] is a Ref[Optional[nn.Module]].
+M = TypeVar("M", bound=Optional[nn.Module], covariant=True)
 
 
 class Ref(Generic[M]):
@@ -34,7 +35,8 @@ class Ref(Generic[M]):
 
     __slots__ = ("module",)
 
-    def __init__(self, module: M = None):
+    # Ref() is only made where M includes None (walkthrough.Block fills it later); mypy cannot tie a default to M.
+    def __init__(self, module: M = None):  # type: ignore[assignment]
         self.module = module
 
     def __repr__(self) -> str:
@@ -45,7 +47,7 @@ def _norm_affine(norm: Optional[nn.Module]) -> tuple[Optional[torch.Tensor], Opt
     """(gain, bias) of an RMSNorm or LayerNorm; None where there is no norm or no bias."""
     if norm is None or not hasattr(norm, "weight"):
         return None, None
-    return norm.weight, getattr(norm, "bias", None)
+    return cast(torch.Tensor, norm.weight), getattr(norm, "bias", None)
 
 
 def fold_in(W: torch.Tensor, norm: Optional[nn.Module]) -> torch.Tensor:
@@ -64,7 +66,7 @@ def fold_bias(W: torch.Tensor, b: Optional[torch.Tensor], norm: Optional[nn.Modu
 
 def fold_out(W: torch.Tensor, after: Optional[nn.Module]) -> torch.Tensor:
     """W [..., d_model] writing into a Linear `after` (step 4.8's extra projection) -> the composed write."""
-    return W if after is None else W @ after.weight.T
+    return W if after is None else W @ cast(torch.Tensor, after.weight).T
 
 
 def fold_out_bias(b: torch.Tensor, after: Optional[nn.Module]) -> torch.Tensor:
@@ -88,6 +90,12 @@ class SproutAttentionWeights:
     """`W_Q`, `W_K`, `W_V` [head, d_model, d_head] (ln1's gain folded in), `W_O` [head, d_head, d_model],
     and the zero biases, for Sprout's Attention (fused `qkv`, `proj`). The QK-norm gains are not in
     `W_Q`/`W_K`: they act after QK-norm's per-vector rescaling (see the README on QK circuits)."""
+
+    n_head: int
+    d_head: int
+    qkv: nn.Linear
+    proj: nn.Linear
+    norm: Ref[Optional[nn.Module]]
 
     def _qkv(self, i: int) -> torch.Tensor:
         d = self.n_head * self.d_head
@@ -133,7 +141,10 @@ class SproutMLPWeights:
     """`W_gate` (w1, through SiLU) and `W_in` (w3, the linear half) [d_model, d_mlp] with ln2's gain
     folded in, `W_out` (w2) [d_mlp, d_model], zero biases; on the hook module `mlp`, read from `ffn`."""
 
-    def _ffn(self) -> nn.Module:
+    norm: Ref[Optional[nn.Module]]
+    ffn: Ref[Any]  # sprout.layers.FeedForward (w1, w2, w3), not imported: layers imports this module
+
+    def _ffn(self) -> Any:
         return self.ffn.module
 
     @property
@@ -160,6 +171,9 @@ class SproutMLPWeights:
 class SproutUnembedWeights:
     """`W_U` [d_model, vocab] (the final norm's gain folded in; the matrix is the tied embedding) and
     the zero `b_U` [vocab], on the hook module `unembed`."""
+
+    norm: Ref[Optional[nn.Module]]
+    head: Ref[nn.Linear]
 
     @property
     def W_U(self) -> torch.Tensor:
@@ -195,6 +209,12 @@ class WalkthroughAttentionWeights:
     one) folds into `W_Q`/`W_K`/`W_V` and its bias into `b_Q`/`b_K`/`b_V`; `b_O` is the projection's bias.
     Step 4.8's extra projection after the attention folds into `W_O`/`b_O`, so `hook_z @ W_O + b_O` is
     what the attention writes to the stream there too."""
+
+    n_head: int
+    heads: nn.ModuleList
+    projection: nn.Linear
+    norm: Ref[Optional[nn.Module]]
+    after: Ref[Optional[nn.Module]]
 
     def _stacked(self, name: str) -> torch.Tensor:
         weight = torch.cat([getattr(h, name).weight for h in self.heads])  # [head * d_head, d_model]
@@ -237,6 +257,11 @@ class WalkthroughMLPWeights:
     """`W_in` [d_model, d_mlp] (ln2 folded in) and `b_in` (fc1's bias plus ln2's bias through fc1),
     `W_out` [d_mlp, d_model] and `b_out` (fc2, with step 4.8's extra projection folded in)."""
 
+    fc1: nn.Linear
+    fc2: nn.Linear
+    norm: Ref[Optional[nn.Module]]
+    after: Ref[Optional[nn.Module]]
+
     @property
     def W_in(self) -> torch.Tensor:
         return fold_in(self.fc1.weight.T, self.norm.module)
@@ -256,6 +281,10 @@ class WalkthroughMLPWeights:
 
 class WalkthroughUnembedWeights:
     """`W_U` [d_model, vocab] and `b_U` [vocab] with the final LayerNorm folded in, when the step has one."""
+
+    weight: torch.Tensor
+    bias: nn.Parameter  # nn.Linear's
+    norm: Ref[Optional[nn.Module]]
 
     @property
     def W_U(self) -> torch.Tensor:

@@ -24,7 +24,7 @@ Kinds, as SAELens, sparsify and dictionary_learning define them:
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional, Sequence, cast
 
 from .base import Kind
 from .batchtopk import BatchTopK, batch_threshold
@@ -49,12 +49,13 @@ def make_kind(name: str, k: Optional[int], d_sae: int, widths: Optional[Sequence
         raise ValueError(f"k is for the TopK kinds ({', '.join(TOPK_KINDS)}); kind {name!r} takes none, got k={k!r}")
     if name == "relu":
         return ReLU()
+    if name == "jumprelu":
+        return JumpReLU(bandwidth)
+    k = cast(int, k)  # the TopK kinds' k, checked above
     if name == "topk":
         return TopK(k)
     if name == "batchtopk":
         return BatchTopK(k)
-    if name == "jumprelu":
-        return JumpReLU(bandwidth)
     return Matryoshka(k, check_widths(widths, d_sae))
 
 
