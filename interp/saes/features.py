@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from .._batching import TextOrTokens, batches, token_rows
 from .._model import str_tokens
-from .sae import hook_layer
+from .files import hook_layer
 from .splice import _as_list, _spliced, is_transcoder, latent_name
 
 # histogram bins of log10(activation): 1e-3 .. 1e3, 10 bins a decade (values outside go to the end bins)

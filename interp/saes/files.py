@@ -29,7 +29,7 @@ import math
 import os
 import stat
 from pathlib import Path
-from typing import cast
+from typing import Any, Optional, cast
 
 import torch
 from safetensors import SafetensorError
@@ -37,10 +37,10 @@ from safetensors.torch import load as load_bytes
 from safetensors.torch import save as save_bytes
 
 from sprout.files import write_bytes, write_folder
+from sprout.names import layer_of
 
 from .._model import model_name, require_hooks
 from ..tuned_lens import fingerprint, model_config
-from .sae import SAE, Transcoder, hook_layer
 
 CFG, WEIGHTS = "cfg.json", "sae_weights.safetensors"
 FORMAT = "sprout-sae"
@@ -58,8 +58,19 @@ class SAEFileError(ValueError):
     """An SAE folder that cannot be read as one (the message names the file and the field)."""
 
 
-def architecture(sae: SAE) -> str:
-    if isinstance(sae, Transcoder):
+def hook_layer(hook_name: Optional[str]) -> Optional[int]:
+    """The block a hook name belongs to (`blocks.3.hook_resid_post` -> 3), None for others."""
+    return layer_of(hook_name) if hook_name else None
+
+
+def is_transcoder(sae) -> bool:
+    # by what it has, not its class: this module reads and writes dictionaries without importing sae.py,
+    # which imports it (so an SAE can save and load itself)
+    return getattr(sae, "hook_name_out", None) is not None
+
+
+def architecture(sae: Any) -> str:
+    if is_transcoder(sae):
         return _TC_ARCH.get((sae.kind, sae.skip), f"{'skip_' if sae.skip else ''}{sae.kind}_transcoder")
     return _SAE_ARCH[sae.kind]
 
@@ -75,36 +86,36 @@ def _plain(v):
     return v
 
 
-def cfg_dict(sae: SAE) -> dict:
+def cfg_dict(sae: Any) -> dict:
     """The SAE's cfg.json as a dict (SAELens' fields, our record under metadata.sprout)."""
     dtype = str(sae.W_enc.dtype).removeprefix("torch.")
     meta = {"model_name": (sae.model_config or {}).get("name") or "sprout", "hook_name": sae.hook_name,
             "hook_head_index": None, "prepend_bos": False, "sae_lens_version": SAELENS_VERSION,
             "sae_lens_training_version": None, "sprout": _record(sae)}
-    if isinstance(sae, Transcoder):
+    if is_transcoder(sae):
         meta.update(hook_name_out=sae.hook_name_out, hook_layer_out=hook_layer(sae.hook_name_out))
     cfg = {"architecture": architecture(sae), "d_in": sae.d_in, "d_sae": sae.d_sae, "dtype": dtype, "device": "cpu",
            "apply_b_dec_to_input": sae.apply_b_dec_to_input, "normalize_activations": "none",
            "reshape_activations": "none", "model_name": meta["model_name"], "hook_name": sae.hook_name,
            "hook_layer": hook_layer(sae.hook_name), "metadata": meta}
-    if sae.kind == "topk" and not isinstance(sae, Transcoder):
+    if sae.kind == "topk" and not is_transcoder(sae):
         cfg.update(k=sae.k, rescale_acts_by_decoder_norm=False)
-    if isinstance(sae, Transcoder):
+    if is_transcoder(sae):
         cfg["d_out"] = sae.d_out
     return cfg
 
 
-def _record(sae: SAE) -> dict:
+def _record(sae: Any) -> dict:
     rec = {"format": FORMAT, "version": 1, "kind": sae.kind, "k": sae.k, "widths": sae.widths,
-           "bandwidth": sae.bandwidth, "transcoder": isinstance(sae, Transcoder), "model_fingerprint": sae.model_fingerprint,
+           "bandwidth": sae.bandwidth, "transcoder": is_transcoder(sae), "model_fingerprint": sae.model_fingerprint,
            "model_config": sae.model_config, "info": _plain(sae.info)}
-    if isinstance(sae, Transcoder):
+    if is_transcoder(sae):
         rec.update(skip=sae.skip, layer=sae.layer, input="ln2.hook_normalized: the stream before the MLP divided by "
                    "ln2's scale, before ln2's gain" if (sae.hook_name or "").endswith("ln2.hook_normalized") else None)
     return rec
 
 
-def _tensors(sae: SAE) -> dict:
+def _tensors(sae: Any) -> dict:
     out = {name: p.detach().cpu().contiguous() for name, p in (("W_enc", sae.W_enc), ("b_enc", sae.b_enc),
                                                                 ("W_dec", sae.W_dec), ("b_dec", sae.b_dec))}
     if sae.threshold is not None:
@@ -124,7 +135,7 @@ def is_ours(folder: Path) -> bool:
         return False
 
 
-def save(sae: SAE, folder) -> Path:
+def save(sae: Any, folder) -> Path:
     """Write `sae` into `folder` (created, or replaced only if it holds nothing but an SAE we wrote)."""
     text = json.dumps(cfg_dict(sae), indent=1, allow_nan=False) + "\n"
     blob = save_bytes(_tensors(sae), metadata={"format": FORMAT})
@@ -259,9 +270,10 @@ def _kind_of(spec: dict, cfg: dict, path: Path) -> None:
         raise SAEFileError(f"{path}: field 'activation_fn' is {act_fn!r}; a {arch} SAE here uses relu")
 
 
-def _build(spec: dict, path: Path) -> SAE:
+def _build(spec: dict, path: Path, classes: tuple) -> Any:
     common = dict(kind=spec["kind"], k=spec["k"], widths=spec["widths"], bandwidth=spec["bandwidth"],
                   dtype=_DTYPES[spec["dtype"].removeprefix("torch.")])
+    SAE, Transcoder = classes
     try:
         if spec["transcoder"]:
             return Transcoder(spec["d_in"], spec["d_sae"], spec["d_out"], skip=spec["skip"], hook_name=spec["hook_name"],
@@ -273,7 +285,7 @@ def _build(spec: dict, path: Path) -> SAE:
     return sae
 
 
-def _read_tensors(sae: SAE, path: Path, spec: dict) -> dict:
+def _read_tensors(sae: Any, path: Path, spec: dict) -> dict:
     try:
         tensors = load_bytes(_read(path, MAX_WEIGHT_BYTES))
     except (SafetensorError, ValueError, RuntimeError) as e:
@@ -302,7 +314,7 @@ def _read_tensors(sae: SAE, path: Path, spec: dict) -> dict:
     return tensors
 
 
-def load(folder, model=None, expect: type = SAE) -> SAE:
+def load(folder, model, expect: type, classes: tuple) -> Any:
     """The SAE or transcoder in `folder` (ours or SAELens'), checked against `model` when given.
 
     Raises:
@@ -316,8 +328,8 @@ def load(folder, model=None, expect: type = SAE) -> SAE:
     cfg_path, weights_path = folder / CFG, folder / WEIGHTS
     cfg = read_cfg(cfg_path.parent)
     spec = _spec(cfg, cfg_path)
-    sae = _build(spec, cfg_path)
-    if expect is Transcoder and not isinstance(sae, Transcoder):
+    sae = _build(spec, cfg_path, classes)
+    if expect is classes[1] and not is_transcoder(sae):
         raise SAEFileError(f"{cfg_path}: architecture {spec['arch']!r} is an SAE, not a transcoder")
     tensors = _read_tensors(sae, weights_path, spec)
     with torch.no_grad():
@@ -337,7 +349,7 @@ def load(folder, model=None, expect: type = SAE) -> SAE:
     return sae
 
 
-def check_model(sae: SAE, model, source: str = "this SAE") -> None:
+def check_model(sae: Any, model, source: str = "this SAE") -> None:
     """Refuse a model this dictionary was not trained on, or one that lacks its hooks or writes another width."""
     if sae.model_fingerprint is not None:
         mine = fingerprint(model)

@@ -20,8 +20,7 @@ import torch
 from .._distributed import world_and_rank
 from .._inputs import stream_windows as windows
 from .._model import require_hooks
-from .files import hook_widths
-from .sae import hook_layer
+from .files import hook_layer, hook_widths
 
 _PERMS: dict = {}
 

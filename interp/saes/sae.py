@@ -15,25 +15,19 @@ Training is in `train`.
 """
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, Optional, Sequence, cast
 
 import torch
 import torch.nn as nn
 
+from . import files
+from .files import hook_layer
 from .kinds import KIND_NAMES, THRESHOLD_KINDS, TOPK_KINDS, make_kind
 
 if TYPE_CHECKING:
     from .kinds.jumprelu import JumpReLU
     from .kinds.matryoshka import Matryoshka
 
-_LAYER = re.compile(r"^blocks\.(\d+)\.")
-
-
-def hook_layer(hook_name: Optional[str]) -> Optional[int]:
-    """The block a hook name belongs to (`blocks.3.hook_resid_post` -> 3), None for others."""
-    m = _LAYER.match(hook_name or "")
-    return int(m.group(1)) if m else None
 
 
 def _check_dim(value, name: str) -> int:
@@ -174,8 +168,7 @@ class SAE(nn.Module):
     def check_model(self, model, source: str = "this SAE") -> None:
         """Raise a ValueError if `model` is not the one this dictionary was trained on (its fingerprint and
         config), lacks its hook point(s), or writes another width there."""
-        from .files import check_model  # files imports this module
-        check_model(self, model, source)
+        files.check_model(self, model, source)
 
     def extra_repr(self) -> str:
         k = f", k={self.k}" if self.k is not None else ""
@@ -183,14 +176,12 @@ class SAE(nn.Module):
 
     def save(self, folder):
         """Write SAELens' layout (cfg.json + sae_weights.safetensors) into `folder`, atomically; see `files`."""
-        from .files import save
-        return save(self, folder)
+        return files.save(self, folder)
 
     @classmethod
     def load(cls, folder, model=None):
         """An SAE (or transcoder) saved by us or by SAELens at `folder`, checked against `model` if given."""
-        from .files import load
-        return load(folder, model=model, expect=cls)
+        return files.load(folder, model, expect=cls, classes=(SAE, Transcoder))
 
 
 class Transcoder(SAE):

@@ -9,7 +9,7 @@ from typing import Optional, cast
 
 from .._model import model_name, require_hooks
 from ..tuned_lens import fingerprint
-from .files import CFG, is_ours, load
+from .files import CFG, is_ours
 from .sae import SAE, Transcoder
 
 
@@ -31,7 +31,7 @@ def _find(model, root, name_of, what: str, expect: type) -> SAE:
         if (folder / CFG).is_file() and is_ours(folder):
             fp = json.loads((folder / CFG).read_text())["metadata"]["sprout"].get("model_fingerprint")
             if fp == mine:
-                return load(folder, model=model, expect=expect)
+                return expect.load(folder, model=model)
     where = root if root is not None else f"{demo_dir()}/*"
     raise FileNotFoundError(f"no shipped {what} for this {model_name(model)} (fingerprint {mine}) in {where}: none of "
                             f"the folders {name_of(Path(str(where)))} matches; train one with interp.train_sae / "
