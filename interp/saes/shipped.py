@@ -21,7 +21,7 @@ def shipped_folder(root, hook: Optional[str] = None, layer: Optional[int] = None
     return Path(root) / "saes" / (hook if hook is not None else f"transcoder-{int(cast(int, layer))}")  # one of the two: checked above
 
 
-def _find(model, root, name_of, what: str, expect: type) -> SAE:
+def _find(model, root, name_of, what: str, expect: type[SAE]) -> SAE:
     from sprout.files import demo_dir
 
     roots = [Path(root)] if root is not None else sorted(p for p in demo_dir().iterdir() if p.is_dir())

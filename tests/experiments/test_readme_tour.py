@@ -50,7 +50,9 @@ def test_the_readme_tour_runs_as_written(name):
     scores = ns["scores"]
     assert scores["score"].iloc[0] == scores[scores["kind"] == "induction"]["score"].max()
     ablation = list(values.values())[-1]
-    assert isinstance(ablation, pd.DataFrame) and ablation["delta"].iloc[0] > 1.0, ablation
+    # gpt-4 leans on its top head alone; the English sprout-mini has backups (the demo table: +0.14 alone,
+    # +7.5 for its top three together), so there removing the one head does little, but still something
+    assert isinstance(ablation, pd.DataFrame) and ablation["delta"].iloc[0] > (1.0 if name == "gpt-4" else 0.05), ablation
 
 
 def test_the_tour_names_the_demos_real_top_induction_head():

@@ -77,7 +77,7 @@ def test_on_user_tokens_the_loss_covers_every_position(tiny_model):
     tokens = torch.randint(0, 256, (2, 30), generator=torch.Generator().manual_seed(5))
     df = interp.ablate_heads(tiny_model, [(0, 2)], tokens)
     with torch.no_grad():
-        _, loss = _without_heads(tiny_model, [(0, 2)])(tokens[:, :-1], tokens[:, 1:])
+        loss = _without_heads(tiny_model, [(0, 2)])(tokens[:, :-1], return_type="loss", targets=tokens[:, 1:])
     assert df.loss_ablated[0] == pytest.approx(loss.item(), abs=1e-5)
 
 
@@ -100,6 +100,6 @@ def test_walkthrough_gpt_ablation_equals_zeroed_projection_columns():
     dh = model.cfg.d_head
     with torch.no_grad():
         edited.blocks[1].attn.projection.weight[:, 2 * dh:3 * dh] = 0.0  # the bias stays, as in the hook
-        _, loss = edited(tokens[:, :-1], tokens[:, 1:])
+        loss = edited(tokens[:, :-1], return_type="loss", targets=tokens[:, 1:])
     df = interp.ablate_heads(model, [(1, 2)], tokens)
     assert df.loss_ablated[0] == pytest.approx(loss.item(), abs=1e-5)

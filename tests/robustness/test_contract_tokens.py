@@ -145,6 +145,7 @@ CALLS = {
     "induction_table": lambda m, x: interp.induction_table(m, x),
     "lens_comparison": lambda m, x: interp.lens_comparison(m, x, interp.TunedLens(m)),
     "tuned_lens": lambda m, x: interp.tuned_lens(m, x, interp.TunedLens(m)),
+    "stream_windows": lambda m, x: interp.stream_windows(m, x, seq_len=4),
     "train_tuned_lens": lambda m, x: interp.train_tuned_lens(m, x, steps=1, batch_size=1, seq_len=4, progress=False),
     "loss_table": lambda m, x: interp.loss_table(m, {"x": x}, torch.arange(V)),
     "sae_metrics": lambda m, x: interp.sae_metrics(m, resid_sae(m), x),

@@ -30,8 +30,8 @@ def blocks_built(monkeypatch):
     built = []
     real = model_module.Block.__init__
 
-    def counting(self, cfg):
-        real(self, cfg)
+    def counting(self, cfg, *args, **kwargs):
+        real(self, cfg, *args, **kwargs)
         if self.norm1.weight.device.type != "meta":
             built.append(cfg)
 
