@@ -12,6 +12,7 @@ import torch
 
 import interp
 import sprout
+from experiments.common import Models
 from experiments.run_all import run_all
 from interp.tuned_lens import fingerprint, model_config
 from sprout import Sprout, SproutConfig
@@ -43,7 +44,6 @@ def pages(tmp_path_factory):
     torch.manual_seed(0)
     sprout.save(Sprout(SproutConfig(vocab_size=300, context=128, n_layer=2, n_head=2, d_model=32, d_ff=64), tok), root / "tiny")
     model = sprout.load(root / "tiny")
-    model.spec = str(root / "tiny")
     for layer in range(2):  # dictionaries beside the checkpoint, as a user's would be
         for d, folder in ((interp.SAE(32, 64, kind="topk", k=4, hook_name=f"blocks.{layer}.hook_resid_post", seed=layer),
                            f"blocks.{layer}.hook_resid_post"),
@@ -51,7 +51,8 @@ def pages(tmp_path_factory):
             d.model_fingerprint, d.model_config = fingerprint(model), model_config(model)
             d.save(root / "tiny" / "saes" / folder)
     out = root / "results"
-    run_all({"tiny": model}, out, only=["features"], progress=False, options={"features": ["--chars", "3000", "--show", "4"]})
+    models = Models({"tiny": model}, {"tiny": root / "tiny"})  # the folder: where its dictionaries are
+    run_all(models, out, only=["features"], progress=False, options={"features": ["--chars", "3000", "--show", "4"]})
     return out / "features"
 
 
