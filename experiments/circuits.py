@@ -185,8 +185,8 @@ def _phase_numbers(table: pd.DataFrame, label: str) -> list[dict]:
 
 
 SHIPPED_PHASE = "phase_snapshots.csv"
-PHASE_SOURCE = ("the demo's recipe rerun to step 1,000 (its curriculum phase) with a checkpoint every 25 steps; "
-                "the shipped weights' own snapshots were not kept (docs/training-notes.md)")
+PHASE_SOURCE = ("the log-spaced snapshots of the training run the shipped weights came from "
+                "(`python -m experiments.ship NAME --only phase --run RUN`)")
 
 
 def measure_phase(run: Path, snaps: list, limit: int) -> pd.DataFrame:

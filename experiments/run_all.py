@@ -16,6 +16,8 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
+import sprout
+
 from . import EXPERIMENTS
 from .common import DEMOS, MARKER, Output, args_for, claim_out, format_numbers, load_models, positive, set_threads  # noqa: F401 (MARKER)
 
@@ -140,6 +142,7 @@ def write_index(done: dict, models: dict, out: Path) -> Path:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    sprout.keep_freed_memory()  # many large caches in one process (README: Benchmarks)
     start = time.time()
     try:  # a bad --out or model name is one line, not a traceback
         claim_out(Path(args.out), create=False)

@@ -10,10 +10,15 @@ so a retrained demo never pairs with stale ones:
   transcoder for every MLP (saes/transcoder-<l>/), in SAELens' layout, trained on the demo's own training
   text (its recipe.json: the English corpus of `sprout.training.english`, or the generated stories),
   never its held-out text; each one's metrics on held-out text (`interp.sae_metrics`: EV, L0, CE
-  recovered; the dead fraction counted over `dead_chars` of other held-out text, about 120k tokens) are
+  recovered; the dead fraction counted over `dead_chars` of other held-out text, about 40k tokens) are
   recorded in its cfg.json (metadata.sprout.info.held_out) and must meet TARGETS, or nothing is written.
 
-All SAEs of a model train from one forward per batch, and all its transcoders from another.
+- `phase` (with `--run RUN`, the training run the weights came from, its log-spaced snapshots kept):
+  induction_snapshots.csv (every head's induction score at each snapshot, `experiments.training_dynamics`)
+  and phase_snapshots.csv (`interp.phase_measures` of the last snapshot's circuit and its control pairs,
+  `experiments.circuits.measure_phase`), refused unless the run's last checkpoint is the demo's weights.
+
+All SAEs of a model train from one forward per batch (those sharing settings), and all its transcoders from another.
 Run it quietly: `nice -n 5 python -m experiments.ship gpt-4 --only saes --threads 1`.
 """
 from __future__ import annotations
@@ -21,8 +26,10 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
+import pandas as pd
 import torch
 
 import interp
@@ -31,10 +38,13 @@ from interp.cli import positive
 from interp.saes.shipped import shipped_folder
 from interp.texts import model_text
 from interp.tuned_lens import fingerprint
-from sprout.files import demo_dir
+from sprout.files import demo_dir, latest_checkpoint
 from sprout.names import act_name, layer_of
 from sprout.training.english import english_corpus, is_english, parse_data
 from sprout.training.recipes import Recipe as TrainRecipe
+
+from .circuits import SHIPPED_PHASE, measure_phase
+from .training_dynamics import induction_snapshots, snapshot_dirs
 
 # Held-out targets of the shipped dictionaries (issue 25): (explained variance, CE loss recovered).
 TARGETS = {"sae": (0.93, 0.97), "transcoder": (0.90, 0.95)}
@@ -58,11 +68,33 @@ class Recipe:
     dead_tokens: int = 100_000  # AuxK's window: a latent unfired for this many training tokens is dead
     train_chars: int = 3_000_000  # of the demo's training text (about 1M tokens: 1.5M are read)
     held_out_chars: int = 20_000  # held-out text EV, L0 and CE recovered are measured on
-    dead_chars: int = 400_000  # held-out text the dead fraction is measured on (about 120k tokens)
+    # held-out text the dead fraction is measured on (about 40k tokens, as many as the independent check in
+    # tests/interp/test_shipped_saes.py counts over: over 120k, gpt-4's MLP-0 transcoder had 4.4% dead, 6.5% over 40k)
+    dead_chars: int = 140_000
     seed: int = 0
+    skip: bool = True  # transcoders with a linear skip (skip transcoders, Paulo, Shabalin & Belrose 2025)
+    # one dictionary's own settings, keyed "resid <layer>" / "transcoder <layer>": {field: value}
+    overrides: dict = field(default_factory=dict)
+
+    def at(self, part: str, layer: int) -> "Recipe":
+        """The settings of one dictionary (part "resid" or "transcoders", block `layer`), overrides applied."""
+        key = f"{'resid' if part == 'resid' else 'transcoder'} {layer}"
+        return replace(self, **self.overrides.get(key, {}), overrides={})
 
 
-RECIPES = {"gpt-4": Recipe(), "sprout-mini": Recipe()}
+# sprout-mini at the shared settings (2026-12-02, docs/features.md): resid 0 had 7.4% dead latents at 4x
+# (block 0 reads little more than the token: a smaller dictionary has fewer latents for rare tokens);
+# resid 6 EV 0.929 at 1,500 steps; skip transcoders met every target except at MLP 7 (CE recovered 0.944)
+# and, by a hair, MLP 4 (0.950)
+_LATE_MLP = {"transcoder_steps": 3000, "transcoder_expansion": 3}
+# gpt-4 (English, 2026-12-02) at the shared settings: resid 1 and 2 EV 0.929 / 0.911, transcoders of MLPs 1
+# and 2 CE recovered 0.942 / 0.919 (MLP 1 also 8.1% dead), MLP 3 6.0% dead
+_GPT4 = {"resid 1": {"steps": 3000}, "resid 2": {"steps": 3000}, "transcoder 1": _LATE_MLP, "transcoder 2": _LATE_MLP,
+         "transcoder 0": {"transcoder_expansion": 1, "transcoder_steps": 3000},
+         "transcoder 3": {"transcoder_expansion": 1, "transcoder_steps": 3000}}
+RECIPES = {"gpt-4": Recipe(overrides=_GPT4),
+           "sprout-mini": Recipe(overrides={"resid 0": {"expansion": 2}, "resid 6": {"steps": 3000},
+                                            "transcoder 4": _LATE_MLP, "transcoder 7": _LATE_MLP})}
 PARTS = ("resid", "transcoders")
 LENS = dict(steps=150, batch_size=8, train_chars=400_000, held_out_chars=60_000, seed=0)
 
@@ -75,6 +107,35 @@ def ship_lens(name: str, model) -> None:
         held_out=texts["held"], data_name=f"{texts['train_desc']}; held out: {texts['held_desc']}")
     path = lens.save(demo_dir() / name)
     print(f"{name}: tuned lens in {time.perf_counter() - t0:.0f} s -> {path}; held-out KL {lens.info['held_out_kl']}")
+
+
+def ship_phase(name: str, model, run: Path, max_snapshots: int = 24) -> None:
+    """The demo's phase tables, measured on the snapshots of the run its weights came from."""
+    last = latest_checkpoint(run)
+    earlier = [p.resolve() for p in earlier_stages(name)]
+    if last is None or (fingerprint(sprout.load(last)) != fingerprint(model) and run.resolve() not in earlier):
+        raise SystemExit(f"{run}: its last checkpoint ({last}) is not {name}'s weights, nor a stage they were "
+                         "trained from (recipe field init); give the run they came from")
+    snaps = snapshot_dirs(run)
+    if len(snaps) < 2:
+        raise SystemExit(f"{run} keeps {len(snaps)} snapshot(s): train with --snapshots to measure the phase change")
+    t0 = time.perf_counter()
+    heads = induction_snapshots(run, pd.read_csv(run / "train_log.csv"), max_snapshots)
+    phase = measure_phase(run, snaps, max_snapshots)
+    for table, file in ((heads, "induction_snapshots.csv"), (phase, SHIPPED_PHASE)):
+        table.to_csv(demo_dir() / name / file, index=False)
+    print(f"{name}: phase tables from {phase['tokens'].nunique()} snapshots of {run} in {time.perf_counter() - t0:.0f} s")
+
+
+def earlier_stages(name: str) -> list[Path]:
+    """The runs a demo's weights were trained on from (its recipe's `init`, that run's `init`, ...)."""
+    found, recipe = [], demo_recipe(name)
+    while recipe is not None and recipe.init and len(found) < 16:
+        run = Path(recipe.init)
+        found.append(run)
+        recipe = TrainRecipe.from_dict(json.loads((run / "recipe.json").read_text())) \
+            if (run / "recipe.json").is_file() else None
+    return found
 
 
 def demo_texts(name: str, r: Recipe) -> dict:
@@ -138,27 +199,40 @@ def failures(kind: str, held: dict) -> list[str]:
     return [why for ok, why in checks if not ok]
 
 
-def train_dictionaries(model, r: Recipe, texts: dict, parts=PARTS) -> dict:
-    """{hook or layer: dictionary}: every resid_post SAE (one forward per batch), then every transcoder."""
-    n, d = int(model.cfg.n_layers), int(model.cfg.d_model)
-    common = dict(kind="topk", k=r.k, batch_size=r.batch_size, lr=r.lr, seed=r.seed,
-                  aux_k_coefficient=r.aux_k_coefficient, dead_tokens=r.dead_tokens)
-    hooks = [act_name("resid_post", layer) for layer in range(n)]
-    saes = interp.train_sae(model, hooks, data=texts["train"], steps=r.steps, d_sae=r.expansion * d, **common) \
-        if "resid" in parts else {}
-    tcs = interp.train_transcoder(model, texts["train"], list(range(n)), steps=r.transcoder_steps,
-                                  d_sae=r.transcoder_expansion * d, **common) if "transcoders" in parts else {}
+def train_dictionaries(model, r: Recipe, texts: dict, parts=PARTS, layers=None) -> dict:
+    """{hook or layer: dictionary}: the resid_post SAEs, then the transcoders, of `layers` (default every
+    block); the dictionaries of a part that share settings train from one forward per batch."""
+    layers = list(range(int(model.cfg.n_layers))) if layers is None else list(layers)
     out = {}
-    for key, sae in [*saes.items(), *tcs.items()]:
-        sae.info["data"], sae.info["recipe"] = texts["train_desc"], asdict(r)
-        out[key] = sae
+    for part in [p for p in PARTS if p in parts]:
+        groups: dict = {}  # the settings as JSON (a Recipe holds a dict: unhashable) -> (Recipe, layers)
+        for layer in layers:
+            rl = r.at(part, layer)
+            groups.setdefault(json.dumps(asdict(rl), sort_keys=True), (rl, []))[1].append(layer)
+        for rl, group in groups.values():
+            out.update(_train_group(model, rl, texts, part, group))
     return out
 
 
-def ship_saes(name: str, model, r: Recipe, parts=PARTS, keep_passing: bool = False) -> list:
+def _train_group(model, r: Recipe, texts: dict, part: str, layers: list) -> dict:
+    d = int(model.cfg.d_model)
+    common = dict(kind="topk", k=r.k, batch_size=r.batch_size, lr=r.lr, seed=r.seed,
+                  aux_k_coefficient=r.aux_k_coefficient, dead_tokens=r.dead_tokens)
+    if part == "resid":
+        trained = interp.train_sae(model, [act_name("resid_post", layer) for layer in layers], data=texts["train"],
+                                   steps=r.steps, d_sae=r.expansion * d, **common)
+    else:
+        trained = interp.train_transcoder(model, texts["train"], layers, steps=r.transcoder_steps, skip=r.skip,
+                                          d_sae=r.transcoder_expansion * d, **common)
+    for sae in trained.values():
+        sae.info["data"], sae.info["recipe"] = texts["train_desc"], asdict(r)
+    return trained
+
+
+def ship_saes(name: str, model, r: Recipe, parts=PARTS, keep_passing: bool = False, layers=None) -> list:
     texts = demo_texts(name, r)
     t0 = time.perf_counter()
-    trained = train_dictionaries(model, r, texts, parts)
+    trained = train_dictionaries(model, r, texts, parts, layers)
     seconds = time.perf_counter() - t0
     dead, n_dead_tokens = dead_fractions(model, list(trained.values()), texts["dead"])
     bad, ready = [], []
@@ -200,27 +274,36 @@ def ship_saes(name: str, model, r: Recipe, parts=PARTS, keep_passing: bool = Fal
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.ship", description=__doc__.splitlines()[0])
     p.add_argument("name", help=f"a shipped demo ({', '.join(RECIPES)} have dictionaries)")
-    p.add_argument("--only", nargs="+", choices=["lens", "saes"], default=["lens", "saes"])
+    p.add_argument("--only", nargs="+", choices=["lens", "saes", "phase"], default=["lens", "saes"],
+                   help="what to rebuild (phase needs --run)")
+    p.add_argument("--run", type=Path, default=None, help="the training run the demo's weights came from (for phase)")
     p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
                    help="with saes: the residual SAEs, the transcoders or both (each part is shipped on its own)")
     p.add_argument("--keep-passing", action="store_true",
                    help="write the dictionaries that meet every target even when others miss (those are not written)")
+    p.add_argument("--layers", nargs="+", type=int, default=None,
+                   help="with saes: only these blocks' dictionaries (the others already shipped stay as they are)")
     p.add_argument("--steps", type=positive, default=None, help="override the recipe's SAE and transcoder steps (a trial)")
     p.add_argument("--threads", type=positive, default=None,
                    help="torch CPU threads (default torch's; on a machine shared with other jobs 1 is much faster)")
     args = p.parse_args(argv)
+    sprout.keep_freed_memory()  # harvesting allocates the same caches batch after batch
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     model = sprout.load(args.name).eval()
     if "lens" in args.only:
         ship_lens(args.name, model)
+    if "phase" in args.only:
+        if args.run is None:
+            raise SystemExit("--only phase needs --run RUN: the training run the weights came from")
+        ship_phase(args.name, model, args.run)
     if "saes" in args.only:
         if args.name not in RECIPES:
             raise SystemExit(f"{args.name} has no dictionary recipe; those with one: {', '.join(RECIPES)}")
         r = RECIPES[args.name]
         if args.steps is not None:
-            r = Recipe(**{**asdict(r), "steps": args.steps, "transcoder_steps": args.steps})
-        ship_saes(args.name, model, r, args.parts, keep_passing=args.keep_passing)
+            r = replace(r, steps=args.steps, transcoder_steps=args.steps)
+        ship_saes(args.name, model, r, args.parts, keep_passing=args.keep_passing, layers=args.layers)
     return 0
 
 

@@ -9,15 +9,13 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+from sprout.names import head_label
+
 from ._model import as_index, model_name, n_heads, n_layers
 
 _HEAD = re.compile(r"^L(\d+)H(\d+)$")
 _MLP = re.compile(r"^MLP(\d+)$")
 KINDS = ("embed", "head", "mlp")
-
-
-def head_label(layer: int, head: int) -> str:
-    return f"L{layer}H{head}"
 
 
 def patch_label(layer: int, head=None, pos=None) -> str:

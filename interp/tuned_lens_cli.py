@@ -12,6 +12,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
+from sprout import keep_freed_memory
 from sprout.files import load
 
 from ._distributed import world_and_rank
@@ -32,6 +33,7 @@ def main(argv: Optional[list[str]], train: Callable[..., TunedLens]) -> None:
     ap.add_argument("--seed", type=int, default=0, help="the order windows are drawn in")
     ap.add_argument("--out", required=True, help="directory for tuned_lens.safetensors + tuned_lens.json")
     args = ap.parse_args(argv)
+    keep_freed_memory()  # an application's choice (README: Benchmarks); the library never makes it
     try:  # --out before the model loads and the lens trains; a bad --out or model is one line
         check_save_target(args.out)
         model = load(args.model)

@@ -43,9 +43,14 @@ def act_name(name: str, layer: Optional[int] = None, layer_type: Optional[str] =
     return f"{block(layer)}{where}hook_{name}"
 
 
-def block(layer: int) -> str:
-    """The prefix of block `layer`'s hooks: "blocks.3."."""
+def block(layer: int | str) -> str:
+    """The prefix of block `layer`'s hooks and state-dict keys: "blocks.3."."""
     return f"blocks.{layer}."
+
+
+def head_label(layer: int, head: int) -> str:
+    """A head's label, "L3H1" (parsed back by `interp`'s component specs)."""
+    return f"L{layer}H{head}"
 
 
 def layer_of(hook: str) -> Optional[int]:

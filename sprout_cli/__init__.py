@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 
 from interp.cli import heads_main, lens_main, rms_main
+from sprout import keep_freed_memory
 from sprout.files.hf import export_main, import_main
 from sprout.training.cli import main as train_main
 
@@ -37,4 +38,5 @@ def main(argv=None) -> int:
     if name not in COMMANDS:
         print(f"sprout: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
+    keep_freed_memory()  # an application may set the process's allocator; `import sprout` never does
     return COMMANDS[name][0](rest) or 0

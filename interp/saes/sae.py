@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Optional, Sequence, cast
 import torch
 import torch.nn as nn
 
+from sprout.names import act_name
+
 from . import files
 from .files import hook_layer
 from .kinds import KIND_NAMES, THRESHOLD_KINDS, TOPK_KINDS, make_kind
@@ -248,8 +250,8 @@ class Transcoder(SAE):
 
 
 def input_hook(layer: int) -> str:
-    return f"blocks.{layer}.ln2.hook_normalized"
+    return act_name("normalized", layer, "ln2")
 
 
 def output_hook(layer: int) -> str:
-    return f"blocks.{layer}.hook_mlp_out"
+    return act_name("mlp_out", layer)

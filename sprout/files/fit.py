@@ -19,6 +19,8 @@ from typing import Callable
 
 import torch
 
+from ..names import block as block_prefix
+
 Shapes = dict[str, tuple[int, ...]]
 BLOCK = re.compile(r"^blocks\.0\.(.*)$")
 SHOWN = 60  # problems listed in one error; the rest are counted
@@ -57,7 +59,7 @@ def fit(model_class, config, state_dict: dict, rename: Callable[[str], str] = _s
     top, block = _one_block(model_class, config)
     expected = dict(top)
     for l in range(n_listed):
-        expected.update({f"blocks.{l}.{k}": shape for k, shape in block.items()})
+        expected.update({f"{block_prefix(l)}{k}": shape for k, shape in block.items()})
     converted, used = {}, set(ignore)
     for key, shape in expected.items():
         name = rename(key)
@@ -95,7 +97,7 @@ def layers_present(config, state_dict: dict, rename: Callable[[str], str] = _sam
     if rename("blocks.0.") == rename("blocks.1."):  # no block prefix (the walkthrough's steps 4.2/4.4)
         return config.n_layer
     mark = "123456789"  # a layer number no real name contains, turned into a pattern
-    pattern = re.compile(re.escape(rename(f"blocks.{mark}.")).replace(mark, r"(\d+)"))
+    pattern = re.compile(re.escape(rename(block_prefix(mark))).replace(mark, r"(\d+)"))
     found = {int(m.group(1)) for k in state_dict if (m := pattern.match(k))}
     n = 0
     while n < config.n_layer and n in found:

@@ -25,6 +25,7 @@ from tokenizers import Tokenizer
 
 from ..config import SproutConfig
 from ..model import Sprout
+from ..names import block
 from .checkpoint import from_state_dict, save
 from .checkpoint import load as load_checkpoint
 from .fit import layers_present
@@ -98,7 +99,7 @@ def to_qwen3(model: Sprout) -> dict[str, torch.Tensor]:
     d_model = model.config.d_model
     out = {"model.embed_tokens.weight": sd["embed.weight"], "model.norm.weight": sd["norm.weight"]}
     for l in range(model.config.n_layer):
-        ours, theirs = f"blocks.{l}.", f"model.layers.{l}."
+        ours, theirs = block(l), f"model.layers.{l}."
         for name, hf_name in LAYER_KEYS.items():
             out[theirs + hf_name] = sd[ours + name]
         for hf_name, w in zip(QKV, sd[ours + "attn.qkv.weight"].split(d_model, dim=0)):
@@ -311,7 +312,7 @@ def from_qwen3(tensors: dict[str, torch.Tensor], cfg: SproutConfig, source: str 
     assert embed is not None  # a missing key is one of the problems
     sd = {"embed.weight": embed, "norm.weight": tensors["model.norm.weight"]}
     for l in range(cfg.n_layer):
-        ours, theirs = f"blocks.{l}.", f"model.layers.{l}."
+        ours, theirs = block(l), f"model.layers.{l}."
         for name, hf_name in LAYER_KEYS.items():
             sd[ours + name] = tensors[theirs + hf_name]
         sd[ours + "attn.qkv.weight"] = torch.cat([tensors[theirs + n] for n in QKV], dim=0)

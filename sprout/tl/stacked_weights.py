@@ -13,7 +13,7 @@ import torch.nn as nn
 from transformer_lens.FactoredMatrix import FactoredMatrix
 from transformer_lens.utilities.matrix import composition_scores
 
-from ..names import block
+from ..names import block, head_label
 
 if TYPE_CHECKING:
     from ..config import SproutTransformerLensConfig
@@ -183,7 +183,7 @@ class TLWeights:
     @property
     def all_head_labels(self) -> list[str]:
         """["L0H0", "L0H1", ...], layer-major, as TransformerLens labels heads."""
-        return [f"L{l}H{h}" for l in range(self.cfg.n_layers) for h in range(self.cfg.n_heads)]
+        return [head_label(l, h) for l in range(self.cfg.n_layers) for h in range(self.cfg.n_heads)]
 
     def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> torch.Tensor:
         """[d_model]: the biases written to the stream before block `layer` (its attention's too with

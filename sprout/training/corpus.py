@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from ..files import file_in, load_tokenizer, regular_file, remove_ours, save_tokenizer
+from ..files import file_in, latest_checkpoint, load_tokenizer, regular_file, remove_ours, save_tokenizer
 from ..material import generate_corpus
 from ..tokenizer import char_tokenizer, encode, is_char_level, train_bpe
 from .english import english_corpus, english_stamp, is_english, package_files, parse_data
@@ -145,6 +145,8 @@ def data_stamp(recipe: Recipe) -> dict:
     stamp = {k: getattr(recipe, k) for k in ("data", "tokenizer", "corpus_chars", "corpus_seed", "val_fraction")}
     if recipe.tokenizer == "bpe":
         stamp["vocab_size"] = recipe.vocab_size
+    if recipe.init:  # a second stage reads its text with the first stage's tokenizer
+        stamp["tokenizer_from"] = _sha256(init_checkpoint(recipe) / "tokenizer.json")
     if is_english(recipe.data):  # the stories' size follows from story_fraction; the seed also shuffles
         del stamp["corpus_chars"]
         stamp["story_fraction"] = recipe.story_fraction
@@ -155,6 +157,22 @@ def data_stamp(recipe: Recipe) -> dict:
         stamp["files"] = [{"name": str(f.relative_to(root)) if root.is_dir() else f.name,
                            "size": f.stat().st_size, "sha256": _sha256(f)} for f in input_files(root)]
     return stamp
+
+
+def init_checkpoint(recipe: Recipe) -> Path:
+    """The checkpoint --init names: a checkpoint folder, or a run folder's latest checkpoint."""
+    path = Path(recipe.init)
+    last = latest_checkpoint(path) if (path / "checkpoints").is_dir() else path
+    if last is None or not (last / "tokenizer.json").is_file():
+        raise ValueError(f"recipe field init (--init): no checkpoint with a tokenizer.json at {recipe.init!r}")
+    return last
+
+
+def _tokenizer(recipe: Recipe, text: str) -> Tokenizer:
+    """--init's tokenizer, else one learned from the text (BPE) or its characters."""
+    if recipe.init:
+        return load_tokenizer(init_checkpoint(recipe) / "tokenizer.json")
+    return train_bpe(text, recipe.vocab_size) if recipe.tokenizer == "bpe" else char_tokenizer(text)
 
 
 def stamp_changes(old: dict, new: dict) -> list[str]:
@@ -222,8 +240,7 @@ def _english_token_files(recipe: Recipe, tmp: Path):
     """The packaged English corpus: each source held out on its own (`english_corpus`); BPE learns the train text."""
     corpus = english_corpus(parse_data(recipe.data), recipe.story_fraction, recipe.val_fraction, recipe.corpus_seed)
     val = "\n\n".join(corpus.val.values())
-    tok = train_bpe(corpus.train, recipe.vocab_size) if recipe.tokenizer == "bpe" else \
-        char_tokenizer(corpus.train + val)
+    tok = _tokenizer(recipe, corpus.train if recipe.tokenizer == "bpe" else corpus.train + val)
     tmp.mkdir(parents=True, exist_ok=True)
     _write_tokens(corpus.train, tok, tmp / "train.bin", 1 << 20)
     _write_tokens(val, tok, tmp / "val.bin", 1 << 20)
@@ -237,7 +254,7 @@ def _build_cache(recipe: Recipe, stamp: dict, cache_root: Path, folder: Path) ->
         tok = _english_token_files(recipe, tmp)
     else:
         text = read_text(recipe.data) if recipe.data else generate_corpus(recipe.corpus_chars, recipe.corpus_seed)
-        tok = train_bpe(text, recipe.vocab_size) if recipe.tokenizer == "bpe" else char_tokenizer(text)
+        tok = _tokenizer(recipe, text)
         build_token_files(text, tok, tmp, val_fraction=recipe.val_fraction)
     save_tokenizer(tok, tmp / "tokenizer.json")
     (tmp / "done.json").write_text(json.dumps(stamp, indent=2) + "\n")

@@ -29,7 +29,7 @@ from ..model import Sprout
 from ..tl.hooked import HookedLM
 from ..walkthrough import WalkthroughGPT, build_step
 from . import rundir
-from .corpus import TokenData, check_data, check_windows, data_stamp, get_batch, prepare_data, stamp_changes
+from .corpus import TokenData, check_data, check_windows, data_stamp, get_batch, init_checkpoint, prepare_data, stamp_changes
 from .curriculum import get_train_batch, uses_mask
 from .recipes import Recipe
 from .rundir import RunDir, RunDirError
@@ -179,11 +179,11 @@ def _check_same_data(run_dir: RunDir, stamp: dict) -> None:
                           "resume with the run's data, or start a new run with a new --out")
 
 
-def _check_same_tokenizer(data: TokenData, last: Path) -> None:
-    """On resume: the tokenizer must be the checkpoint's, or the ids would mean other tokens."""
+def _check_same_tokenizer(data: TokenData, last: Path, what: str = "--resume") -> None:
+    """On resume (or --init): the tokenizer must be the checkpoint's, or the ids would mean other tokens."""
     old, new = rundir.checkpoint_tokenizer(last), data.tokenizer
     if old is not None and old.get_vocab() != new.get_vocab():
-        raise RunDirError(f"--resume: the tokenizer differs from the run's ({last / 'tokenizer.json'}: "
+        raise RunDirError(f"{what}: the tokenizer differs from the run's ({last / 'tokenizer.json'}: "
                           f"{old.get_vocab_size()} ids; the data's: {new.get_vocab_size()} ids"
                           f"{', mapped differently' if old.get_vocab_size() == new.get_vocab_size() else ''})")
 
@@ -191,6 +191,8 @@ def _check_same_tokenizer(data: TokenData, last: Path) -> None:
 def _prepare_main(recipe: Recipe, run_dir: RunDir, cache: Path, resume: bool) -> TokenData:
     """Rank 0: check and lock the run directory, check a resume against the run, build the data cache."""
     check_data(recipe)  # a missing, endless or huge --data, or a missing package, fails before the run directory
+    if recipe.init:
+        init_checkpoint(recipe)
     run_dir.open(resume)
     stamp = data_stamp(recipe)
     if resume:
@@ -231,8 +233,21 @@ def prepare(recipe: Recipe, run_dir: RunDir, data_cache, resume: bool, world: in
 def start(recipe: Recipe, run_dir: RunDir, data: TokenData, world: int, rank: int) -> Run:
     torch.manual_seed(recipe.seed)  # the same init on every rank
     model = build_model(recipe, data.tokenizer.get_vocab_size(), data.tokenizer)
+    if recipe.init:
+        _warm_start(model, recipe, data)
     batch_gen = torch.Generator().manual_seed(recipe.seed * 1000 + rank + 1)  # different windows on every rank
     return Run(recipe, run_dir, data, model, make_optimizer(model, recipe), batch_gen, world, rank)
+
+
+def _warm_start(model: torch.nn.Module, recipe: Recipe, data: TokenData) -> None:
+    """Load --init's weights into the freshly built model: same architecture, same tokenizer, or an error."""
+    ckpt = init_checkpoint(recipe)
+    _check_same_tokenizer(data, ckpt, "--init")
+    source = load(ckpt)
+    try:
+        model.load_state_dict(source.state_dict())
+    except RuntimeError as e:
+        raise ValueError(f"--init {recipe.init}: its weights do not fit the recipe's model ({e})") from None
 
 
 def resume_from(recipe: Recipe, run_dir: RunDir, data: TokenData, world: int, rank: int) -> Run:

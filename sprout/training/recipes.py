@@ -75,6 +75,9 @@ class Recipe(Checked):
     ckpt_every: int = 250  # steps between checkpoints (one is also written at the end)
     snapshots: bool = False  # also keep log-spaced checkpoints (steps 0, 1, 2, 3, 6, 10, 18, 32, ...)
     seed: int = 0  # model init and batch sampling
+    # a run folder (its latest checkpoint) or a checkpoint to start from instead of random weights: a second
+    # stage of training; its architecture and tokenizer must be the recipe's (same data settings)
+    init: str = ""
 
     RANGES = _RANGES  # checked with every field's type when a recipe is made (sprout.settings.Checked)
     WHAT = "recipe"
@@ -172,6 +175,17 @@ RECIPES.update({
     # seed 0 with 800 curriculum steps formed no induction head by step 1,600 (repeat loss 9.0): more curriculum
     "gpt-4-english": replace(_ENGLISH, n_layer=4, snapshots=True, curriculum_steps=1200, seed=1),
     "sprout-mini-english": replace(_ENGLISH, n_layer=8, n_head=4, d_model=128, d_ff=352),
+    # a second stage from gpt-4-english's final weights (train that into runs/gpt-4-english first): its
+    # induction heads formed late (step ~1,050 of 1,200 curriculum steps) and copied names weakly (63% in
+    # hand-written frames); half the rows curriculum, same text and tokenizer
+    "gpt-4-english-names": replace(_ENGLISH, n_layer=4, init="runs/gpt-4-english", curriculum_steps=0,
+                                   repeat_fraction=0.5, max_steps=800, lr=1e-3, min_lr=1e-4, warmup_steps=50,
+                                   seed=2),
+    # a third stage from gpt-4-english-names (the shipped gpt-4): half the text invented-name stories, read
+    # with the first stage's tokenizer; stage two left the second "Zorbin Plax" at 64% for its 2nd piece
+    "gpt-4-english-stories": replace(_ENGLISH, n_layer=4, init="runs/gpt-4-english-names", story_fraction=0.5,
+                                     curriculum_steps=0, repeat_fraction=0.3, max_steps=500, lr=5e-4, min_lr=1e-4,
+                                     warmup_steps=50, seed=3),
     # the walkthrough's character GPT on Shakespeare's characters, as the walkthrough trains it (1.4 s a step)
     "walkthrough-shakespeare": replace(RECIPES["walkthrough"], data="english:shakespeare", max_steps=3500,
                                        repeat_fraction=0.25),

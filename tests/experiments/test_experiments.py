@@ -264,8 +264,9 @@ def test_a_demo_without_snapshots_draws_its_shipped_phase_table(tmp_path):
     shipped = pd.read_csv(sprout.files.checkpoint.demo_dir() / "gpt-4" / circuits.SHIPPED_PHASE)
     written = pd.read_csv(tmp_path / "phase_gpt-4.csv")
     pd.testing.assert_frame_equal(written, shipped)
-    assert set(shipped["measure"]) == {"previous-token score", "induction score", "K-composition (x random)",
-                                       "in-context score (late - early loss)"}
+    assert set(shipped["measure"]) >= {"previous-token score", "induction score", "K-composition (x random)",
+                                       "in-context score (late - early loss)", "K-composition percentile"}
+    assert any(m.startswith("control ") for m in shipped["measure"])  # the control pairs beside the circuit's
     assert shipped["heads"].nunique() == 1  # one circuit followed through every snapshot
     assert [f.stem for f in out.figures] == ["phase_gpt-4"] and circuits.PHASE_SOURCE in out.figures[0].caption
     assert rows[0]["measured"] == shipped["tokens"].nunique()

@@ -57,6 +57,45 @@ def test_recipes_fit_the_size_budget(name):
     cfg = json.loads((demo_dir() / name / "config.json").read_text())
     r = ship.RECIPES[name]
     d, n = cfg["d_model"], cfg["n_layer"]
-    per_layer = sum(4 * (2 * d * e * d + e * d + d) for e in (r.expansion, r.transcoder_expansion))
-    assert n * per_layer / 2**20 < ship.MAX_MB / 2  # both demos together within the budget
+    size = sum(4 * (2 * d * e * d + e * d + d) + 4 * d * d * (part == "transcoders" and rl.skip)
+               for part in ship.PARTS for rl in (r.at(part, layer) for layer in range(n))
+               for e in [rl.expansion if part == "resid" else rl.transcoder_expansion])
+    assert size / 2**20 < ship.MAX_MB / 2  # both demos together within the budget
     assert r.k <= ship.MAX_L0 and r.k < r.transcoder_expansion * d
+
+
+@pytest.mark.parametrize("name", list(ship.RECIPES))
+def test_overrides_name_real_dictionaries_and_fit_the_budget(name):
+    cfg = json.loads((demo_dir() / name / "config.json").read_text())
+    r = ship.RECIPES[name]
+    keys = {f"{part} {layer}" for part in ("resid", "transcoder") for layer in range(cfg["n_layer"])}
+    assert set(r.overrides) <= keys, set(r.overrides) - keys
+    for part in ship.PARTS:
+        for layer in range(cfg["n_layer"]):
+            rl = r.at(part, layer)
+            assert rl.overrides == {} and rl.k < min(rl.expansion, rl.transcoder_expansion) * cfg["d_model"]
+
+
+def test_at_applies_only_its_own_override():
+    r = ship.Recipe(overrides={"resid 0": {"expansion": 2}, "transcoder 1": {"transcoder_steps": 7}})
+    assert r.at("resid", 0).expansion == 2 and r.at("resid", 0).transcoder_steps == r.transcoder_steps
+    assert r.at("transcoders", 0) == ship.Recipe() and r.at("resid", 1) == ship.Recipe()
+    assert r.at("transcoders", 1).transcoder_steps == 7
+
+
+def test_dictionaries_sharing_settings_train_together(monkeypatch):
+    calls = []
+    monkeypatch.setattr(ship, "_train_group", lambda model, r, texts, part, layers: calls.append((part, layers, r)) or {})
+    model = sprout.load("gpt-1").eval()
+    r = ship.Recipe(overrides={"resid 0": {"steps": 5}})
+    ship.train_dictionaries(model, r, {}, layers=[0])
+    assert [(p, lay, rl.steps) for p, lay, rl in calls] == [("resid", [0], 5), ("transcoders", [0], r.transcoder_steps)]
+
+
+def test_phase_tables_come_only_from_the_run_the_weights_came_from(tmp_path):
+    gpt1 = sprout.load("gpt-1").eval()
+    sprout.save(gpt1, tmp_path / "checkpoints" / "step_00000010")
+    with pytest.raises(SystemExit, match="is not gpt-4's weights"):
+        ship.ship_phase("gpt-4", sprout.load("gpt-4").eval(), tmp_path)
+    with pytest.raises(SystemExit, match="keeps 1 snapshot"):  # its own weights, but nothing to follow over training
+        ship.ship_phase("gpt-1", gpt1, tmp_path)

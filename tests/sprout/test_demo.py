@@ -9,7 +9,9 @@ from sprout.files.checkpoint import demo_dir, demo_names
 from sprout.training.recipes import Recipe, get_recipe
 
 DEMOS = ["gpt-1", "gpt-4", "sprout-mini", "walkthrough"]
-RECIPE_OF = {"sprout-mini": "sprout-mini-english"}  # the demos retrained on English keep their names
+# the demos retrained on English keep their names
+RECIPE_OF = {"gpt-1": "gpt-1-english", "gpt-4": "gpt-4-english-stories", "sprout-mini": "sprout-mini-english",
+             "walkthrough": "walkthrough-shakespeare"}
 
 
 def test_every_demo_is_shipped():

@@ -138,6 +138,22 @@ def test_run_writes_log_recipe_checkpoints_and_keeps_the_last_two(tmp_path, cach
         train(TINY.override(max_steps=30, lr=1e-2), out, data_cache=cache, resume=True, progress=False)
 
 
+def test_init_starts_a_second_stage_from_a_run_s_weights(tmp_path, cache):
+    first = tmp_path / "first"
+    train(TINY.override(max_steps=10), first, data_cache=cache, progress=False)
+    stage = TINY.override(max_steps=0, init=str(first), seed=5, snapshots=True)  # step 0 = the weights it starts from
+    train(stage, tmp_path / "second", data_cache=cache, progress=False)
+    start, init = sprout.load(tmp_path / "second" / "checkpoints" / "step_00000000"), sprout.load(first)
+    assert all(torch.equal(a, b) for a, b in zip(start.state_dict().values(), init.state_dict().values()))
+    fresh = TINY.override(max_steps=0, seed=5, snapshots=True)  # the same seed without init: other weights
+    train(fresh, tmp_path / "fresh", data_cache=cache, progress=False)
+    assert not torch.equal(sprout.load(tmp_path / "fresh").embed.weight, init.embed.weight)
+    with pytest.raises(ValueError, match="init \\(--init\\): no checkpoint"):
+        train(TINY.override(init=str(tmp_path / "nothing")), tmp_path / "third", data_cache=cache, progress=False)
+    with pytest.raises(ValueError, match="do not fit the recipe's model"):
+        train(TINY.override(init=str(first), d_ff=48), tmp_path / "fourth", data_cache=cache, progress=False)
+
+
 def test_snapshots_keep_log_spaced_checkpoints(tmp_path, cache):
     out = tmp_path / "run"
     train(TINY.override(max_steps=40, snapshots=True), out, data_cache=cache, progress=False)
