@@ -216,8 +216,9 @@ def readme_section(model, root=None) -> str:
               f"tokens; {best.precision:.0%} of the tokens it fires on are such pieces)")]
     sae = interp.load_sae(model, act_name("resid_post", n - 1), root=root)
     for j, token in _token_latents(model, sae, text, 2):
-        sel = interp_features.latent_selectivity(model, sae, rows, [r == model.to_single_token(token) for r in rows]) \
-            if _single(model, token) else None
+        marks = [r == model.to_single_token(token) for r in rows] if _single(model, token) else []
+        # the token may not occur in the name stories at all: then no selectivity to state
+        sel = interp_features.latent_selectivity(model, sae, rows, marks) if any(m.any() for m in marks) else None
         on = "" if sel is None else (f" ({float(sel.set_index('latent').fire_on[j]):.0%} of them; "
                                      f"{float(sel.set_index('latent').fire_off[j]):.1%} of other tokens)")
         picks.append((f"resid_post {n - 1} SAE", sae, j, f"the token `{token!r}`{on}"))
