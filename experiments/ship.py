@@ -16,7 +16,8 @@ so a retrained demo never pairs with stale ones:
 - `phase` (with `--run RUN`, the training run the weights came from, its log-spaced snapshots kept):
   induction_snapshots.csv (every head's induction score at each snapshot, `experiments.training_dynamics`)
   and phase_snapshots.csv (`interp.phase_measures` of the last snapshot's circuit and its control pairs,
-  `experiments.circuits.measure_phase`), refused unless the run's last checkpoint is the demo's weights.
+  `experiments.circuits.measure_phase`), refused unless the run's last checkpoint is the demo's weights or
+  the run is an earlier stage they were trained from (the demo recipe's `init`, followed back).
 
 All SAEs of a model train from one forward per batch (those sharing settings), and all its transcoders from another.
 Run it quietly: `nice -n 5 python -m experiments.ship gpt-4 --only saes --threads 1`.
