@@ -1,6 +1,9 @@
 """Hooks cost nothing until used, and caching beats TransformerLens' TransformerBridge: the full table.
 
-Every row runs in this one process on the same random weights of the Sprout preset, batch 4 x 256:
+The table is measured twice, each time in a fresh process: with glibc's malloc as a plain `import sprout`
+leaves it, and after the process-wide `sprout.keep_freed_memory()` that applications may opt in to
+(`--allocator default|keep` measures one). Within a table every row runs in one process on the same
+random weights of the Sprout preset, batch 4 x 256:
 a plain hook-free reference (`benchmarks/plain_sprout.py`), Hugging Face's Qwen3ForCausalLM and
 TransformerLens' TransformerBridge over the `sprout.files.hf.export` of those weights, and our hooked Sprout.
 Within a group the calls are interleaved round-robin and each row's median is divided by its
@@ -8,7 +11,7 @@ reference's median from the same rounds, so load from other processes hits both 
 is timed on two clocks: wall (what a user waits) and this process's CPU time (the work done, which a
 shared machine disturbs far less). No time is asserted anywhere; this is a benchmark, not a test.
 
-    nice python -m benchmarks.run [--repeats 7] [--tiny] [--threads 2] [--out benchmarks/RESULTS.md]
+    nice python -m benchmarks.run [--repeats 7] [--tiny] [--threads 2] [--allocator both] [--out benchmarks/RESULTS.md]
 
 Cache memory is counted two ways: "tensor MB" adds up every cached tensor (what the issue's 910 MB for
 the Bridge counts: its `hook_in`/`hook_out` aliases count again), "unique-storage MB" adds up the
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import statistics
@@ -36,6 +40,7 @@ import sprout
 from benchmarks.plain_sprout import PlainSprout
 from sprout import GPT, Sprout, SproutConfig
 from sprout.files.hf import export
+from sprout.names import act_name
 
 TINY = SproutConfig(vocab_size=512, context=64, n_layer=2, n_head=4, d_model=64, d_ff=128)
 
@@ -115,7 +120,7 @@ def lens_floor(plain: PlainSprout, tokens: torch.Tensor, batch: int, k: int):
 def lens_by_hooks(model: Sprout, tokens: torch.Tensor, batch: int, k: int):
     """The floor's work done through our hooks: cache the streams, then norm, unembedding, top-k (the
     last block's stream is the output, whose logits the forward has already made)."""
-    sites = ["blocks.0.hook_resid_pre"] + [f"blocks.{l}.hook_resid_post" for l in range(len(model.blocks) - 1)]
+    sites = [act_name("resid_pre", 0)] + [act_name("resid_post", l) for l in range(len(model.blocks) - 1)]
     for ids in tokens.split(batch):
         logits, cache = model.run_with_cache(ids, names_filter=sites)
         for name in sites:
@@ -130,9 +135,9 @@ def measure(cfg: SproutConfig, folder: Path, batch: int, pos: int, repeats: int,
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, cfg.vocab_size, (batch, pos), generator=g)
     L = cfg.n_layer
-    resid_post = [f"blocks.{l}.hook_resid_post" for l in range(L)]
+    resid_post = [act_name("resid_post", l) for l in range(L)]
     probe_layer = min(2, L - 1)  # a block that exists, also in the 2-layer smoke run
-    probe = f"blocks.{probe_layer - 1}.hook_resid_post"  # what stop_at_layer=probe_layer returns (no blocks.{probe_layer}.* hook fires)
+    probe = act_name("resid_post", probe_layer - 1)  # what stop_at_layer=probe_layer returns (no blocks.{probe_layer}.* hook fires)
     buffers = {name: torch.empty(batch, pos, cfg.d_model) for name in resid_post}
     rows = []
 
@@ -273,7 +278,11 @@ def lscpu(lines: int = 10) -> str:
     return "\n".join(out.splitlines()[:lines])
 
 
-def main(argv=None) -> list:
+ALLOCATORS = {"default": "glibc's malloc as after a plain `import sprout` (the library's default path)",
+              "keep": "after `sprout.keep_freed_memory()` (the process-wide opt-in of applications)"}
+
+
+def parse(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="a 2-layer model and few tokens, for a smoke run")
     ap.add_argument("--repeats", type=int, default=7, help="interleaved rounds per group")
@@ -281,10 +290,18 @@ def main(argv=None) -> list:
     ap.add_argument("--pos", type=int, default=256)
     ap.add_argument("--lens-tokens", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
+    ap.add_argument("--allocator", choices=[*ALLOCATORS, "both"], default="both",
+                    help="the C allocator's settings; 'both' runs the table once each way, each in a fresh process "
+                         "(the opt-in cannot be undone within one)")
+    ap.add_argument("--rows-json", help=argparse.SUPPRESS)  # where a child process of --allocator both puts its rows
     ap.add_argument("--out", help="also write the table, with the machine's `lscpu`, to this markdown file")
-    args = ap.parse_args(argv)
-    sprout.keep_freed_memory()  # caches reuse freed memory instead of page-faulting it in (README: Benchmarks)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return ap.parse_args(argv)
+
+
+def one_way(args: argparse.Namespace) -> tuple[list, str]:
+    """The whole table under one allocator setting, in this process: (rows, report)."""
+    if args.allocator == "keep":
+        sprout.keep_freed_memory()
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = TINY if args.tiny else SproutConfig.preset("sprout")
@@ -296,6 +313,8 @@ def main(argv=None) -> list:
     into = next(r for r in rows if "run_with_cache_into" in r["what"])
     n_params = sum(p.numel() for p in PlainSprout(cfg).parameters())
     report = "\n".join([
+        f"### Allocator: {ALLOCATORS[args.allocator]}",
+        "",
         f"{'tiny config' if args.tiny else 'Sprout preset'} ({n_params / 1e6:.2f}M parameters, random weights), "
         f"batch {args.batch} x {pos} tokens, medians of {args.repeats} interleaved rounds; {machine()}",
         "",
@@ -304,11 +323,52 @@ def main(argv=None) -> list:
         f"stop_at_layer probe: {1 / stop['ratio']:.1f}x faster than the full run (CPU {1 / stop['cpu_ratio']:.1f}x); "
         f"run_with_cache_into: {into['ratio']:.2f}x the time of run_with_cache (CPU {into['cpu_ratio']:.2f}x)",
     ])
+    return rows, report
+
+
+def both_ways(argv: list) -> tuple[list, str]:
+    """The table once per allocator setting, each in a fresh process: (all rows, the reports)."""
+    rows, reports = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for way in ALLOCATORS:
+            out = Path(tmp) / f"{way}.json"
+            subprocess.run([sys.executable, "-m", "benchmarks.run", *argv, "--allocator", way, "--rows-json", str(out)],
+                           check=True, stdout=subprocess.DEVNULL)
+            got = json.loads(out.read_text())
+            rows += [{**r, "allocator": way} for r in got["rows"]]
+            reports.append(got["report"])
+    return rows, "\n\n".join(reports)
+
+
+def main(argv=None) -> list:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.allocator == "both":
+        rows, report = both_ways(_without(argv, "--out", "--allocator"))
+    else:
+        rows, report = one_way(args)
+    if args.rows_json:
+        Path(args.rows_json).write_text(json.dumps({"rows": rows, "report": report}))
+        return rows
     print(report)
     if args.out:
-        command = " ".join(["python -m benchmarks.run", *(sys.argv[1:] if argv is None else argv)])
+        command = " ".join(["python -m benchmarks.run", *argv])
         Path(args.out).write_text(f"# Benchmarks\n\n`{command}`\n\n{report}\n\n`lscpu | head`:\n\n```\n{lscpu()}\n```\n")
     return rows
+
+
+def _without(argv: list, *flags: str) -> list:
+    """argv less each of `flags` and its value."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in flags:
+            skip = True
+        elif not any(a.startswith(f + "=") for f in flags):
+            out.append(a)
+    return out
 
 
 if __name__ == "__main__":

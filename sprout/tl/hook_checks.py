@@ -9,9 +9,13 @@ gradient bare or as PyTorch's one-tuple `(grad,)`, as TransformerLens allows.
 from __future__ import annotations
 
 import functools
+from typing import Callable, Optional
 
 import torch
+from transformer_lens.hook_points import HookPoint
 from transformer_lens.utilities.slice import Slice
+
+from .recycle import CacheRecycler
 
 # Hooks whose position axis is not the one after the batch: [batch, head, query_pos, key_pos] slice the query.
 _QUERY_AXIS = ("hook_attn_scores", "hook_pattern")
@@ -79,8 +83,26 @@ def _filter(names_filter):
     raise ValueError(f"names_filter must be a hook name, a list of names or a function, got {type(names_filter).__name__}")
 
 
+class Store:
+    """A caching hook: stores the activation under its names and returns None, so it never edits the forward
+    (the attention reads this to skip its edit check, `sprout.tl.pattern_attention`)."""
+
+    def __init__(self, save: Callable, names: tuple, is_backward: bool):
+        self.save, self.names, self.is_backward = save, names, is_backward
+
+    def __call__(self, tensor, hook) -> None:
+        self.save(tensor, hook, self.names, self.is_backward)
+
+
+def reads_only(point: HookPoint) -> bool:
+    """Whether every forward hook on `point` is a `Store` (TransformerLens records each one's own function)."""
+    handles = point.fwd_hooks
+    return len(handles) == len(point._forward_hooks) and all(
+        isinstance(getattr(h, "user_hook", None), Store) for h in handles)
+
+
 def cache_hooks(hook_dict: dict, names_filter=None, incl_bwd: bool = False, device=None, remove_batch_dim: bool = False,
-                cache=None, pos_slice=None, gated=None):
+                cache=None, pos_slice=None, gated=None, recycler: Optional[CacheRecycler] = None):
     """TransformerLens' get_caching_hooks, slicing every activation on its own position axis.
 
     TransformerLens decides the axis from a list of name suffixes, which does not know Sprout's
@@ -88,7 +110,7 @@ def cache_hooks(hook_dict: dict, names_filter=None, incl_bwd: bool = False, devi
     One hook per hook point, storing the activation under every selected name of that point (an
     input hook and its TransformerLens 4 alias `blocks.{l}.attn.hook_q_input`). `gated(name)` says
     whether a point never fires (its flag off): the filter skips those (`run_with_cache` warns when
-    its filter names one).
+    its filter names one). `recycler` is told of each stored activation (`sprout.tl.recycle`).
     """
     cache = {} if cache is None else cache
     pos_slice = Slice.unwrap(pos_slice)
@@ -103,6 +125,8 @@ def cache_hooks(hook_dict: dict, names_filter=None, incl_bwd: bool = False, devi
             x = pos_slice.apply(x, dim=position_axis(hook.name, batched))
         for name in names:
             cache[name + ("_grad" if is_backward else "")] = x
+        if recycler is not None and not is_backward:
+            recycler.stored(x)
 
     by_point: dict = {}
     for name, point in hook_dict.items():
@@ -112,9 +136,9 @@ def cache_hooks(hook_dict: dict, names_filter=None, incl_bwd: bool = False, devi
     for point, names in by_point.values():
         # register under the point's own name unless only an alias was selected
         first = point.name if point.name in names else names[0]
-        fwd.append((first, functools.partial(save, names=tuple(names), is_backward=False)))
+        fwd.append((first, Store(save, tuple(names), is_backward=False)))
         if incl_bwd:
-            bwd.append((first, functools.partial(save, names=tuple(names), is_backward=True)))
+            bwd.append((first, Store(save, tuple(names), is_backward=True)))
     return cache, fwd, bwd
 
 

@@ -31,6 +31,7 @@ import torch
 from transformer_lens.hook_points import HookPoint
 
 from ..names import block
+from .hook_checks import reads_only
 
 if TYPE_CHECKING:
     import torch.nn as nn
@@ -70,7 +71,7 @@ def editable(x: torch.Tensor, point: HookPoint) -> torch.Tensor:
     """x, or a copy of it when a forward hook on `point` could edit it in place while autograd still
     needs x (a softmax or sqrt keeps its output for the backward pass; q, k, v are views of one matmul).
     Free without hooks and without autograd (inference, `torch.no_grad`)."""
-    return x.clone() if point._forward_hooks and x.requires_grad else x
+    return x.clone() if point._forward_hooks and x.requires_grad and not reads_only(point) else x
 
 
 def per_head_inputs(block, x: torch.Tensor, n_head: int, shared: bool, norm: Callable) -> tuple:

@@ -19,6 +19,7 @@ from . import generation, text
 from .activation_cache import SproutActivationCache
 from .forward import check_loss_tokens, check_resid, check_return_type, finish, layer_range, tl_loss
 from .hook_checks import cache_hooks, check_buffers, checked_hook, copy_into_buffer, unknown_hook
+from .recycle import CacheRecycler
 from .text_io import TextIO, TextOrTokens
 
 
@@ -87,18 +88,23 @@ class HookedLM(TextIO, HookedRootModule):
         blocks: torch.nn.ModuleList
         run_layers: Callable[..., torch.Tensor]
 
+    cache_recycler: CacheRecycler  # the last cache's memory, reused by the next (`sprout.tl.recycle`)
+
     def __init__(self, *args):
         super().__init__(*args)
         self._lock = threading.RLock()
+        self.cache_recycler = CacheRecycler()
 
     def __getstate__(self):
         state = self.__dict__.copy()
         state.pop("_lock", None)
+        state.pop("cache_recycler", None)
         return state
 
     def __setstate__(self, state):
         super().__setstate__(state)
         self._lock = threading.RLock()
+        self.cache_recycler = CacheRecycler()
 
     def _apply(self, fn, recurse: bool = True):
         return follow_weights(super()._apply(fn, recurse))
@@ -231,8 +237,9 @@ class HookedLM(TextIO, HookedRootModule):
                           cache: Optional[dict] = None, pos_slice=None):
         """TransformerLens' caching hooks, except that `pos_slice` slices every hook on its position axis."""
         self.is_caching = True
+        recycler = self.cache_recycler if self.cache_recycler.active else None
         return cache_hooks(self.hook_dict, names_filter, incl_bwd, device, remove_batch_dim, cache, pos_slice,
-                           gated=self._gated_flag)
+                           gated=self._gated_flag, recycler=recycler)
 
     def _gated_flag(self, name: str) -> Optional[str]:
         """The flag (off) without which hook point `name` never fires; None here (see `sprout.tl.hook_flags`)."""
@@ -252,6 +259,11 @@ class HookedLM(TextIO, HookedRootModule):
         pass per layer (measured: 16% of the memory and ~7% of the time of a full Sprout cache), and
         TransformerLens rebuilds it from `hook_z` and `W_O` when asked (`cache.stack_head_results`).
         Name it in `names_filter` to cache it anyway.
+
+        Memory: the model keeps the tensors of its last cache and lets go of them one by one while the
+        next is filled, so the next reuses their memory instead of page-faulting it in anew (measured:
+        a full cache 1.1-1.2x the plain forward on one thread, 1.6-1.8x without; `sprout.tl.recycle`).
+        `model.cache_recycler.release()` frees a dropped cache at once; `.max_bytes = 0` turns it off.
         """
         names_filter = kwargs.get("names_filter")
         if names_filter is None and not getattr(self.cfg, "use_attn_result", False):
@@ -272,7 +284,8 @@ class HookedLM(TextIO, HookedRootModule):
             if kwargs.get("incl_bwd"):
                 out, cache = self._run_with_cache_and_grads(model_args, dict(kwargs))
             else:
-                out, cache = super().run_with_cache(*model_args, **kwargs)
+                with self.cache_recycler.cycle():
+                    out, cache = super().run_with_cache(*model_args, **kwargs)
         return out, SproutActivationCache(cache, self, has_batch_dim=batched)
 
     def _run_with_cache_and_grads(self, model_args, kwargs):

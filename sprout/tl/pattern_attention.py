@@ -12,7 +12,8 @@ backward hooks on it fire and gradients are those of `pattern @ v`: z = fused + 
 p.detach() @ (v - v.detach()), whose added terms are exactly zero in value. A hook that edits either
 tensor gets `pattern @ v` of its edit, as before. The price, only while such a hook is on: one fused
 attention, a comparison where a hook returns a new tensor, and under `torch.inference_mode` (whose tensors
-keep no version counter) a copy of each hooked [batch, head, pos, pos] tensor.
+keep no version counter) a copy of each hooked [batch, head, pos, pos] tensor. Caching hooks (`run_with_cache`) return None and
+edit nothing, so where they are the only hooks none of this is checked.
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from transformer_lens.hook_points import HookPoint
 
+from .hook_checks import reads_only
+
 
 def _through(point: HookPoint, x: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """point(x), and whether its hooks left x's values as they were.
@@ -29,7 +32,7 @@ def _through(point: HookPoint, x: torch.Tensor) -> tuple[torch.Tensor, bool]:
     An in-place edit bumps x's version counter, so a hook that returns x (or None) untouched costs no
     copy; a returned tensor is compared with x. Inference-mode tensors keep no version counter: there
     a copy of x is compared instead."""
-    if not point._forward_hooks:
+    if not point._forward_hooks or reads_only(point):
         return point(x), True
     if x.is_inference():
         before = x.clone()

@@ -1,4 +1,5 @@
-"""The benchmark runner runs end to end on a tiny config and prints its table (no timing is asserted)."""
+"""The benchmark runner runs end to end on a tiny config and prints its table both ways, with glibc's
+malloc defaults and after keep_freed_memory() (no timing is asserted)."""
 import re
 
 import pytest
@@ -20,9 +21,11 @@ def test_runner_prints_every_row_with_a_numeric_ratio(capsys, tmp_path):
         line = next((l for l in out.splitlines() if what in l), None)
         assert line is not None, f"no table row for {what!r}"
         assert re.search(r"\| \d+ ms \| \d+\.\d\dx \| \d+ ms \| \d+\.\d\dx \|", line), line
-    assert len(rows) == 17
+    assert len(rows) == 2 * 17  # the table with glibc's defaults, then with keep_freed_memory()
+    assert [r["allocator"] for r in rows] == ["default"] * 17 + ["keep"] * 17
+    assert out.count("### Allocator: ") == 2
     # each reference row is its own group's 1.00x, and every ratio is a positive number
-    assert [r["ratio"] for r in rows if r["target"] == "reference"] == [1.0, 1.0, 1.0]
+    assert [r["ratio"] for r in rows if r["target"] == "reference"] == [1.0, 1.0, 1.0] * 2
     assert all(r["ratio"] > 0 and r["cpu_ratio"] > 0 for r in rows)
     assert re.search(r"stop_at_layer probe: \d+\.\dx faster", out)
     # the memory table compares the same activations: the hook names both models have
