@@ -5,6 +5,7 @@ hooks it needs, runs in batches under `torch.inference_mode()`, and never plots 
 is `figures` and `experiments`).
 """
 from ._inputs import stream_windows, windows
+from ._model import HookedModel
 from ._specs import Component, Head
 from .ablation import ablate_heads
 from .attention import attention_patterns, pattern_tensor
@@ -31,7 +32,7 @@ from .tuned_lens_train import train_tuned_lens
 __all__ = [
     "ablate_heads", "attention_patterns", "Component", "Head", "attribution_patch", "attribution_summary", "circuit_spread",
     "composition_scores", "control_pairs", "everyday_english", "first_top1_layer", "head_score_tensor", "head_scores",
-    "HELD_OUT_SEED", "held_out_stories", "icl_score",
+    "HELD_OUT_SEED", "held_out_stories", "HookedModel", "icl_score",
     "induction_circuit", "induction_stories", "induction_table", "KINDS", "lens_comparison", "lens_dataset_summary",
     "lens_summary", "load_tuned_lens", "LogHistogram", "logit_attribution", "logit_lens", "loss_table", "mean_loss",
     "ov_copying_scores", "param_table", "patch", "patch_tensor", "path_patch", "pattern_tensor", "phase_change", "phase_heads",

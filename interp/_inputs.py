@@ -24,6 +24,8 @@ from jaxtyping import Int
 from sprout.tl.text import check_attention_mask, check_integer_ids, check_tokens, tokens_and_mask
 from sprout.tokenizer import encode
 
+from ._model import HookedModel
+
 # text, a list of texts or of 1-D id rows, or ids [pos] / [batch, pos]
 TextOrTokens = Union[str, list, Int[torch.Tensor, "*batch pos"]]
 
@@ -57,15 +59,15 @@ def _refuse_mixed(data) -> None:
         raise TypeError("a list of inputs must hold only texts or only 1-D token id tensors, not both")
 
 
-def _pad_id(model) -> int:
+def _pad_id(model: HookedModel) -> int:
     return getattr(getattr(model, "tokenizer", None), "pad_token_id", None) or 0
 
 
-def _padding_side(model) -> str:
+def _padding_side(model: HookedModel) -> str:
     return getattr(getattr(model, "tokenizer", None), "padding_side", None) or "right"
 
 
-def _pad_rows(model, rows: list[torch.Tensor], padding_side: Optional[str]) -> TokenBatch:
+def _pad_rows(model: HookedModel, rows: list[torch.Tensor], padding_side: Optional[str]) -> TokenBatch:
     """1-D id rows of any lengths -> ids [batch, longest] and a mask (None when all are equal)."""
     longest = max(len(r) for r in rows)
     if all(len(r) == longest for r in rows):
@@ -91,7 +93,7 @@ def _row(t: torch.Tensor) -> torch.Tensor:
     return t.long().cpu()
 
 
-def token_batch(model, data, *, attention_mask: Optional[torch.Tensor] = None,
+def token_batch(model: HookedModel, data, *, attention_mask: Optional[torch.Tensor] = None,
                 padding_side: Optional[str] = None) -> TokenBatch:
     """Text, a list of texts, ids [pos] / [batch, pos], or a list of 1-D id tensors -> (ids, mask).
 
@@ -125,7 +127,7 @@ def token_batch(model, data, *, attention_mask: Optional[torch.Tensor] = None,
     return batch
 
 
-def token_rows(model, data: TextOrTokens, seq_len: Optional[int] = None) -> list[torch.Tensor]:
+def token_rows(model: HookedModel, data: TextOrTokens, seq_len: Optional[int] = None) -> list[torch.Tensor]:
     """Text, a list of texts, ids [pos] / [batch, pos] or a list of 1-D id tensors -> checked 1-D id rows
     of at most `seq_len` tokens (default the model's context).
 
@@ -170,7 +172,7 @@ def windows(ids: Union[Sequence, torch.Tensor], length: int, stride: Optional[in
     return out
 
 
-def stream_windows(model, data: TextOrTokens, seq_len: Optional[int] = None) -> torch.Tensor:
+def stream_windows(model: HookedModel, data: TextOrTokens, seq_len: Optional[int] = None) -> torch.Tensor:
     """The data's tokens as one stream cut into [n_windows, seq_len] rows (a shorter tail is dropped)."""
     stream = torch.cat(token_rows(model, data, seq_len))  # seq_len checked there
     seq_len = int(model.cfg.n_ctx) if seq_len is None else int(seq_len)
@@ -181,7 +183,7 @@ def stream_windows(model, data: TextOrTokens, seq_len: Optional[int] = None) -> 
     return torch.stack(rows)
 
 
-def sequences(model, data) -> list[torch.Tensor]:
+def sequences(model: HookedModel, data) -> list[torch.Tensor]:
     """The data as whole 1-D id sequences, integer-checked; a text may be longer than the context here (the
     caller cuts it and passes each piece through `check_tokens`)."""
     if isinstance(data, torch.Tensor):
@@ -198,7 +200,7 @@ def sequences(model, data) -> list[torch.Tensor]:
     raise TypeError(f"expected text, a list of texts or token ids, got {type(data).__name__}")
 
 
-def _encode(model, text: str) -> torch.Tensor:
+def _encode(model: HookedModel, text: str) -> torch.Tensor:
     if getattr(model, "tokenizer", None) is None:
         raise ValueError(f"{type(model).__name__} has no tokenizer, so it cannot read text: pass token ids")
     if text == "":

@@ -6,7 +6,7 @@ from typing import Optional
 
 import torch
 
-from ._model import final_modules
+from ._model import HookedModel, final_modules
 
 
 class _CrossEntropyToTarget(torch.autograd.Function):
@@ -92,7 +92,7 @@ class _UnembedCrossEntropy(torch.autograd.Function):
         return grad_x, grad_w, None, None
 
 
-def lens_cross_entropy(model, resid: torch.Tensor, p: torch.Tensor, scratch: Scratch) -> torch.Tensor:
+def lens_cross_entropy(model: HookedModel, resid: torch.Tensor, p: torch.Tensor, scratch: Scratch) -> torch.Tensor:
     """Mean cross-entropy of the model's output distribution p [rows, vocab] under the logits of the
     (translated) streams resid [rows, d_model], read through the model's final norm and output layer."""
     norm, head = final_modules(model)

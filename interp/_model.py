@@ -7,11 +7,12 @@ own modules for that by name, and says clearly when it does not know the model.
 """
 from __future__ import annotations
 
-from typing import Optional, TypeGuard
+from typing import Any, ContextManager, Iterator, Optional, Protocol, TypeGuard
 
 import torch
 import torch.nn as nn
 from jaxtyping import Float, Int
+from transformer_lens.hook_points import HookPoint
 
 from sprout.tokenizer import decode
 
@@ -21,11 +22,46 @@ from sprout.tokenizer import decode
 FINAL_MODULES = (("norm", "head"), ("ln_final", "unembed"), ("ln_f", "lm_head"))
 
 
-def model_name(model) -> str:
+class HookedModel(Protocol):
+    """The public surface of a model that `interp` reads: TransformerLens' config, hook points and run_with_*
+    entry points, and the weight matrices in TransformerLens' layout. `sprout.Sprout` and the walkthrough GPT
+    have it (`tests/interp/test_model_protocol.py`); a TransformerLens HookedTransformer has all of it but
+    `run_with_cache_into` (our preallocated-buffer cache, which only activation harvesting calls)."""
+
+    cfg: Any  # n_layers, n_heads, d_model, d_head, d_vocab, n_ctx, device, ... (TransformerLens' config)
+    hook_dict: dict[str, HookPoint]
+    blocks: Any  # an nn.ModuleList of the blocks (whose submodules differ between models)
+    tokenizer: Any  # a Hugging Face tokenizer, or None
+
+    @property
+    def W_E(self) -> torch.Tensor: ...
+    @property
+    def W_U(self) -> torch.Tensor: ...
+    @property
+    def W_Q(self) -> torch.Tensor: ...
+    @property
+    def W_K(self) -> torch.Tensor: ...
+    @property
+    def W_V(self) -> torch.Tensor: ...
+    @property
+    def W_O(self) -> torch.Tensor: ...
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+    def run_with_cache(self, *args: Any, **kwargs: Any) -> tuple[Any, Any]: ...
+    def run_with_hooks(self, *args: Any, **kwargs: Any) -> Any: ...
+    def run_with_cache_into(self, tokens: torch.Tensor, buffers: dict, **forward_kwargs: Any) -> Any: ...
+    def hooks(self, *args: Any, **kwargs: Any) -> ContextManager[Any]: ...
+    def to_single_token(self, string: str) -> int: ...
+    def setup(self) -> None: ...
+    def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]: ...
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]: ...
+
+
+def model_name(model: object) -> str:
     return type(model).__name__
 
 
-def require_hooks(model, names) -> None:
+def require_hooks(model: object, names) -> None:
     """Raise a ValueError naming each hook point in `names` that `model` does not have."""
     hook_dict = getattr(model, "hook_dict", None)
     if hook_dict is None:
@@ -37,15 +73,15 @@ def require_hooks(model, names) -> None:
         raise ValueError(f"{model_name(model)} has no hook point {missing[0]!r}{more}; this analysis needs it")
 
 
-def n_layers(model) -> int:
+def n_layers(model: HookedModel) -> int:
     return int(model.cfg.n_layers)
 
 
-def n_heads(model) -> int:
+def n_heads(model: HookedModel) -> int:
     return int(model.cfg.n_heads)
 
 
-def unembed(model, resid: Float[torch.Tensor, "*batch d_model"]) -> Float[torch.Tensor, "*batch d_vocab"]:
+def unembed(model: HookedModel, resid: Float[torch.Tensor, "*batch d_model"]) -> Float[torch.Tensor, "*batch d_vocab"]:
     """The model's own final norm, then its output layer: resid [..., d_model] -> logits [..., d_vocab].
 
     A final norm that is None or nn.Identity (a walkthrough step without one) means no norm, as in forward.
@@ -57,7 +93,7 @@ def unembed(model, resid: Float[torch.Tensor, "*batch d_model"]) -> Float[torch.
     return head(resid if norm is None else norm(resid))
 
 
-def final_modules(model) -> tuple[Optional[nn.Module], nn.Module]:
+def final_modules(model: HookedModel) -> tuple[Optional[nn.Module], nn.Module]:
     """(final norm or None, output layer) of the model, as `unembed` applies them."""
     for norm_name, head_name in FINAL_MODULES:
         if not hasattr(model, norm_name):
@@ -75,7 +111,7 @@ def _has_weight(module: object) -> TypeGuard[nn.Module]:
     return isinstance(module, nn.Module) and isinstance(getattr(module, "weight", None), torch.Tensor)
 
 
-def str_tokens(model, ids: Int[torch.Tensor, "*pos"]) -> list[str]:
+def str_tokens(model: HookedModel, ids: Int[torch.Tensor, "*pos"]) -> list[str]:
     """Each id of a 1-D tensor as text (the model's tokenizer; `<unk:ID>` for an id it lacks), or "#id"
     when it has none."""
     values: list[int] = ids.reshape(-1).tolist()
@@ -93,7 +129,7 @@ def as_index(value, what: str) -> int:
     return int(value.__index__())
 
 
-def heads_of(model, layer=None, head=None) -> tuple[list[int], list[int]]:
+def heads_of(model: HookedModel, layer=None, head=None) -> tuple[list[int], list[int]]:
     """The layers and heads selected by `layer` / `head` (an int, a list, or None for all), checked."""
     def pick(value, n, what):
         single = value is not None and (isinstance(value, (bool, int, float)) or hasattr(value, "__index__"))
@@ -106,7 +142,7 @@ def heads_of(model, layer=None, head=None) -> tuple[list[int], list[int]]:
     return pick(layer, n_layers(model), "layer"), pick(head, n_heads(model), "head")
 
 
-def logits_of(model, ids: Int[torch.Tensor, "batch pos"]) -> Float[torch.Tensor, "batch pos d_vocab"]:
+def logits_of(model: HookedModel, ids: Int[torch.Tensor, "batch pos"]) -> Float[torch.Tensor, "batch pos d_vocab"]:
     """The model's output logits [batch, pos, d_vocab] for ids [batch, pos], no hooks added."""
     out = model.run_with_hooks(ids)
     return out[0] if isinstance(out, tuple) else out

@@ -20,7 +20,7 @@ from sprout.names import act_name
 
 from ._inputs import token_batch
 from ._metrics import Metric, degenerate, hide, metric_value, refuse_nan
-from ._model import n_heads, n_layers, require_hooks, unembed
+from ._model import HookedModel, n_heads, n_layers, require_hooks, unembed
 from ._specs import patch_label
 
 # site (an activation name of `sprout.names.act_name`) -> layout: "vector" acts are [batch, pos, ...],
@@ -49,7 +49,7 @@ def hook_name(site: str, layer: int) -> str:
     return act_name(site, layer)
 
 
-def check_site(model, site: str, by: str) -> None:
+def check_site(model: HookedModel, site: str, by: str) -> None:
     """Raise a ValueError for an unknown site or `by`, a per-head `by` on a whole-layer site, or hooks the model lacks."""
     if site not in SITES:
         raise ValueError(f"unknown site {site!r}; choose one of {list(SITES)}")
@@ -60,12 +60,12 @@ def check_site(model, site: str, by: str) -> None:
     require_hooks(model, [hook_name(site, l) for l in range(n_layers(model))])
 
 
-def as_tokens(model, data) -> torch.Tensor:
+def as_tokens(model: HookedModel, data) -> torch.Tensor:
     """Token ids [batch, pos] from ids ([pos] or [batch, pos]) or text (one text, or a list of equal length)."""
     return token_batch(model, data).unpadded("this analysis")
 
 
-def clean_and_corrupted(model, clean, corrupted) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+def clean_and_corrupted(model: HookedModel, clean, corrupted) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """Both inputs as ids [batch, pos] of the same shape and padding, and their attention mask (None: unpadded).
 
     Raises a ValueError naming the shapes when they differ, naming the lengths when the rows are padded
@@ -88,7 +88,7 @@ def clean_and_corrupted(model, clean, corrupted) -> tuple[torch.Tensor, torch.Te
     return clean, corrupted, clean_mask
 
 
-def patches(model, site: str, by: str, n_pos: int) -> list[Patch]:
+def patches(model: HookedModel, site: str, by: str, n_pos: int) -> list[Patch]:
     """Every patch of a sweep, in TransformerLens' order (layer, then position, then head)."""
     layers, heads, positions = range(n_layers(model)), range(n_heads(model)), range(n_pos)
     if by == "layer":
@@ -127,20 +127,20 @@ def masked(mask: Optional[torch.Tensor], n: int = 1) -> dict:
     return {} if mask is None else {"attention_mask": mask.repeat(n, 1)}
 
 
-def batched_forward(model, tokens: torch.Tensor, hooks: list, n: int, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+def batched_forward(model: HookedModel, tokens: torch.Tensor, hooks: list, n: int, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Logits [n * batch, pos, d_vocab] of `n` copies of `tokens` stacked copy-major, with `hooks`
     (hook name, function) acting on all copies at once ([n * batch, ...])."""
     return model.run_with_hooks(tokens.repeat(n, 1), fwd_hooks=hooks, **masked(mask, n))
 
 
-def batched_forward_from(model, resid: torch.Tensor, layer: int, hooks: list, n: int,
+def batched_forward_from(model: HookedModel, resid: torch.Tensor, layer: int, hooks: list, n: int,
                          mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """As `batched_forward`, but starting at block `layer` from its input stream `resid` [batch, pos,
     d_model]: every copy sees the same input below the patched layer, so those layers run once."""
     return model.run_with_hooks(resid.repeat(n, 1, 1), start_at_layer=layer, fwd_hooks=hooks, **masked(mask, n))
 
 
-def chunk_size(model, tokens: torch.Tensor, limit: Optional[int], what: str = "batch_size") -> int:
+def chunk_size(model: HookedModel, tokens: torch.Tensor, limit: Optional[int], what: str = "batch_size") -> int:
     if limit is not None:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"{what} must be None or an integer >= 1, got {limit!r}")
@@ -178,7 +178,7 @@ def check_logit_positions(logit_positions, n_pos: int) -> Optional[list[int]]:
     return sorted({p % n_pos for p in raw})
 
 
-def _logits(model, run_from, layer: int, hooks: list, n: int, positions: Optional[list[int]],
+def _logits(model: HookedModel, run_from, layer: int, hooks: list, n: int, positions: Optional[list[int]],
             mask: Optional[torch.Tensor]) -> torch.Tensor:
     """One batched forward from `layer` ((tokens, 0) or (stream, layer)); with `positions`, only those
     positions are unembedded and every other logit is NaN."""
@@ -197,7 +197,7 @@ def _logits(model, run_from, layer: int, hooks: list, n: int, positions: Optiona
 
 
 @torch.inference_mode()
-def patch_values(model, clean: torch.Tensor, corrupted: torch.Tensor, metric: Metric, site: str,
+def patch_values(model: HookedModel, clean: torch.Tensor, corrupted: torch.Tensor, metric: Metric, site: str,
                  todo: list[Patch], batch_size: Optional[int] = None,
                  logit_positions: Optional[list[int]] = None, mask: Optional[torch.Tensor] = None) -> list[float]:
     """The metric after each patch in `todo`, in its order (clean/corrupted already checked ids, with
@@ -224,7 +224,7 @@ def patch_values(model, clean: torch.Tensor, corrupted: torch.Tensor, metric: Me
 
 
 @torch.inference_mode()
-def baselines(model, clean: torch.Tensor, corrupted: torch.Tensor, metric: Metric,
+def baselines(model: HookedModel, clean: torch.Tensor, corrupted: torch.Tensor, metric: Metric,
               mask: Optional[torch.Tensor] = None) -> tuple[float, float]:
     """The metric on the clean and on the corrupted run, unpatched."""
     return cast(tuple[float, float],

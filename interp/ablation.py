@@ -18,14 +18,14 @@ from sprout.names import act_name
 
 from ._batching import TextOrTokens, batches, token_rows
 from ._deprecated import renamed
-from ._model import require_hooks
+from ._model import HookedModel, require_hooks
 from ._specs import Head, as_heads
 from .heads import repeated_tokens
 
 METHODS = ("zero", "mean")
 
 
-def _as_heads(model, heads, top_k: Optional[int]) -> tuple[list[tuple[int, int]], dict]:
+def _as_heads(model: HookedModel, heads, top_k: Optional[int]) -> tuple[list[tuple[int, int]], dict]:
     scores = {}
     if isinstance(heads, pd.DataFrame):
         missing = {"layer", "head"} - set(heads.columns)
@@ -52,7 +52,7 @@ def _ablate_hook(heads_in_layer: list[int], value: Optional[torch.Tensor]):
 
 
 @torch.inference_mode()
-def _mean_z(model, rows, layers, batch_size) -> dict[int, torch.Tensor]:
+def _mean_z(model: HookedModel, rows, layers, batch_size) -> dict[int, torch.Tensor]:
     names = [act_name("z", l) for l in layers]
     total: dict[int, torch.Tensor] = {}
     n = 0
@@ -65,7 +65,7 @@ def _mean_z(model, rows, layers, batch_size) -> dict[int, torch.Tensor]:
 
 
 @torch.inference_mode()
-def _loss(model, rows, batch_size, loss_from: int, hooks) -> float:
+def _loss(model: HookedModel, rows, batch_size, loss_from: int, hooks) -> float:
     """Mean next-token loss over the predictions made at positions >= loss_from."""
     total, n = 0.0, 0
     for _, ids in batches(rows, batch_size, device=model.cfg.device):
@@ -80,7 +80,7 @@ def _loss(model, rows, batch_size, loss_from: int, hooks) -> float:
 
 
 @renamed(text_or_tokens="data")
-def ablate_heads(model, heads: Union[list, pd.DataFrame], data: Optional[TextOrTokens] = None, *,
+def ablate_heads(model: HookedModel, heads: Union[list, pd.DataFrame], data: Optional[TextOrTokens] = None, *,
                  method: str = "zero", top_k: Optional[int] = None, together: bool = True,
                  half_len: int = 32, n_seqs: int = 16, token_range: Optional[tuple] = None, seed: int = 0,
                  batch_size: int = 8, min_delta: float = 0.01) -> pd.DataFrame:

@@ -10,14 +10,14 @@ from sprout.names import act_name
 
 from ._batching import TextOrTokens, token_rows
 from ._deprecated import renamed
-from ._model import heads_of, require_hooks, str_tokens
+from ._model import HookedModel, heads_of, require_hooks, str_tokens
 
 Selection = Optional[Union[int, list]]
 
 
 @renamed(text_or_tokens="data")
 @torch.inference_mode()
-def pattern_tensor(model, data: TextOrTokens, layer: Selection = None,
+def pattern_tensor(model: HookedModel, data: TextOrTokens, layer: Selection = None,
                    head: Selection = None) -> torch.Tensor:
     """Attention patterns [n_layers_chosen, n_heads_chosen, query_pos, key_pos] for one sequence.
 
@@ -35,7 +35,7 @@ def pattern_tensor(model, data: TextOrTokens, layer: Selection = None,
 
 
 @renamed(text_or_tokens="data")
-def attention_patterns(model, data: TextOrTokens, layer: Selection = None,
+def attention_patterns(model: HookedModel, data: TextOrTokens, layer: Selection = None,
                        head: Selection = None) -> pd.DataFrame:
     """Attention patterns in long format, with the string tokens.
 

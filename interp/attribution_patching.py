@@ -13,7 +13,7 @@ import torch
 from sprout.names import act_name
 
 from ._metrics import Metric, check_metric, differentiable_value, hide, refuse_nan
-from ._model import n_layers
+from ._model import HookedModel, n_layers
 from ._patch_engine import (
     SITES,
     Patch,
@@ -28,7 +28,7 @@ from ._patch_engine import (
 )
 
 
-def _grad_run(model, tokens: torch.Tensor, metric: Metric, names: list[str], mask=None) -> tuple[dict, dict]:
+def _grad_run(model: HookedModel, tokens: torch.Tensor, metric: Metric, names: list[str], mask=None) -> tuple[dict, dict]:
     """Activations and d metric / d activation at `names` on one forward and one backward."""
     acts: dict[str, torch.Tensor] = {}
     grads: dict[str, torch.Tensor] = {}
@@ -68,7 +68,7 @@ def _region(total: torch.Tensor, p: Patch, layout: str) -> float:
     return float(t.sum())
 
 
-def attribution_patch(model, clean, corrupted, metric: Metric, site: str = "resid_pre", by: str = "position",
+def attribution_patch(model: HookedModel, clean, corrupted, metric: Metric, site: str = "resid_pre", by: str = "position",
                       exact: bool = False) -> pd.DataFrame:
     """Attribution patching: every patch of `interp.patch`'s sweep estimated from one backward pass.
 

@@ -41,7 +41,7 @@ from sprout.names import act_name
 from sprout.tokenizer import encode
 
 from ._inputs import TokenBatch
-from ._model import require_hooks
+from ._model import HookedModel, require_hooks
 from ._patch_engine import clean_and_corrupted
 from ._specs import Head, all_heads, as_head
 from .ablation import ablate_heads
@@ -76,13 +76,13 @@ def induction_metric(tokens: torch.Tensor):
     return metric
 
 
-def repeated_pair(model, half_len: int = 24, n_seqs: int = 8, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def repeated_pair(model: HookedModel, half_len: int = 24, n_seqs: int = 8, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Clean [A A] and corrupted [B B] repeated random tokens, ids [n_seqs, 2 half_len] each."""
     half_len = min(half_len, int(model.cfg.n_ctx) // 2)
     return (repeated_tokens(model, half_len, n_seqs, seed=seed), repeated_tokens(model, half_len, n_seqs, seed=seed + 1))
 
 
-def story_pair(model, n_stories: int = 8, max_len: int = 128, seed: int = 1000) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+def story_pair(model: HookedModel, n_stories: int = 8, max_len: int = 128, seed: int = 1000) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
     """Clean and corrupted name stories (generated, names never seen in training), cut to one length:
     ids [n_stories, pos] each; None for a model without a tokenizer."""
     if getattr(model, "tokenizer", None) is None:
@@ -94,7 +94,7 @@ def story_pair(model, n_stories: int = 8, max_len: int = 128, seed: int = 1000) 
     return ids[:n_stories], ids[n_stories:]
 
 
-def checked_pair(model, pair, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+def checked_pair(model: HookedModel, pair, what: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(clean, corrupted) ids [batch, pos] of one shape, unpadded and different, or an error naming `what`."""
     if isinstance(pair, (str, torch.Tensor)) or not hasattr(pair, "__len__") or len(pair) != 2:
         raise TypeError(f"induction_circuit's {what} must be a (clean, corrupted) pair of token ids [batch, pos] "
@@ -105,7 +105,7 @@ def checked_pair(model, pair, what: str) -> tuple[torch.Tensor, torch.Tensor]:
     return clean, corrupted
 
 
-def _edges(model, receivers: list[str], pair, senders: list[str], label: str) -> pd.DataFrame:
+def _edges(model: HookedModel, receivers: list[str], pair, senders: list[str], label: str) -> pd.DataFrame:
     clean, corrupted = pair
     frame = path_patch(model, clean, corrupted, induction_metric(clean), senders, receivers, via=VIA)
     span = frame["source"] - frame["base"]
@@ -114,13 +114,13 @@ def _edges(model, receivers: list[str], pair, senders: list[str], label: str) ->
     return frame[["sender", "receiver", "via", f"share_{label}"]]
 
 
-def find_induction_heads(model, min_score: float = 0.3) -> pd.DataFrame:
+def find_induction_heads(model: HookedModel, min_score: float = 0.3) -> pd.DataFrame:
     """Heads above layer 0 whose induction score on repeated random tokens is at least min_score."""
     scores = head_scores(model, "induction")
     return scores[(scores["score"] >= min_score) & (scores["layer"] > 0)].reset_index(drop=True)
 
 
-def induction_circuit(model, data=None, min_score: float = 0.3, min_share: float = 0.02, relative: float = 0.25,
+def induction_circuit(model: HookedModel, data=None, min_score: float = 0.3, min_share: float = 0.02, relative: float = 0.25,
                       stories=True, joint_threshold: float = 0.8) -> tuple[pd.DataFrame, str]:
     """For each induction head, the earlier heads feeding its queries, keys and values.
 
@@ -174,7 +174,7 @@ COLUMNS = ["receiver", "induction_score", "sender", "via", "share_repeated", "sh
            "all_share", "joint_ablation_delta", "receiver_layer", "receiver_head", "sender_layer", "sender_head"]
 
 
-def joint_sets(model, receivers: list[str], pair, threshold: float = 0.8) -> pd.DataFrame:
+def joint_sets(model: HookedModel, receivers: list[str], pair, threshold: float = 0.8) -> pd.DataFrame:
     """`greedy_feeders` for every receiver and input on one (clean, corrupted) pair, stacked."""
     clean, corrupted = pair
     metric = induction_metric(clean)
@@ -183,7 +183,7 @@ def joint_sets(model, receivers: list[str], pair, threshold: float = 0.8) -> pd.
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=GREEDY_COLUMNS)
 
 
-def add_joint(model, frame: pd.DataFrame, pair, threshold: float) -> pd.DataFrame:
+def add_joint(model: HookedModel, frame: pd.DataFrame, pair, threshold: float) -> pd.DataFrame:
     """The joint-set columns of `induction_circuit`'s frame, measured on `pair`."""
     joint = joint_sets(model, list(dict.fromkeys(frame["receiver"])), pair, threshold)
     members = joint.set_index(["receiver", "via", "sender"])
@@ -201,13 +201,13 @@ def add_joint(model, frame: pd.DataFrame, pair, threshold: float) -> pd.DataFram
     return frame
 
 
-def _joint_ablation(model, senders: list[str], half_len: int) -> float:
+def _joint_ablation(model: HookedModel, senders: list[str], half_len: int) -> float:
     heads = [as_head(model, s) for s in senders]
     rows = ablate_heads(model, heads, together=True, n_seqs=4, half_len=half_len)
     return float(rows["delta"].iloc[-1])
 
 
-def _edge_rows(model, inductions: pd.DataFrame, pair, story) -> pd.DataFrame:
+def _edge_rows(model: HookedModel, inductions: pd.DataFrame, pair, story) -> pd.DataFrame:
     receivers = [Head(int(r.layer), int(r.head)).label for r in inductions.itertuples()]
     senders = [h.label for h in all_heads(model, below=int(inductions["layer"].max()))]
     frame = _edges(model, receivers, pair, senders, "repeated")
@@ -220,7 +220,7 @@ def _edge_rows(model, inductions: pd.DataFrame, pair, story) -> pd.DataFrame:
     return frame
 
 
-def _add_weights_and_ablation(model, frame: pd.DataFrame) -> pd.DataFrame:
+def _add_weights_and_ablation(model: HookedModel, frame: pd.DataFrame) -> pd.DataFrame:
     comps = []
     for via in VIA:
         try:

@@ -12,6 +12,7 @@ from typing import Optional
 
 import pandas as pd
 
+from ._model import HookedModel
 from ._specs import all_heads, as_head, head_label
 from .circuit import find_induction_heads, induction_metric, repeated_pair, story_pair
 from .joint import GREEDY_COLUMNS, greedy_feeders
@@ -21,7 +22,7 @@ SPREAD_COLUMNS = ["data", "seed", "length", "receiver", "via", "sender", "own_sh
                   "joint_share", "all_share"]
 
 
-def _settings(model, seeds, half_lens, story_seeds, n_seqs, n_stories, story_len):
+def _settings(model: HookedModel, seeds, half_lens, story_seeds, n_seqs, n_stories, story_len):
     n_ctx = int(model.cfg.n_ctx)
     for seed in seeds:
         for half in sorted({min(h, n_ctx // 2) for h in half_lens}):
@@ -32,7 +33,7 @@ def _settings(model, seeds, half_lens, story_seeds, n_seqs, n_stories, story_len
             yield "stories", seed, pair
 
 
-def _one_setting(model, receivers, pair, threshold, max_candidates) -> pd.DataFrame:
+def _one_setting(model: HookedModel, receivers, pair, threshold, max_candidates) -> pd.DataFrame:
     clean, corrupted = pair
     metric = induction_metric(clean)
     top = max(as_head(model, r).layer for r in receivers)
@@ -52,7 +53,7 @@ def _one_setting(model, receivers, pair, threshold, max_candidates) -> pd.DataFr
     return frame
 
 
-def circuit_spread(model, receivers: Optional[list[str]] = None, seeds=(0, 1, 2), half_lens=(16, 32, 48, 64),
+def circuit_spread(model: HookedModel, receivers: Optional[list[str]] = None, seeds=(0, 1, 2), half_lens=(16, 32, 48, 64),
                    story_seeds=(1000, 2000, 3000), n_seqs: int = 4, n_stories: int = 4, story_len: int = 128,
                    threshold: float = 0.8, min_score: float = 0.3, max_receivers: int = 2,
                    max_candidates: Optional[int] = None) -> pd.DataFrame:

@@ -29,14 +29,14 @@ from sprout.names import act_name
 
 from ._deprecated import renamed
 from ._inputs import TextOrTokens, token_batch
-from ._model import model_name, n_heads, n_layers, require_hooks
+from ._model import HookedModel, model_name, n_heads, n_layers, require_hooks
 from ._specs import head_label
 from .heads import repeated_tokens
 
 KINDS = ("q", "k", "v")
 
 
-def _qk_gains(model) -> tuple[torch.Tensor, torch.Tensor]:
+def _qk_gains(model: HookedModel) -> tuple[torch.Tensor, torch.Tensor]:
     """QK-norm gains [n_layers, d_head] for queries and keys (ones for a model without QK-norm)."""
     ones = torch.ones(n_layers(model), int(model.cfg.d_head))
     q, k = [], []
@@ -47,7 +47,7 @@ def _qk_gains(model) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.stack(q), torch.stack(k)
 
 
-def circuits(model) -> tuple[FactoredMatrix, FactoredMatrix]:
+def circuits(model: HookedModel) -> tuple[FactoredMatrix, FactoredMatrix]:
     """(QK, OV) FactoredMatrix [n_layers, n_heads, d_model, d_model], every gain folded in."""
     for name in ("W_Q", "W_K", "W_V", "W_O"):
         if not hasattr(model, name):
@@ -88,7 +88,7 @@ def _right(kind: str, QK: FactoredMatrix, OV: FactoredMatrix) -> FactoredMatrix:
     return {"q": QK, "k": QK.T, "v": OV}[kind]
 
 
-def random_baseline(model, kind: str, n: int = 64, seed: int = 0) -> tuple[float, float]:
+def random_baseline(model: HookedModel, kind: str, n: int = 64, seed: int = 0) -> tuple[float, float]:
     """Mean and standard deviation of the composition score of Gaussian matrices shaped like the model's."""
     d_model, d_head = int(model.cfg.d_model), int(model.cfg.d_head)
     g = torch.Generator().manual_seed(seed)
@@ -103,7 +103,7 @@ def random_baseline(model, kind: str, n: int = 64, seed: int = 0) -> tuple[float
 
 @renamed(kind="via")
 @torch.no_grad()
-def composition_scores(model, via: str = "k", baseline_samples: int = 64) -> pd.DataFrame:
+def composition_scores(model: HookedModel, via: str = "k", baseline_samples: int = 64) -> pd.DataFrame:
     """Composition of every head with every head in a later layer, beside a random baseline.
 
     Args:
@@ -163,7 +163,7 @@ def control_percentiles(scores: torch.Tensor, values: pd.Series) -> list[float]:
 
 @renamed(chunk="batch_size")
 @torch.no_grad()
-def ov_copying_scores(model, batch_size: int = 1024) -> pd.DataFrame:
+def ov_copying_scores(model: HookedModel, batch_size: int = 1024) -> pd.DataFrame:
     """How much each head copies: the fraction of tokens t whose own logit is the top one in row t of
     `W_E W_OV W_U` (ln1's and the final norm's gains folded), and Elhage et al.'s eigenvalue score
     sum(Re lambda) / sum(|lambda|) of that full circuit (1: pure copying, -1: pure anti-copying).
@@ -191,7 +191,7 @@ def ov_copying_scores(model, batch_size: int = 1024) -> pd.DataFrame:
 
 @renamed(tokens="data")
 @torch.inference_mode()
-def positional_qk_scores(model, data: Optional[TextOrTokens] = None) -> pd.DataFrame:
+def positional_qk_scores(model: HookedModel, data: Optional[TextOrTokens] = None) -> pd.DataFrame:
     """Where each head attends on position alone: every layer's attention input is replaced by its mean
     (over the tokens' positions) at every position, so queries and keys differ only by RoPE; the score is
     the attention on the previous position, averaged over queries 1..pos-1.

@@ -18,14 +18,14 @@ from sprout.names import act_name
 
 from ._deprecated import renamed
 from ._inputs import token_batch
-from ._model import model_name, n_heads, n_layers, require_hooks, str_tokens
+from ._model import HookedModel, model_name, n_heads, n_layers, require_hooks, str_tokens
 from ._patch_engine import masked
 from ._specs import Component
 
 FINAL_SCALE = act_name("scale", layer_type="ln_final")  # the final RMSNorm's one scale per position
 
 
-def _components(model) -> list[tuple[str, int, int, str]]:
+def _components(model: HookedModel) -> list[tuple[str, int, int, str]]:
     """(label, layer, head, hook) of every write to the stream, in order: embedding, then each layer's heads and MLP."""
     out = [("embed", -1, -1, act_name("embed"))]
     for l in range(n_layers(model)):
@@ -34,7 +34,7 @@ def _components(model) -> list[tuple[str, int, int, str]]:
     return out
 
 
-def _direction(model, ids: torch.Tensor, target, baseline) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
+def _direction(model: HookedModel, ids: torch.Tensor, target, baseline) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
     """(target ids, baseline ids or None, directions [batch, pos, d_model]) for every scored position."""
     def as_ids(value, name):
         if isinstance(value, str):
@@ -72,7 +72,7 @@ def _direction(model, ids: torch.Tensor, target, baseline) -> tuple[torch.Tensor
     return tgt, base, direction
 
 
-def _check_rms_final(model) -> None:
+def _check_rms_final(model: HookedModel) -> None:
     if not hasattr(model, "W_U") or getattr(model.cfg, "normalization_type", "RMS") not in ("RMS", "RMSPre", None):
         raise ValueError(f"logit_attribution needs an RMS final norm and W_U (Sprout); {model_name(model)} has a "
                          "LayerNorm, whose centring and bias are not a per-write share")
@@ -80,7 +80,7 @@ def _check_rms_final(model) -> None:
 
 @renamed(text_or_tokens="data")
 @torch.inference_mode()
-def logit_attribution(model, data, target=None, baseline=None) -> pd.DataFrame:
+def logit_attribution(model: HookedModel, data, target=None, baseline=None) -> pd.DataFrame:
     """Each write to the residual stream's share of a position's logit (or logit difference).
 
     Args:
@@ -126,7 +126,7 @@ def _share(cache, hook: str, head: int, T: int) -> torch.Tensor:
     return act[:, :, head] if head >= 0 else act
 
 
-def _dla_frame(model, ids, tgt, base, comps, values) -> pd.DataFrame:
+def _dla_frame(model: HookedModel, ids, tgt, base, comps, values) -> pd.DataFrame:
     C, B, T = values.shape
     kinds = ["embed" if l < 0 else ("head" if h >= 0 else "mlp") for _, l, h, _ in comps]
     rows = {

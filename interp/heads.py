@@ -33,7 +33,7 @@ from sprout.tl.text import check_integer_ids
 
 from ._batching import TextOrTokens, batches, token_rows
 from ._deprecated import renamed
-from ._model import n_heads, n_layers, require_hooks
+from ._model import HookedModel, n_heads, n_layers, require_hooks
 
 KINDS = ("previous_token", "duplicate_token", "induction", "prefix_matching")
 
@@ -64,7 +64,7 @@ def target_mask(tokens: Int[torch.Tensor, "batch pos"], kind: str) -> Bool[torch
     return induction
 
 
-def repeated_tokens(model, half_len: int = 32, n_seqs: int = 16, token_range: Optional[tuple] = None,
+def repeated_tokens(model: HookedModel, half_len: int = 32, n_seqs: int = 16, token_range: Optional[tuple] = None,
                     seed: int = 0) -> Int[torch.Tensor, "n_seqs pos"]:
     """Seeded random tokens followed by the same tokens again: ids [n_seqs, 2 * half_len].
 
@@ -82,7 +82,7 @@ def repeated_tokens(model, half_len: int = 32, n_seqs: int = 16, token_range: Op
 
 
 @torch.inference_mode()
-def head_score_tensor(model, kind: str, tokens: TextOrTokens,
+def head_score_tensor(model: HookedModel, kind: str, tokens: TextOrTokens,
                       batch_size: int = 8) -> tuple[Float[torch.Tensor, "n_layers n_heads"], int]:
     """Scores [n_layers, n_heads] of every head on these ids [batch, pos], and the number of target rows."""
     names = [act_name("pattern", l) for l in range(n_layers(model))]
@@ -104,7 +104,7 @@ def head_score_tensor(model, kind: str, tokens: TextOrTokens,
 
 
 @renamed(text_or_tokens="data")
-def head_scores(model, kind: str, data: Optional[TextOrTokens] = None, *, half_len: int = 32,
+def head_scores(model: HookedModel, kind: str, data: Optional[TextOrTokens] = None, *, half_len: int = 32,
                 n_seqs: int = 16, token_range: Optional[tuple] = None, seed: int = 0,
                 batch_size: int = 8) -> pd.DataFrame:
     """Score every (layer, head) as a kind of head, best first.

@@ -17,7 +17,7 @@ from sprout.material import generate_story
 from sprout.tokenizer import raw
 
 from ._deprecated import renamed
-from ._model import logits_of, model_name
+from ._model import HookedModel, logits_of, model_name
 
 _WORD = re.compile(r"\b[A-Z][a-z]+\b")  # a capitalised word
 
@@ -35,7 +35,7 @@ def _named(models) -> dict:
     return {model_name(models): models}
 
 
-def _token_probs(model, text: str, spans: list[tuple[int, int]]) -> list[list[tuple[int, str, int, float]]]:
+def _token_probs(model: HookedModel, text: str, spans: list[tuple[int, int]]) -> list[list[tuple[int, str, int, float]]]:
     """For each char span: (token_index, token, pos, p(token | what precedes)) of the tokens overlapping it.
 
     The text is cut at the model's context; a span past the cut gets an empty list.

@@ -24,7 +24,7 @@ from sprout.names import act_name
 
 from ._deprecated import renamed
 from ._metrics import Metric, metric_value
-from ._model import require_hooks
+from ._model import HookedModel, require_hooks
 from ._patch_engine import batched_forward_from, chunk_size, clean_and_corrupted, split_metric
 from ._specs import all_heads
 from .path_patching import VIA, _input, as_node
@@ -34,7 +34,7 @@ def _result(l: int) -> str:
     return act_name("result", l)
 
 
-def _streams(model, clean, corrupted, receiver):
+def _streams(model: HookedModel, clean, corrupted, receiver):
     """The clean stream into the receiver's block [batch, pos, d_model], and every earlier head's
     corrupted-minus-clean write {layer: [batch, pos, head, d_model]}."""
     start = act_name("resid_pre", receiver.layer)
@@ -45,7 +45,7 @@ def _streams(model, clean, corrupted, receiver):
     return clean_cache[start], {l: corrupted_cache[_result(l)] - clean_cache[_result(l)] for l in range(receiver.layer)}
 
 
-def _recorded_input(model, resid, delta, sets, receiver, via) -> torch.Tensor:
+def _recorded_input(model: HookedModel, resid, delta, sets, receiver, via) -> torch.Tensor:
     """The receiver layer's `via` input [n_sets * batch, pos, head, d_head] when the stream carries each
     set's corrupted-minus-clean writes. With every other head and every MLP frozen at its clean value,
     that is exactly the stream the receiver's input reads: the sets' direct paths alone."""
@@ -63,7 +63,7 @@ def _recorded_input(model, resid, delta, sets, receiver, via) -> torch.Tensor:
     return recorded["x"]
 
 
-def _sets(model, sets, receiver) -> list[list]:
+def _sets(model: HookedModel, sets, receiver) -> list[list]:
     out = []
     for group in sets:
         nodes = list(dict.fromkeys(as_node(model, s) for s in ([group] if isinstance(group, str) else group)))
@@ -76,7 +76,7 @@ def _sets(model, sets, receiver) -> list[list]:
 
 @renamed(sets_per_forward="batch_size")
 @torch.inference_mode()
-def joint_path_patch(model, clean, corrupted, metric: Metric, sets: list, receiver, via: str = "k",
+def joint_path_patch(model: HookedModel, clean, corrupted, metric: Metric, sets: list, receiver, via: str = "k",
                      batch_size: Optional[int] = None) -> pd.DataFrame:
     """The effect of each set of sender heads, corrupted together, on `receiver` through its `via` input.
 
@@ -129,7 +129,7 @@ def joint_path_patch(model, clean, corrupted, metric: Metric, sets: list, receiv
     return frame
 
 
-def greedy_feeders(model, clean, corrupted, metric: Metric, receiver, via: str = "k", candidates=None,
+def greedy_feeders(model: HookedModel, clean, corrupted, metric: Metric, receiver, via: str = "k", candidates=None,
                    threshold: float = 0.8, max_size: Optional[int] = None) -> pd.DataFrame:
     """The smallest set of feeders that carries most of the effect, by greedy forward selection.
 

@@ -20,10 +20,10 @@ from sprout.names import act_name
 
 from ._batching import TextOrTokens, batches, token_rows
 from ._deprecated import renamed
-from ._model import n_layers, require_hooks, str_tokens, unembed
+from ._model import HookedModel, n_layers, require_hooks, str_tokens, unembed
 
 
-def lens_sites(model, include_mid: bool = False) -> list[tuple[float, str]]:
+def lens_sites(model: HookedModel, include_mid: bool = False) -> list[tuple[float, str]]:
     """(layer, hook name) for every layer boundary the lens reads, in depth order."""
     sites: list[tuple[float, str]] = [(0, act_name("resid_pre", 0))]
     for l in range(n_layers(model)):
@@ -45,7 +45,7 @@ Translator = Callable[[int, torch.Tensor], torch.Tensor]
 
 
 @torch.inference_mode()
-def _lens_batches(model, data, k: int, batch_size: int, include_mid: bool, seq_len: Optional[int],
+def _lens_batches(model: HookedModel, data, k: int, batch_size: int, include_mid: bool, seq_len: Optional[int],
                   stats: bool, translator: Optional[Translator] = None) -> Iterator[dict]:
     """Per batch: the lens' top-k and statistics at every layer and position, each [layer, batch, pos, ...].
 
@@ -113,7 +113,7 @@ def _lens_batches(model, data, k: int, batch_size: int, include_mid: bool, seq_l
 
 
 @renamed(text_or_tokens="data")
-def logit_lens(model, data: TextOrTokens, k: int = 5, batch_size: int = 8,
+def logit_lens(model: HookedModel, data: TextOrTokens, k: int = 5, batch_size: int = 8,
                include_mid: bool = False, seq_len: Optional[int] = None, stats: bool = False) -> pd.DataFrame:
     """The logit lens at every layer boundary and position.
 
@@ -149,7 +149,7 @@ def logit_lens(model, data: TextOrTokens, k: int = 5, batch_size: int = 8,
     return lens_frame(model, data, k, batch_size, include_mid, seq_len, stats)
 
 
-def lens_frame(model, data: TextOrTokens, k: int, batch_size: int, include_mid: bool,
+def lens_frame(model: HookedModel, data: TextOrTokens, k: int, batch_size: int, include_mid: bool,
                seq_len: Optional[int], stats: bool, translator: Optional[Translator] = None) -> pd.DataFrame:
     """`logit_lens`' frame, each stream first mapped by `translator` (the tuned lens; None: the logit lens)."""
     if k < 1:
@@ -238,7 +238,7 @@ def lens_summary(frame: pd.DataFrame) -> pd.DataFrame:
 
 @renamed(text_or_tokens="data")
 @torch.inference_mode()
-def lens_dataset_summary(model, data: TextOrTokens, batch_size: int = 8, include_mid: bool = False,
+def lens_dataset_summary(model: HookedModel, data: TextOrTokens, batch_size: int = 8, include_mid: bool = False,
                          seq_len: Optional[int] = None) -> pd.DataFrame:
     """`lens_summary` over a whole dataset, streamed: memory does not grow with the number of tokens.
 

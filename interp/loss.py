@@ -20,11 +20,12 @@ from jaxtyping import Float
 
 from ._batching import TextOrTokens, batches, token_rows
 from ._deprecated import renamed
+from ._model import HookedModel
 from .heads import repeated_tokens
 
 
 @torch.inference_mode()
-def _nll_sums(model, rows: list[torch.Tensor], batch_size: int, spans: dict) -> dict:
+def _nll_sums(model: HookedModel, rows: list[torch.Tensor], batch_size: int, spans: dict) -> dict:
     """Summed loss and count of the predictions made at positions [a, b) of each row, per named span."""
     total = {k: [0.0, 0] for k in spans}
     for _, ids in batches(rows, batch_size, device=model.cfg.device):
@@ -38,7 +39,7 @@ def _nll_sums(model, rows: list[torch.Tensor], batch_size: int, spans: dict) -> 
 
 
 @renamed(text_or_tokens="data")
-def mean_loss(model, data: TextOrTokens, batch_size: int = 8, seq_len: Optional[int] = None) -> float:
+def mean_loss(model: HookedModel, data: TextOrTokens, batch_size: int = 8, seq_len: Optional[int] = None) -> float:
     """Mean next-token loss (nats per token) over a text, cut into windows of the model's context.
 
     Each window predicts its own tokens 2..T from what precedes them in the window.
@@ -57,7 +58,7 @@ def mean_loss(model, data: TextOrTokens, batch_size: int = 8, seq_len: Optional[
     return total / n
 
 
-def repeat_loss(model, *, half_len: int = 32, n_seqs: int = 16, token_range: Optional[tuple] = None,
+def repeat_loss(model: HookedModel, *, half_len: int = 32, n_seqs: int = 16, token_range: Optional[tuple] = None,
                 seed: int = 0, batch_size: int = 8) -> pd.DataFrame:
     """Loss on each copy of seeded repeated random tokens (`repeated_tokens`), beside the uniform baseline.
 
@@ -83,7 +84,7 @@ def repeat_loss(model, *, half_len: int = 32, n_seqs: int = 16, token_range: Opt
                          for k, (t, n) in sums.items()])
 
 
-def unigram_log_probs(model, train: TextOrTokens, smoothing: float = 1.0) -> Float[torch.Tensor, " d_vocab"]:
+def unigram_log_probs(model: HookedModel, train: TextOrTokens, smoothing: float = 1.0) -> Float[torch.Tensor, " d_vocab"]:
     """log p(token), [d_vocab], of the unigram model fitted on `train` (tokenised by the model's tokenizer): each id's
     count plus `smoothing` (add-one by default, so an id `train` lacks keeps a finite cost), normalised."""
     if not smoothing > 0:
@@ -94,7 +95,7 @@ def unigram_log_probs(model, train: TextOrTokens, smoothing: float = 1.0) -> Flo
     return (counts / counts.sum()).log()
 
 
-def loss_table(model, texts: Mapping[str, TextOrTokens], train: TextOrTokens, *, smoothing: float = 1.0,
+def loss_table(model: HookedModel, texts: Mapping[str, TextOrTokens], train: TextOrTokens, *, smoothing: float = 1.0,
                batch_size: int = 8) -> pd.DataFrame:
     """The model's loss on each text beside two baselines that know nothing of context.
 

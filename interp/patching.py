@@ -23,6 +23,7 @@ import torch
 
 from ._deprecated import renamed
 from ._metrics import Metric, check_metric
+from ._model import HookedModel
 from ._patch_engine import (
     SITES,
     baselines,
@@ -38,7 +39,7 @@ __all__ = ["SITES", "patch", "patch_tensor"]
 
 
 @renamed(patches_per_forward="batch_size")
-def patch(model, clean, corrupted, metric: Metric, site: str = "resid_pre", by: str = "position",
+def patch(model: HookedModel, clean, corrupted, metric: Metric, site: str = "resid_pre", by: str = "position",
           batch_size: Optional[int] = None, logit_positions=None) -> pd.DataFrame:
     """Activation patching sweep (denoising): the metric with one clean piece of `site` in the corrupted run.
 

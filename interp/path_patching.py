@@ -28,7 +28,7 @@ from sprout.names import act_name, layer_of
 
 from ._deprecated import renamed
 from ._metrics import Metric, check_metric, degenerate
-from ._model import require_hooks
+from ._model import HookedModel, require_hooks
 from ._patch_engine import batched_forward, by_layer, chunk_size, clean_and_corrupted, masked, split_metric
 from ._specs import Component, as_component, as_components
 from ._specs import all_heads as _all_heads
@@ -42,7 +42,7 @@ EMBED = act_name("embed")
 Node = Component
 
 
-def as_node(model, spec) -> Component:
+def as_node(model: HookedModel, spec) -> Component:
     """"L1H2" or (1, 2) -> a head, "MLP1" -> an MLP, "embed" -> the embedding; checked against the model."""
     return as_component(model, spec)
 
@@ -86,7 +86,7 @@ class _Recorded(Exception):
     """Raised by the last recording hook: nothing after the receivers' layer is needed."""
 
 
-def _record(model, base_tokens, senders, base_cache, source_cache, receiver_layers, vias, mask) -> dict:
+def _record(model: HookedModel, base_tokens, senders, base_cache, source_cache, receiver_layers, vias, mask) -> dict:
     """{(layer, via): receiver-layer input [n_senders * batch, pos, head, d_head]} with only the senders'
     direct paths changed. The forward stops at the last receiver input."""
     n, hooks, recorded = len(senders), [], {}
@@ -130,7 +130,7 @@ def _pairs(senders: list[Node], receivers: list[Node]) -> list[tuple[Node, Node]
     return [(s, r) for r in receivers for s in senders if s.layer < r.layer]
 
 
-def _nodes(model, senders, receivers) -> tuple[list[Node], list[Node]]:
+def _nodes(model: HookedModel, senders, receivers) -> tuple[list[Node], list[Node]]:
     senders, receivers = as_components(model, senders, "senders"), as_components(model, receivers, "receivers")
     bad = [r.label for r in receivers if r.kind != "head"]
     if bad:
@@ -138,7 +138,7 @@ def _nodes(model, senders, receivers) -> tuple[list[Node], list[Node]]:
     return list(dict.fromkeys(senders)), list(dict.fromkeys(receivers))
 
 
-def _caches(model, base, source, receivers, vias, mask):
+def _caches(model: HookedModel, base, source, receivers, vias, mask):
     last = max(r.layer for r in receivers)
     names = [n for l in range(last) for n in (_z(l), _mlp(l))] + [EMBED]
     require_hooks(model, names + [_input(r.layer, via) for r in receivers for via in vias])
@@ -149,7 +149,7 @@ def _caches(model, base, source, receivers, vias, mask):
 
 @renamed(pairs_per_forward="batch_size")
 @torch.inference_mode()
-def path_patch(model, clean, corrupted, metric: Metric, senders, receivers, via="k",
+def path_patch(model: HookedModel, clean, corrupted, metric: Metric, senders, receivers, via="k",
                direction: str = "noising", batch_size: Optional[int] = None) -> pd.DataFrame:
     """The effect of each sender on each later receiver head through its `via` input alone.
 
@@ -202,7 +202,7 @@ def path_patch(model, clean, corrupted, metric: Metric, senders, receivers, via=
     return frame
 
 
-def _patched_values(model, base, metric, pairs, recorded, senders, via, limit, mask) -> list[float]:
+def _patched_values(model: HookedModel, base, metric, pairs, recorded, senders, via, limit, mask) -> list[float]:
     sender_index = {s: i for i, s in enumerate(senders)}
     n_max, B = chunk_size(model, base, limit), base.shape[0]
     values: dict[tuple, float] = {}  # (sender, receiver) -> metric
@@ -240,7 +240,7 @@ def _frame(pairs, values, via, direction, base_value, source_value) -> pd.DataFr
     return frame
 
 
-def all_heads(model, below: Optional[int] = None) -> list[str]:
+def all_heads(model: HookedModel, below: Optional[int] = None) -> list[str]:
     """Labels "L{l}H{h}" of every head (in layers below `below`, when given)."""
     return [h.label for h in _all_heads(model, below)]
 

@@ -30,7 +30,7 @@ from sprout.tl.text import check_tokens
 
 from ._deprecated import renamed
 from ._inputs import sequences
-from ._model import logits_of
+from ._model import HookedModel, logits_of
 from ._specs import Head, as_heads
 from .composition import composition_scores
 from .heads import head_scores
@@ -38,7 +38,7 @@ from .heads import head_scores
 EARLY, LATE = range(8, 24), range(112, 128)
 
 
-def icl_tokens(model, tokens) -> torch.Tensor:
+def icl_tokens(model: HookedModel, tokens) -> torch.Tensor:
     """The first LATE.stop + 1 = 129 ids of every row: ids [batch, 129] (the model reads the first 128; the
     last is only a target). Takes ids [batch, pos] / [pos], a text or a list of texts (each cut to 129
     tokens, so texts of unequal length need no padding); float ids and ids outside the vocabulary are
@@ -56,7 +56,7 @@ def icl_tokens(model, tokens) -> torch.Tensor:
 
 @renamed(tokens="data")
 @torch.inference_mode()
-def icl_score(model, data) -> float:
+def icl_score(model: HookedModel, data) -> float:
     """Mean loss at positions LATE minus mean loss at positions EARLY, over ids [batch, 129+] (nats);
     `data` as `icl_tokens` takes it."""
     ids = icl_tokens(model, data)
@@ -65,7 +65,7 @@ def icl_score(model, data) -> float:
     return float(loss[:, LATE].mean() - loss[:, EARLY].mean())
 
 
-def phase_heads(model) -> tuple[str, str]:
+def phase_heads(model: HookedModel) -> tuple[str, str]:
     """The circuit to follow over training: the best induction head ("L{l}H{h}") and the best
     previous-token head in a layer below it (the head that can feed its keys)."""
     ind = head_scores(model, "induction").iloc[0]
@@ -86,7 +86,7 @@ def _score(frame: pd.DataFrame, head: Optional[Head]) -> tuple[Head, float]:
     return head, float(row.score.iloc[0])
 
 
-def _followed(model, heads) -> tuple[Optional[Head], Optional[Head]]:
+def _followed(model: HookedModel, heads) -> tuple[Optional[Head], Optional[Head]]:
     """phase_measures' `heads` = (previous-token head, induction head), checked: the first feeds the second's
     keys, so it must sit in an earlier layer."""
     if heads is None:
@@ -104,7 +104,7 @@ def _followed(model, heads) -> tuple[Optional[Head], Optional[Head]]:
     return prev, ind
 
 
-def control_pairs(model, heads: tuple[str, str]) -> list[tuple[str, str]]:
+def control_pairs(model: HookedModel, heads: tuple[str, str]) -> list[tuple[str, str]]:
     """Control pairs for the followed (previous-token head, induction head): the previous-token head into
     each other head of the induction head's layer, and each other head of the previous-token head's
     layer into the induction head."""
@@ -116,7 +116,7 @@ def control_pairs(model, heads: tuple[str, str]) -> list[tuple[str, str]]:
             + [(Head(prev.layer, h).label, ind.label) for h in range(H) if h != prev.head])
 
 
-def _composition(model, pairs: list[tuple[str, str]]) -> dict:
+def _composition(model: HookedModel, pairs: list[tuple[str, str]]) -> dict:
     comp = composition_scores(model, "k").set_index(["sender", "receiver"])
     out = {}
     for i, (s, r) in enumerate(pairs):
@@ -128,7 +128,7 @@ def _composition(model, pairs: list[tuple[str, str]]) -> dict:
 
 
 @renamed(tokens="data")
-def phase_measures(model, data=None, heads: Optional[tuple[str, str]] = None, controls=None) -> dict:
+def phase_measures(model: HookedModel, data=None, heads: Optional[tuple[str, str]] = None, controls=None) -> dict:
     """Previous-token and induction score, the K-composition of the previous-token head into the
     induction head against its random baseline, and (given held-out ids [batch, 129+]) the
     in-context-learning score.

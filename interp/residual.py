@@ -19,7 +19,7 @@ from sprout.names import act_name
 
 from ._batching import TextOrTokens, batches, token_rows
 from ._deprecated import renamed
-from ._model import n_layers, require_hooks
+from ._model import HookedModel, n_layers, require_hooks
 
 
 class LogHistogram:
@@ -66,7 +66,7 @@ def rms(x: torch.Tensor) -> torch.Tensor:
     return x.float().pow(2).mean(-1).sqrt()
 
 
-def rms_sites(model, include_mid: bool = True, include_writes: bool = True) -> list[dict]:
+def rms_sites(model: HookedModel, include_mid: bool = True, include_writes: bool = True) -> list[dict]:
     """What `residual_rms` reads: hook name, kind, depth, and (for writes) the stream written to."""
     first = act_name("resid_pre", 0)
     sites = [dict(site=first, kind="stream", layer=0.0, block_in=first)]
@@ -94,7 +94,7 @@ def _check_quantiles(quantiles) -> None:
 
 @renamed(text_or_tokens="data")
 @torch.inference_mode()
-def residual_rms(model, data: TextOrTokens, batch_size: int = 8, seq_len: Optional[int] = None,
+def residual_rms(model: HookedModel, data: TextOrTokens, batch_size: int = 8, seq_len: Optional[int] = None,
                  include_mid: bool = True, include_writes: bool = True,
                  quantiles: tuple = (0.05, 0.5, 0.95)) -> pd.DataFrame:
     """RMS of the residual stream per token at every layer boundary, and of what each block writes.

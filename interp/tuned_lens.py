@@ -28,7 +28,7 @@ from sprout.files import check_floating, file_in, read_json_file, regular_file, 
 
 from ._batching import TextOrTokens, batches, token_rows
 from ._deprecated import renamed
-from ._model import logits_of, model_name, require_hooks
+from ._model import HookedModel, logits_of, model_name, require_hooks
 from .lens import _lens_batches, lens_frame, lens_sites
 
 FORMAT = "sprout-tuned-lens"
@@ -36,7 +36,7 @@ WEIGHTS, META = "tuned_lens.safetensors", "tuned_lens.json"
 PathLike = Union[str, os.PathLike]
 
 
-def model_config(model) -> dict:
+def model_config(model: HookedModel) -> dict:
     """The model's config as a plain dict (what a lens records of the model it belongs to)."""
     config: Any = getattr(model, "config", None)
     if hasattr(config, "to_dict"):
@@ -45,7 +45,7 @@ def model_config(model) -> dict:
     return {"n_layers": int(cfg.n_layers), "d_model": int(cfg.d_model), "d_vocab": int(cfg.d_vocab)}
 
 
-def fingerprint(model) -> str:
+def fingerprint(model: HookedModel) -> str:
     """sha256 of the model's weights (names, dtypes, shapes and bytes), as 16 hex digits."""
     h = hashlib.sha256()
     for name, t in sorted(model.state_dict().items()):
@@ -69,7 +69,7 @@ class TunedLens(nn.Module):
         step: optimizer steps taken; optimizer_state: SGD's state, to resume training.
     """
 
-    def __init__(self, model):
+    def __init__(self, model: HookedModel):
         super().__init__()
         require_hooks(model, [])  # a model that is not hooked at all: say so before reading its config
         sites = lens_sites(model)
@@ -93,7 +93,7 @@ class TunedLens(nn.Module):
         t = cast(nn.Linear, self.translators[index])
         return resid + t(resid.to(t.weight.dtype)).to(resid.dtype)
 
-    def check_model(self, model, source: str = "this tuned lens") -> None:
+    def check_model(self, model: HookedModel, source: str = "this tuned lens") -> None:
         """Raise a ValueError naming the mismatch if `model` is not the one the lens was trained for."""
         theirs = model_config(model)
         diff = [f"{k}: lens {self.config.get(k)!r}, model {theirs.get(k)!r}"
@@ -127,7 +127,7 @@ class TunedLens(nn.Module):
         return weights
 
     @classmethod
-    def load(cls, model, path: PathLike) -> "TunedLens":
+    def load(cls, model: HookedModel, path: PathLike) -> "TunedLens":
         """The lens saved at `path` (a directory or its .safetensors file), checked against `model`
         (the model first, as in `load_tuned_lens`; the old order `load(path, model)` still works for one
         release, with a DeprecationWarning).
@@ -242,7 +242,7 @@ def _finite(obj):
     return obj
 
 
-def load_tuned_lens(model, path: Optional[PathLike] = None) -> TunedLens:
+def load_tuned_lens(model: HookedModel, path: Optional[PathLike] = None) -> TunedLens:
     """The tuned lens for `model`: beside the checkpoint at `path` (a checkpoint folder or weights file, a
     training run's folder, or the lens itself), else the shipped lens of the demo whose weights these are.
 
@@ -273,7 +273,7 @@ def load_tuned_lens(model, path: Optional[PathLike] = None) -> TunedLens:
                             "with interp.train_tuned_lens")
 
 
-def _checked(model, lens) -> TunedLens:
+def _checked(model: HookedModel, lens) -> TunedLens:
     if not isinstance(lens, TunedLens):
         raise TypeError(f"lens must be an interp.TunedLens, got {type(lens).__name__}")
     lens.check_model(model)
@@ -283,7 +283,7 @@ def _checked(model, lens) -> TunedLens:
 
 
 @renamed(text_or_tokens="data")
-def tuned_lens(model, data: TextOrTokens, lens: TunedLens, k: int = 5, batch_size: int = 8,
+def tuned_lens(model: HookedModel, data: TextOrTokens, lens: TunedLens, k: int = 5, batch_size: int = 8,
                seq_len: Optional[int] = None, stats: bool = False) -> pd.DataFrame:
     """The tuned lens at every layer boundary and position: exactly `logit_lens`' frame (same columns).
 
@@ -307,7 +307,7 @@ def tuned_lens(model, data: TextOrTokens, lens: TunedLens, k: int = 5, batch_siz
         return lens_frame(model, data, k, batch_size, False, seq_len, stats, lens)
 
 
-def lens_comparison(model, data: TextOrTokens, lens: TunedLens, batch_size: int = 8, seq_len: Optional[int] = None,
+def lens_comparison(model: HookedModel, data: TextOrTokens, lens: TunedLens, batch_size: int = 8, seq_len: Optional[int] = None,
                     by_seq: bool = False, unigram_fit: Optional[TextOrTokens] = None) -> pd.DataFrame:
     """The logit and the tuned lens side by side, per layer, on (held-out) data, beside a constant.
 
@@ -353,7 +353,7 @@ def lens_comparison(model, data: TextOrTokens, lens: TunedLens, batch_size: int 
     return out.reset_index(drop=True)
 
 
-def unigram_log_probs(model, data: TextOrTokens, seq_len: Optional[int] = None) -> torch.Tensor:
+def unigram_log_probs(model: HookedModel, data: TextOrTokens, seq_len: Optional[int] = None) -> torch.Tensor:
     """log q [d_vocab]: the next tokens' frequencies in the text (each row's tokens after its first),
     add-1/2 smoothed."""
     V = int(model.cfg.d_vocab)
@@ -362,7 +362,7 @@ def unigram_log_probs(model, data: TextOrTokens, seq_len: Optional[int] = None) 
     return torch.log((counts + 0.5) / (counts.sum() + 0.5 * V))
 
 
-def _unigram_rows(model, data, fit, batch_size: int, seq_len: Optional[int]) -> list[dict]:
+def _unigram_rows(model: HookedModel, data, fit, batch_size: int, seq_len: Optional[int]) -> list[dict]:
     log_q = unigram_log_probs(model, data if fit is None else fit, seq_len)
     sites = lens_sites(model, False)
     rows = []

@@ -29,7 +29,7 @@ from ._distributed import average_grads, world_and_rank
 from ._inputs import stream_windows
 from ._lens_loss import Scratch, lens_cross_entropy
 from ._lens_settings import TunedLensSettings, resume_start, schedule_of
-from ._model import unembed
+from ._model import HookedModel, unembed
 from .texts import model_text
 from .tuned_lens import TunedLens, lens_comparison
 
@@ -49,7 +49,7 @@ def _batch_rows(n_windows: int, batch_size: int, step: int, seed: int) -> torch.
 
 
 @contextlib.contextmanager
-def _frozen(model):
+def _frozen(model: HookedModel):
     """The model's parameters do not require grad inside (gradients flow through the unembedding into the
     translators only, and nothing lands in the model's .grad); restored after."""
     flags = [(p, p.requires_grad) for p in model.parameters()]
@@ -62,7 +62,7 @@ def _frozen(model):
             p.requires_grad_(flag)
 
 
-def lens_step(model, lens: TunedLens, ids: torch.Tensor, scale: float = 1.0,
+def lens_step(model: HookedModel, lens: TunedLens, ids: torch.Tensor, scale: float = 1.0,
               scratch: Optional[Scratch] = None) -> list[float]:
     """Forward of the frozen model once, then each translator's KL(final || lens), backpropagated layer by
     layer (times `scale`). Returns the mean KL per translator (nats). `scratch` keeps the [tokens, vocab]
@@ -81,7 +81,7 @@ def lens_step(model, lens: TunedLens, ids: torch.Tensor, scale: float = 1.0,
     return kls
 
 
-def train_tuned_lens(model, data: TextOrTokens, steps: int = 250, batch_size: int = 8, seq_len: Optional[int] = None,
+def train_tuned_lens(model: HookedModel, data: TextOrTokens, steps: int = 250, batch_size: int = 8, seq_len: Optional[int] = None,
                      lr: float = 1.0, momentum: float = 0.9, weight_decay: float = 1e-3, grad_clip: float = 1.0,
                      seed: int = 0, lens: Optional[TunedLens] = None, held_out: Optional[TextOrTokens] = None,
                      progress: bool = True, data_name: Optional[str] = None, stop_at: Optional[int] = None) -> TunedLens:
@@ -117,7 +117,7 @@ def train_tuned_lens(model, data: TextOrTokens, steps: int = 250, batch_size: in
         return _train(model, data, settings, lens, held_out, progress, data_name)
 
 
-def _start(model, data, s: TunedLensSettings, lens: Optional[TunedLens], world: int):
+def _start(model: HookedModel, data, s: TunedLensSettings, lens: Optional[TunedLens], world: int):
     """The lens, its optimizer (state restored on an exact resume), the windows and the first step."""
     if s.batch_size % world:
         raise ValueError(f"batch_size must be a positive multiple of the {world} processes, got {s.batch_size}")
@@ -139,7 +139,7 @@ def _start(model, data, s: TunedLensSettings, lens: Optional[TunedLens], world: 
     return lens, opt, rows, start
 
 
-def _train(model, data: TextOrTokens, s: TunedLensSettings, lens: Optional[TunedLens], held_out, progress: bool,
+def _train(model: HookedModel, data: TextOrTokens, s: TunedLensSettings, lens: Optional[TunedLens], held_out, progress: bool,
            data_name: Optional[str]) -> TunedLens:
     world, rank = world_and_rank()
     if held_out is not None:

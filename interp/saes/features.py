@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .._batching import TextOrTokens, batches, token_rows
-from .._model import str_tokens
+from .._model import HookedModel, str_tokens
 from .files import hook_layer
 from .splice import _as_list, _spliced, is_transcoder, latent_name
 
@@ -39,7 +39,7 @@ class FeatureReport:
     logit_effects: pd.DataFrame
 
 
-def _acts(model, sae, ids: torch.Tensor) -> torch.Tensor:
+def _acts(model: HookedModel, sae, ids: torch.Tensor) -> torch.Tensor:
     """The dictionary's latents [batch, pos, d_sae] on ids, from a forward that stops after its layer."""
     seen = {}
 
@@ -81,7 +81,7 @@ class _Harvest:
         self.where = torch.cat([self.where, where]).gather(0, keep[..., None].expand(-1, -1, 2))
 
 
-def _harvest(model, sae, rows: list[torch.Tensor], n: int, batch_size: int) -> _Harvest:
+def _harvest(model: HookedModel, sae, rows: list[torch.Tensor], n: int, batch_size: int) -> _Harvest:
     h = _Harvest(int(sae.d_sae), n)
     for idx, ids in batches(rows, batch_size, device=model.cfg.device):
         acts = _acts(model, sae, ids)
@@ -91,7 +91,7 @@ def _harvest(model, sae, rows: list[torch.Tensor], n: int, batch_size: int) -> _
     return h
 
 
-def logit_effects(model, sae, k: int = 10) -> pd.DataFrame:
+def logit_effects(model: HookedModel, sae, k: int = 10) -> pd.DataFrame:
     """Each latent's k most promoted and k most suppressed tokens: rows of `W_dec @ W_U` [d_sae, d_vocab].
 
     Returns:
@@ -109,7 +109,7 @@ def logit_effects(model, sae, k: int = 10) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["latent", "direction", "rank", "token", "token_str", "effect"])
 
 
-def _contexts(model, sae, rows, h: _Harvest, latents: list[int], n_examples: int, before: int, after: int,
+def _contexts(model: HookedModel, sae, rows, h: _Harvest, latents: list[int], n_examples: int, before: int, after: int,
               batch_size: int) -> pd.DataFrame:
     """Per shown latent and example, the tokens around it with that latent's activation on each."""
     wanted = sorted({int(h.where[r, j, 0]) for j in latents for r in range(n_examples) if h.top[r, j] > 0})
@@ -139,7 +139,7 @@ def _summary(ctx: pd.DataFrame, effects: pd.DataFrame) -> dict:
     return {j: f"fires on {show(peaks[j])}; promotes {show(top.get(j, []))}" for j in peaks.index}
 
 
-def feature_report(model, sae, data: TextOrTokens, latents: Optional[Sequence[int]] = None, n_show: int = 24,
+def feature_report(model: HookedModel, sae, data: TextOrTokens, latents: Optional[Sequence[int]] = None, n_show: int = 24,
                    n_examples: int = 6, before: int = 12, after: int = 3, k: int = 8, batch_size: int = 16,
                    seq_len: Optional[int] = None) -> FeatureReport:
     """Density, activations, top contexts, activation histograms and logit effects of a dictionary's latents.
@@ -205,7 +205,7 @@ def _histograms(h: _Harvest, latents: list[int]) -> pd.DataFrame:
     return pd.DataFrame(out, columns=["latent", "lo", "hi", "count"])
 
 
-def clamp_effect(model, sae, latent: int, data: TextOrTokens, value: Optional[float] = None, k: int = 10,
+def clamp_effect(model: HookedModel, sae, latent: int, data: TextOrTokens, value: Optional[float] = None, k: int = 10,
                  batch_size: int = 8, seq_len: Optional[int] = None) -> pd.DataFrame:
     """The next-token log-probability change when one latent is clamped to `value` at every position.
 
@@ -245,7 +245,7 @@ def clamp_effect(model, sae, latent: int, data: TextOrTokens, value: Optional[fl
                           kind="transcoder" if is_transcoder(sae) else "sae")
 
 
-def latent_selectivity(model, sae, rows: Sequence[torch.Tensor], masks: Sequence[torch.Tensor]) -> pd.DataFrame:
+def latent_selectivity(model: HookedModel, sae, rows: Sequence[torch.Tensor], masks: Sequence[torch.Tensor]) -> pd.DataFrame:
     """How much more each latent fires on the marked tokens than on the rest.
 
     Args:

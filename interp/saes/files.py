@@ -39,7 +39,7 @@ from safetensors.torch import save as save_bytes
 from sprout.files import write_bytes, write_folder
 from sprout.names import layer_of
 
-from .._model import model_name, require_hooks
+from .._model import HookedModel, model_name, require_hooks
 from ..tuned_lens import fingerprint, model_config
 
 CFG, WEIGHTS = "cfg.json", "sae_weights.safetensors"
@@ -314,7 +314,7 @@ def _read_tensors(sae: Any, path: Path, spec: dict) -> dict:
     return tensors
 
 
-def load(folder, model, expect: type, classes: tuple) -> Any:
+def load(folder, model: Optional[HookedModel], expect: type, classes: tuple) -> Any:
     """The SAE or transcoder in `folder` (ours or SAELens'), checked against `model` when given.
 
     Raises:
@@ -373,7 +373,7 @@ def check_model(sae: Any, model, source: str = "this SAE") -> None:
                              f"writes {widths[hook]} there")
 
 
-def hook_widths(model, hooks: list[str]) -> dict:
+def hook_widths(model: HookedModel, hooks: list[str]) -> dict:
     """The last axis of each hook's activation, from a one-token forward that stops after the last layer
     needed. A hook that does not fire, or whose activation is not [batch, pos, d], is refused by name."""
     seen: dict = {}

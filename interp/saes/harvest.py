@@ -19,7 +19,7 @@ import torch
 
 from .._distributed import world_and_rank
 from .._inputs import stream_windows as windows
-from .._model import require_hooks
+from .._model import HookedModel, require_hooks
 from .files import hook_layer, hook_widths
 
 _PERMS: dict = {}
@@ -50,6 +50,8 @@ def check_activations(x: torch.Tensor, what: str) -> None:
     if not x.is_floating_point():
         raise TypeError(f"{what} must be floating point, got dtype {x.dtype} (token ids go with a model: "
                         "train_sae(model, data=ids, hook=...))")
+    if torch.isfinite(x.sum()):  # one pass: any NaN or infinity makes the sum so (finite values may overflow it)
+        return
     bad = ~torch.isfinite(x)
     if bad.any():
         row = int(bad.reshape(-1, x.shape[-1]).any(-1).nonzero()[0])
@@ -83,13 +85,13 @@ class TensorSource:
         """{hook: this process's rows of step's batch [rows, d_in]}."""
         n_proc, rank = world_and_rank()
         idx = epoch_slice(self.acts.shape[0], self.batch_size, step, self.seed)[rank::n_proc]
-        return {self.hooks[0]: self.acts[idx].float()}
+        return {self.hooks[0]: self.acts.index_select(0, idx).float()}
 
 
 class ModelSource:
     """Activations at `hooks` of `model` on `data` (text, texts or ids), harvested a block at a time."""
 
-    def __init__(self, model, data, hooks: list[str], batch_size: int, seed: int, seq_len: Optional[int],
+    def __init__(self, model: HookedModel, data, hooks: list[str], batch_size: int, seed: int, seq_len: Optional[int],
                  harvest_batch: int, buffer_tokens: int):
         if data is None:
             raise ValueError("training from a model needs data=: text, a list of texts or token ids")

@@ -28,11 +28,11 @@ import torch
 import torch.nn.functional as F
 
 from .._batching import TextOrTokens, batches, token_rows
-from .._model import require_hooks
+from .._model import HookedModel, require_hooks
 from .splice import _as_list, _spliced, is_transcoder, latent_name
 
 
-def _chunks(model, data: TextOrTokens, batch_size: int, seq_len: Optional[int], attention_mask):
+def _chunks(model: HookedModel, data: TextOrTokens, batch_size: int, seq_len: Optional[int], attention_mask):
     """Yields (ids [batch, pos], mask [batch, pos] bool)."""
     device = model.cfg.device
     if attention_mask is None:
@@ -111,7 +111,7 @@ def _check_finite(t: torch.Tensor, what: str) -> None:
 
 
 @torch.inference_mode()
-def _batch(model, sae, ids, mask, sums: _Sums) -> None:
+def _batch(model: HookedModel, sae, ids, mask, sums: _Sums) -> None:
     target = _target_name(sae)
     forward = dict(attention_mask=mask.long()) if not mask.all() else {}
     seen = {}
@@ -132,7 +132,7 @@ def _batch(model, sae, ids, mask, sums: _Sums) -> None:
     sums.add_logits(ids, mask, clean, spliced_logits, zero)
 
 
-def sae_metrics(model, sae, data: TextOrTokens, batch_size: int = 8, seq_len: Optional[int] = None,
+def sae_metrics(model: HookedModel, sae, data: TextOrTokens, batch_size: int = 8, seq_len: Optional[int] = None,
                 attention_mask: Optional[torch.Tensor] = None, dense_threshold: float = 0.1) -> pd.DataFrame:
     """Reconstruction, sparsity and spliced-model loss of an SAE or a transcoder on `data` (one row).
 

@@ -22,6 +22,7 @@ import torch.nn as nn
 
 from sprout.names import act_name
 
+from .._model import HookedModel
 from . import files
 from .files import hook_layer
 from .kinds import KIND_NAMES, THRESHOLD_KINDS, TOPK_KINDS, make_kind
@@ -167,7 +168,7 @@ class SAE(nn.Module):
         if w_skip is not None:
             w_skip.mul_(scale_in / scale_out)
 
-    def check_model(self, model, source: str = "this SAE") -> None:
+    def check_model(self, model: HookedModel, source: str = "this SAE") -> None:
         """Raise a ValueError if `model` is not the one this dictionary was trained on (its fingerprint and
         config), lacks its hook point(s), or writes another width there."""
         files.check_model(self, model, source)

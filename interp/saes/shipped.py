@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Optional, cast
 
-from .._model import model_name, require_hooks
+from .._model import HookedModel, model_name, require_hooks
 from ..tuned_lens import fingerprint
 from .files import CFG, is_ours
 from .sae import SAE, Transcoder
@@ -21,7 +21,7 @@ def shipped_folder(root, hook: Optional[str] = None, layer: Optional[int] = None
     return Path(root) / "saes" / (hook if hook is not None else f"transcoder-{int(cast(int, layer))}")  # one of the two: checked above
 
 
-def _find(model, root, name_of, what: str, expect: type[SAE]) -> SAE:
+def _find(model: HookedModel, root, name_of, what: str, expect: type[SAE]) -> SAE:
     from sprout.files import demo_dir
 
     roots = [Path(root)] if root is not None else sorted(p for p in demo_dir().iterdir() if p.is_dir())
@@ -38,7 +38,7 @@ def _find(model, root, name_of, what: str, expect: type[SAE]) -> SAE:
                             "interp.train_transcoder")
 
 
-def load_sae(model, hook: str, root=None) -> SAE:
+def load_sae(model: HookedModel, hook: str, root=None) -> SAE:
     """The SAE shipped for this model (found by its weights' fingerprint) at hook point `hook`.
 
     Looks in every demo folder (or in `root`, a demo-like folder) for `saes/<hook>/`.
@@ -52,7 +52,7 @@ def load_sae(model, hook: str, root=None) -> SAE:
     return _find(model, root, lambda r: shipped_folder(r, hook=hook), f"SAE at {hook!r}", SAE)
 
 
-def load_transcoder(model, layer: int, root=None) -> Transcoder:
+def load_transcoder(model: HookedModel, layer: int, root=None) -> Transcoder:
     """The transcoder shipped for this model's MLP in block `layer` (`saes/transcoder-<layer>/`)."""
     if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < int(model.cfg.n_layers):
         raise ValueError(f"layer must be a block of {model_name(model)} (0..{int(model.cfg.n_layers) - 1}), got {layer!r}")

@@ -34,6 +34,7 @@ import torch
 from transformer_lens.hook_points import HookPoint
 
 from .._inputs import token_batch
+from .._model import HookedModel
 
 POINTS = ("hook_sae_input", "hook_sae_acts_pre", "hook_sae_acts_post", "hook_sae_recons", "hook_sae_error", "hook_sae_output")
 
@@ -84,7 +85,7 @@ def _predict(sae, x: torch.Tensor, points: Optional[dict]) -> torch.Tensor:
 class _Splice:
     """One dictionary in one model: its hook points and the torch hooks that run it."""
 
-    def __init__(self, model, sae, use_error_term: bool):
+    def __init__(self, model: HookedModel, sae, use_error_term: bool):
         self.model, self.sae, self.use_error_term = model, sae, bool(use_error_term)
         hooks = model.hook_dict
         names = [sae.hook_name] + ([sae.hook_name_out] if is_transcoder(sae) else [])
@@ -167,7 +168,7 @@ class _Splice:
 
 
 @contextmanager
-def spliced(model, saes, use_error_term: bool = False) -> Iterator:
+def spliced(model: HookedModel, saes, use_error_term: bool = False) -> Iterator:
     """Splice SAEs and transcoders into `model` for the duration of the block (see the module docstring).
 
     Args:
@@ -177,7 +178,7 @@ def spliced(model, saes, use_error_term: bool = False) -> Iterator:
 
     Example:
         >>> with interp.spliced(model, [sae]):                                     # doctest: +SKIP
-        ...     model.run_with_hooks(tokens, fwd_hooks=[(f"{sae.hook_name}.hook_sae_acts_post", clamp)])
+        ...     model.run_with_hooks(tokens, fwd_hooks=[(sae.hook_name + ".hook_sae_acts_post", clamp)])
     """
     saes = _as_list(saes)
     for sae in saes:
@@ -188,7 +189,7 @@ def spliced(model, saes, use_error_term: bool = False) -> Iterator:
 
 
 @contextmanager
-def _spliced(model, saes: list, use_error_term: bool) -> Iterator:
+def _spliced(model: HookedModel, saes: list, use_error_term: bool) -> Iterator:
     """`spliced` without the checks against the model (made once by a caller that splices per batch)."""
     lock = getattr(model, "_lock", None)
     with ExitStack() as stack:
@@ -224,7 +225,7 @@ def _as_list(saes) -> list:
     return saes
 
 
-def run_with_saes(model, tokens, saes, use_error_term: bool = False,
+def run_with_saes(model: HookedModel, tokens, saes, use_error_term: bool = False,
                   names_filter: Optional[Callable | str | Sequence[str]] = None, **kwargs):
     """Run with the dictionaries spliced in and cache activations, latents included.
 

@@ -26,9 +26,11 @@ from typing import Any, Optional, Union, cast
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .._distributed import world_and_rank
+from .._model import HookedModel
 from ..tuned_lens import fingerprint, model_config
 from . import checkpoint as ckpt
 from .harvest import ModelSource, TensorSource
@@ -128,31 +130,53 @@ def _aux_loss(u: _Unit, pre, acts, recon, target, s: TrainSettings) -> torch.Ten
     scale = min(n_dead / k_aux, 1.0)
     dead_pre = torch.where(dead.to(pre.device)[None], pre.relu(), torch.full_like(pre, -1.0))
     values, idx = dead_pre.topk(min(k_aux, n_dead), dim=-1, sorted=False)
-    aux_acts = torch.zeros_like(pre).scatter_(-1, idx, values.clamp_min(0))
     residual = (target - recon).detach()
-    return s.aux_k_coefficient * scale * (aux_acts @ u.sae.W_dec - residual).pow(2).sum()
+    return s.aux_k_coefficient * scale * (sparse_decode(u.sae, idx, values.clamp_min(0)) - residual).pow(2).sum()
+
+
+def sparse_decode(sae: SAE, idx: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """sum_j values[:, j] * W_dec[idx[:, j]] [rows, d]: the decoder on k latents per row, without b_dec.
+
+    What `acts @ W_dec` gives for latents zero outside idx, in rows x k x d work instead of rows x
+    d_sae x d, forward and backward (embedding_bag's gradient adds into the k rows; sparsify decodes so)."""
+    return F.embedding_bag(idx, sae.W_dec, per_sample_weights=values, mode="sum")
+
+
+def _latents(sae: SAE, x: torch.Tensor, global_rows: int):
+    """(pre-activations [rows, d_sae], the reconstruction [rows, d] without a skip term, the dense latents
+    (None where TopK's are decoded sparsely), the rows each latent fired on [d_sae])."""
+    # (x - b_dec) W_enc + b_enc as x W_enc + (b_enc - b_dec W_enc): b_dec's gradient is then a vector times
+    # W_enc, not a third [rows, d_sae] x [d_sae, d] matmul; addmm adds the bias inside the matmul
+    bias = sae.b_enc - sae.b_dec @ sae.W_enc if sae.apply_b_dec_to_input else sae.b_enc
+    pre = torch.addmm(bias, x.reshape(-1, x.shape[-1]), sae.W_enc)
+    if sae.kind == "topk":  # the k latents of each row decoded sparsely (sparse_decode)
+        values, idx = pre.topk(cast(int, sae.k), dim=-1, sorted=False)
+        values = values.relu()
+        counts = torch.bincount(idx.reshape(-1), weights=(values > 0).reshape(-1).float(), minlength=sae.d_sae)
+        return pre, sparse_decode(sae, idx, values) + sae.b_dec, None, counts
+    acts = sae.rule.train_acts(pre, sae, global_rows)
+    return pre, sae.decode(acts), acts, (acts > 0).sum(0)
 
 
 def _loss(u: _Unit, x, y, s: TrainSettings, step: int, global_rows: int):
     sae, x, target = u.sae, x * u.scale_in, y * u.scale_out
-    pre = sae.pre_acts(x)
-    acts = sae.rule.train_acts(pre, sae, global_rows)
+    pre, recon, acts, fired = _latents(sae, x, global_rows)
     extra = sae.skip_term(x) if isinstance(sae, Transcoder) else None
-    recon = sae.decode(acts) if extra is None else sae.decode(acts) + extra
+    recon = recon if extra is None else recon + extra
     rec = sae.rule.reconstruction(target, acts, sae, extra) if sae.kind == "matryoshka" else (recon - target).pow(2).sum(-1)
     loss = rec.sum() + _aux_loss(u, pre, acts, recon, target, s)
     if sae.rule.has_penalty:
         warm = s.steps // 20 or 1  # the penalty warms up with the learning rate (Conerly et al. 2024)
         loss = loss + u.coef * min(1.0, (step + 1) / warm) * sae.rule.penalty(pre, acts, sae).sum()
     with torch.no_grad():
-        err = (recon - target).pow(2).sum()
+        err = (recon - target).pow(2).sum() if sae.kind == "matryoshka" else rec.detach().sum()
         var = (target - target.mean(0)).pow(2).sum()
-    return loss / global_rows, acts, err, var
+    return loss / global_rows, acts, fired, err, var
 
 
 def _step_unit(u: _Unit, x, y, s: TrainSettings, step: int, global_rows: int) -> None:
     sae = u.sae
-    loss, acts, err, var = _loss(u, x, y, s, step, global_rows)
+    loss, acts, fired, err, var = _loss(u, x, y, s, step, global_rows)
     loss.backward()
     params = list(sae.parameters())
     for p in params:
@@ -166,7 +190,7 @@ def _step_unit(u: _Unit, x, y, s: TrainSettings, step: int, global_rows: int) ->
     sae.project_decoder_grad_()
     if s.grad_clip > 0:
         with torch.no_grad():
-            norm = torch.sqrt(cast(torch.Tensor, sum(g.double().pow(2).sum() for g in grads))).item()
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
             if norm > s.grad_clip:
                 for g in grads:
                     g.mul_(s.grad_clip / (norm + 1e-6))
@@ -178,13 +202,14 @@ def _step_unit(u: _Unit, x, y, s: TrainSettings, step: int, global_rows: int) ->
         assert sae.threshold is not None  # a jumprelu SAE's
         with torch.no_grad():
             sae.threshold.clamp_(min=0)
-    sae.rule.after_step(acts, sae, s.threshold_lr)
-    _record(u, acts.detach(), err, var, s, global_rows)
+    if acts is not None:
+        sae.rule.after_step(acts, sae, s.threshold_lr)
+    _record(u, fired, err, var, s, global_rows)
 
 
 @torch.no_grad()
-def _record(u: _Unit, acts, err, var, s: TrainSettings, global_rows: int) -> None:
-    stats = _sum(torch.cat([(acts > 0).sum(0).double(), torch.stack([err.double(), var.double()])]))
+def _record(u: _Unit, fired_counts, err, var, s: TrainSettings, global_rows: int) -> None:
+    stats = _sum(torch.cat([fired_counts.double(), torch.stack([err.double(), var.double()])]))
     fired = stats[:-2] > 0
     u.since_fired = torch.where(fired, torch.zeros_like(u.since_fired), u.since_fired + global_rows)
     u.l0, u.fvu = stats[:-2].sum().item() / global_rows, (stats[-2] / stats[-1].clamp_min(1e-30)).item()
@@ -201,7 +226,7 @@ def _settings(d_in: int, kind, d_sae, k, steps, lr, batch_size, seed, options) -
                                         seed=seed, **options))
 
 
-def _model_source(model, data, hooks: list, batch_size, seed, options: dict) -> ModelSource:
+def _model_source(model: HookedModel, data, hooks: list, batch_size, seed, options: dict) -> ModelSource:
     """The harvester, its settings checked first (d_in, which the other checks need, comes from it)."""
     harvest = {key: options[key] for key in ("seq_len", "harvest_batch", "buffer_tokens") if key in options}
     s = TrainSettings(kind="relu", d_sae=1, batch_size=batch_size, seed=seed, **harvest)
@@ -273,7 +298,7 @@ def train_sae(source, hook: Union[str, list, None] = None, *, data=None, kind: s
     return dict(zip(hooks, out)) if many else out[0]
 
 
-def train_transcoder(model, data, layer: Union[int, list], *, kind: str = "topk", d_sae: Optional[int] = None,
+def train_transcoder(model: HookedModel, data, layer: Union[int, list], *, kind: str = "topk", d_sae: Optional[int] = None,
                      k: Optional[int] = None, skip: bool = False, steps: int = 2000, lr: Optional[float] = None,
                      batch_size: int = 4096, seed: int = 0, checkpoint=None, checkpoint_every: Optional[int] = None,
                      resume: bool = False, stop_at: Optional[int] = None, progress: bool = True,
@@ -316,8 +341,10 @@ def _new_sae(s: TrainSettings, d_in: int, hook_in: str, hook_out: Optional[str],
 def _run(src, units: list, s: TrainSettings, checkpoint, every, resume, stop_at, progress) -> list:
     n_proc, rank = world_and_rank()
     model = src.model
-    meta = {"data": src.fingerprint(), "model": fingerprint(model) if model is not None else None,
-            "hooks": [[u.hook_in, u.hook_out] for u in units]}
+    meta = {}  # what a checkpoint must match: hashing the data costs a pass over it, so only with one
+    if checkpoint is not None:
+        meta = {"data": src.fingerprint(), "model": fingerprint(model) if model is not None else None,
+                "hooks": [[u.hook_in, u.hook_out] for u in units]}
     if checkpoint is not None and not resume:
         ckpt.refuse_existing(checkpoint)
     start = ckpt.restore(checkpoint, units, s, meta) if resume else 0

@@ -151,3 +151,35 @@ def test_walkthrough_gpt(ids):
     assert sae.d_in == 32 and tc.d_out == 32
     sae.check_model(gpt)
     tc.check_model(gpt)
+
+
+@pytest.mark.parametrize("transcoder", [False, True])
+def test_sparse_topk_step_equals_the_dense_computation(transcoder):
+    # training decodes TopK latents sparsely and folds b_dec into the encoder's bias (interp/saes/train.py):
+    # the loss and every gradient must be those of the dense formulas, (x - b_dec) W_enc + b_enc, acts @ W_dec
+    from interp.saes.train import _latents
+    torch.manual_seed(0)
+    cls = interp.Transcoder if transcoder else interp.SAE
+    sae = cls(24, 96, kind="topk", k=5, **({"skip": False} if transcoder else {}))
+    with torch.no_grad():
+        for p in sae.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    x, target = torch.randn(40, 24), torch.randn(40, 24)
+
+    def grads(loss):
+        sae.zero_grad()
+        loss.backward()
+        return [p.grad.clone() for p in sae.parameters()]
+
+    pre, recon, acts, counts = _latents(sae, x, 40)
+    assert acts is None  # the sparse path
+    sparse = grads((recon - target).pow(2).sum())
+    b_in = sae.b_dec if sae.apply_b_dec_to_input else torch.zeros(24)
+    pre_dense = (x - b_in) @ sae.W_enc + sae.b_enc
+    values, idx = pre_dense.topk(5, dim=-1)
+    dense_acts = torch.zeros_like(pre_dense).scatter(-1, idx, values.relu())
+    dense = grads((dense_acts @ sae.W_dec + sae.b_dec - target).pow(2).sum())
+    assert torch.allclose(pre, pre_dense, atol=1e-5)
+    assert torch.equal(counts, (dense_acts > 0).sum(0).to(counts.dtype))
+    for a, b in zip(sparse, dense):
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
