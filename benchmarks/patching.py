@@ -32,6 +32,7 @@ import interp
 from benchmarks.run import build
 from interp.patching import patch_tensor
 from sprout import SproutConfig
+from sprout.names import act_name
 
 try:  # optional peer, not a project dependency
     from nnsight import NNsight
@@ -83,7 +84,7 @@ def nnsight_sweep(model, clean, corrupted, metric) -> torch.Tensor:
     out = torch.zeros(L, P, H)
     with torch.no_grad():
         for l in range(L):
-            source = cache[f"blocks.{l}.attn.hook_z"]
+            source = cache[act_name("z", l)]
             for p in range(P):
                 for h in range(H):
                     with traced.trace(corrupted):

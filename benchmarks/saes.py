@@ -37,6 +37,7 @@ from interp.saes.harvest import ModelSource  # noqa: E402
 from interp.texts import model_text  # noqa: E402
 from sprout import Sprout, SproutConfig  # noqa: E402
 from sprout.files import load  # noqa: E402
+from sprout.names import act_name  # noqa: E402
 
 SAELENS = Path(os.environ.get("SAELENS_PYTHON", "/work/venvs/saelens/bin/python"))
 TARGETS = {"train": 0.60, "harvest": 0.90, "peer": 0.02}
@@ -223,7 +224,7 @@ def main(argv=None) -> str:
         args.train_chars, args.repeats = min(args.train_chars, 20_000), 1
     else:
         model = load(args.model).eval()
-    hook = args.hook or f"blocks.{int(model.cfg.n_layers) - 1}.hook_resid_post"
+    hook = args.hook or act_name("resid_post", int(model.cfg.n_layers) - 1)
     d = int(model.cfg.d_model)
     s = dict(hook=hook, d_sae=4 * d, k=min(32, d // 2), batch=args.batch, steps=args.steps, lr=2e-3, aux=1 / 32,
              warmup=args.steps // 20, decay=args.steps // 5, seed=0, threads=torch.get_num_threads())

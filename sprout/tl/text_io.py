@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Optional, Union
 
 import torch
@@ -114,10 +115,14 @@ class TextIO:
         step); `return_cache=True` adds `run_with_cache` of the output (`names_filter`, `device`);
         `return_input_tokens=True` adds the prompt's ids as the model read them.
 
-        The course's `generate(idx, max_new)` works too; model.py sampled at temperature 0.8 with
-        top-p 0.95: pass them (or use `sprout.tl.generation.sample`) for its samples. `pixel_values`
-        and `forced_bos_token_id` (vision and encoder-decoder models) are refused.
+        The course's `generate(idx, max_new)` is `sprout.model.GPT`'s; here `max_new=` is a deprecated
+        alias of `max_new_tokens` (for one release). model.py sampled at temperature 0.8 with top-p 0.95:
+        pass them (or use `sprout.tl.generation.sample`) for its samples. `pixel_values` and
+        `forced_bos_token_id` (vision and encoder-decoder models) are refused.
         """
+        if max_new is not None:
+            warnings.warn("generate(max_new=) is deprecated: use max_new_tokens= (TransformerLens' name); the "
+                          "course's generate(idx, max_new) is sprout.model.GPT's", DeprecationWarning, stacklevel=2)
         for name, value in (("pixel_values", pixel_values), ("forced_bos_token_id", forced_bos_token_id)):
             if value is not None:
                 raise ValueError(f"{name} is for vision or encoder-decoder models; {type(self).__name__} reads text only")

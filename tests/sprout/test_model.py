@@ -350,7 +350,7 @@ def test_bad_token_input_is_named(tiny_model):
 
 def test_generate_follows_the_sampler(tiny_model):
     torch.manual_seed(0)
-    out = tiny_model.generate(torch.tensor([[1, 2, 3]]), max_new=5, top_k=1)
+    out = tiny_model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=5, top_k=1)
     assert out.shape == (1, 8) and torch.equal(out[:, :3], torch.tensor([[1, 2, 3]]))
     # top_k=1 is greedy: each new token is the argmax given what came before
     for t in range(3, 8):

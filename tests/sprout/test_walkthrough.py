@@ -203,7 +203,7 @@ def test_vocabulary_rebuilt_from_the_training_text():
     assert ids.tolist() == [[sorted(set(text)).index(c) for c in "to be"]]  # the walkthrough's stoi
     assert loaded.to_string(ids[0]) == "to be"
     assert loaded.to_str_tokens("be") == ["b", "e"]
-    out = loaded.generate("to", max_new=5)
+    out = loaded.generate("to", max_new_tokens=5)
     assert isinstance(out, str) and out.startswith("to") and len(out) == 7
 
 
