@@ -18,8 +18,10 @@ import math
 from typing import Optional, cast
 
 import torch
+from tqdm.auto import tqdm
 from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 from transformer_lens.utilities import get_attention_mask, sample_logits
+from transformers import StoppingCriteria, StoppingCriteriaList, StopStringCriteria
 
 from .text import _tokenizer, bos_token_id, check_attention_mask, check_tokens, to_string, tokens_and_mask
 
@@ -160,8 +162,6 @@ def stopping_criteria_list(model, stop_strings, stopping_criteria):
     """stop_strings and stopping_criteria as one transformers StoppingCriteriaList (None when neither), as TL."""
     if stop_strings is None and stopping_criteria is None:
         return None
-    from transformers import StoppingCriteria, StoppingCriteriaList, StopStringCriteria
-
     criteria = StoppingCriteriaList()
     strings = [s for s in ([stop_strings] if isinstance(stop_strings, str) else list(stop_strings or [])) if s]
     if strings:
@@ -295,8 +295,6 @@ def _loop(model, ids, embeds, mask, o, criteria):
     seen_logits: list[torch.Tensor] = []
     steps = range(o["max_new_tokens"])
     if o["verbose"] and o["max_new_tokens"] > 50:
-        from tqdm.auto import tqdm
-
         steps = tqdm(steps)
     for step in steps:
         if cache is not None and step > 0 and cache_length(cache) >= model.cfg.n_ctx:
@@ -337,6 +335,7 @@ def _text(model, row: torch.Tensor, mask_row) -> str:
 def _result(model, kind, ids, embeds, mask, drawn, seen_logits, o):
     tokens = ids if ids is not None else torch.stack(drawn, 1) if drawn else torch.zeros(embeds.size(0), 0, dtype=torch.long)
     if o["output_logits"]:
+        # imported here: transformers.generation.utils takes ~1 s to import (measured), and only this needs it
         from transformers.generation.utils import GenerateDecoderOnlyOutput
 
         return GenerateDecoderOnlyOutput(sequences=cast(torch.LongTensor, tokens), logits=tuple(seen_logits))
