@@ -107,6 +107,8 @@ class HookedLM(TextIO, HookedRootModule):
         self.cache_recycler = CacheRecycler()
 
     def _apply(self, fn, recurse: bool = True):
+        if "cache_recycler" in self.__dict__:  # (not yet during nn.Module's own set-up) caches of the old
+            self.cache_recycler.release()  # device or dtype would only hold memory the next cache cannot reuse
         return follow_weights(super()._apply(fn, recurse))
 
     def __call__(self, *args, **kwargs):

@@ -99,6 +99,8 @@ def test_the_recycler_keeps_the_caches_the_caller_holds_and_one_it_dropped():
     model.cache_recycler.max_bytes = one // 2
     model.run_with_cache(x)
     assert 0 < model.cache_recycler.held_bytes <= one // 2
+    model.double()  # caches of another dtype or device cannot be reused: moving the model lets them go
+    assert model.cache_recycler.held_bytes == 0
 
 
 def test_only_caching_hooks_skip_the_attention_edit_check():
