@@ -49,12 +49,17 @@ class CacheRecycler:
 
     @property
     def held_bytes(self) -> int:
-        """Bytes of storage the recycler refers to (some of it may be the caller's own caches too)."""
+        """Bytes of storage the recycler refers to, counted per tensor (views of one storage count once
+        each; some of it may be the caller's own caches too)."""
         return sum(t.untyped_storage().nbytes() for g in self._generations for t in g)
 
     @contextmanager
     def cycle(self) -> Iterator[None]:
-        """One cached forward: a dropped cache's tensors are let go of as this one's are stored."""
+        """One cached forward: a dropped cache's tensors are let go of as this one's are stored. A cached
+        forward inside one (a hook calling run_with_cache) recycles nothing of its own."""
+        if self._kept is not None:
+            yield
+            return
         dropped = [_dropped(g) for g in self._generations]
         # Only the newest cache lies at the top of the heap, where freeing it at once would trim it away;
         # an older one the caller dropped has a live cache above it, so its blocks are freed now, for reuse.

