@@ -79,9 +79,18 @@ class Recipe:
     overrides: dict = field(default_factory=dict)
 
     def at(self, part: str, layer: int) -> "Recipe":
-        """The settings of one dictionary (part "resid" or "transcoders", block `layer`), overrides applied."""
+        """The settings of one dictionary (part "resid" or "transcoders", block `layer`), overrides applied.
+
+        Raises:
+            ValueError: an override names a text field: every dictionary of a demo reads the same texts.
+        """
         key = f"{'resid' if part == 'resid' else 'transcoder'} {layer}"
-        return replace(self, **self.overrides.get(key, {}), overrides={})
+        own = self.overrides.get(key, {})
+        texts = sorted(set(own) & set(TEXT_FIELDS))
+        if texts:
+            raise ValueError(f"the override of {key!r} sets {texts}: the texts are read once for all of a demo's "
+                             "dictionaries, so set them on the Recipe itself")
+        return replace(self, **own, overrides={})
 
 
 # sprout-mini at the shared settings (2026-12-02, docs/features.md): resid 0 had 7.4% dead latents at 4x
@@ -93,7 +102,7 @@ _LATE_MLP = {"transcoder_steps": 3000, "transcoder_expansion": 3}
 # and 2 CE recovered 0.942 / 0.919 (MLP 1 also 8.1% dead), MLP 3 6.0% dead. The trials since (docs/features.md):
 # resid 2 meets EV (0.932) at 8x and 10,000 steps; MLP 1 every target as BatchTopK at 2x; MLP 2 has not met
 # CE recovered in seven trials (at best 0.949 here, the last one; 0.951 at 3x with 9.9% dead): not shipped
-_GPT4 = {"resid 1": {"steps": 3000}, "resid 2": {"steps": 10000, "expansion": 8, "train_chars": 12_000_000},
+_GPT4 = {"resid 1": {"steps": 3000}, "resid 2": {"steps": 10000, "expansion": 8},
          "transcoder 1": {"transcoder_steps": 8000, "kind": "batchtopk"},
          "transcoder 2": {"transcoder_steps": 10000, "kind": "batchtopk", "k": 34},
          "transcoder 0": {"transcoder_expansion": 1, "transcoder_steps": 3000},
@@ -102,6 +111,7 @@ RECIPES = {"gpt-4": Recipe(overrides=_GPT4),
            "sprout-mini": Recipe(overrides={"resid 0": {"expansion": 2}, "resid 6": {"steps": 3000},
                                             "transcoder 4": _LATE_MLP, "transcoder 7": _LATE_MLP})}
 PARTS = ("resid", "transcoders")
+TEXT_FIELDS = ("train_chars", "held_out_chars", "dead_chars")  # one value per demo (demo_texts reads them once)
 LENS = dict(steps=150, batch_size=8, train_chars=400_000, held_out_chars=60_000, seed=0)
 
 

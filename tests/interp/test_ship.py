@@ -76,6 +76,14 @@ def test_overrides_name_real_dictionaries_and_fit_the_budget(name):
             assert rl.overrides == {} and rl.k < min(rl.expansion, rl.transcoder_expansion) * cfg["d_model"]
 
 
+def test_an_override_of_the_texts_is_refused():
+    # the texts are read once per demo (demo_texts), so a per-dictionary train_chars would be ignored silently
+    r = ship.Recipe(overrides={"resid 2": {"train_chars": 12_000_000, "steps": 5}})
+    with pytest.raises(ValueError, match="train_chars"):
+        r.at("resid", 2)
+    assert r.at("resid", 1) == ship.Recipe()
+
+
 def test_at_applies_only_its_own_override():
     r = ship.Recipe(overrides={"resid 0": {"expansion": 2}, "transcoder 1": {"transcoder_steps": 7}})
     assert r.at("resid", 0).expansion == 2 and r.at("resid", 0).transcoder_steps == r.transcoder_steps
