@@ -12,9 +12,7 @@ README's `<!-- bos-table -->` markers is replaced by the one printed.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
-from pathlib import Path
 
 import pandas as pd
 import torch
@@ -22,10 +20,11 @@ import torch
 import interp
 from sprout.tokenizer import encode
 
+from . import readme
 from .common import folder_of, held_out_text, load_models, positive, set_threads
 
 MODELS = ["gpt-1", "gpt-4", "sprout-mini"]
-BEGIN, END = "<!-- bos-table -->", "<!-- /bos-table -->"
+BLOCK = "bos-table"  # the README block this table is written into (experiments.readme)
 
 
 @torch.inference_mode()
@@ -72,13 +71,6 @@ def table(models: dict) -> str:
     return "\n".join(lines)
 
 
-def replace_readme_table(readme: str, new: str) -> str:
-    pattern = re.escape(BEGIN) + r"\n.*?\n?" + re.escape(END)
-    if not re.search(pattern, readme, re.S):
-        raise ValueError(f"the README has no {BEGIN} ... {END} markers")
-    return re.sub(pattern, lambda _: f"{BEGIN}\n{new}\n{END}", readme, flags=re.S)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.bos_loss", description=__doc__.splitlines()[0])
     p.add_argument("--readme", default=None, help="rewrite the table between this file's bos-table markers")
@@ -88,8 +80,7 @@ def main(argv=None) -> int:
     out = table(load_models(MODELS))
     print(out)
     if args.readme:
-        path = Path(args.readme)
-        path.write_text(replace_readme_table(path.read_text(encoding="utf-8"), out), encoding="utf-8")
+        readme.rewrite(args.readme, BLOCK, out)
     return 0
 
 

@@ -10,9 +10,10 @@ import torch
 
 import figures
 import interp
-from sprout.files import read_bounded, replace_file
 
+from . import readme
 from .common import ZORBIN, held_out_text, number, positive, standalone
+from .stamps import read_shipped_table
 from .training_dynamics import run_dirs, snapshot_dirs
 
 NAME = "circuits"
@@ -104,16 +105,8 @@ def _spread_numbers(spread: pd.DataFrame, label: str) -> list[dict]:
 
 
 def write_readme(path: Path, label: str, summary: str) -> None:
-    """Replace what lies between `<!-- circuit:{label} -->` and `<!-- /circuit:{label} -->` in `path` with
-    the summary as a code block; nothing else in the file changes, and without both markers nothing does."""
-    start, end = f"<!-- circuit:{label} -->", f"<!-- /circuit:{label} -->"
-    text = read_bounded(path, "README").decode("utf-8")
-    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
-        raise ValueError(f"{path} needs exactly one {start} ... {end} block for --readme; nothing was written")
-    head, rest = text.split(start)
-    _, tail = rest.split(end)
-    block = f"{start}\n```text\n{summary}\n```\n{end}"
-    replace_file(path.resolve(), (head + block + tail).encode())
+    """The README block `circuit:{label}` (experiments.readme) becomes the summary, as a code block."""
+    readme.rewrite(path, f"circuit:{label}", f"```text\n{summary}\n```")
 
 
 def _composition(model, label, out) -> list[dict]:
@@ -144,7 +137,7 @@ def _phase(models, out, args) -> list[dict]:
         if len(snaps) >= 2:
             table, note = measure_phase(run, snaps, args.max_snapshots), "measured on each saved snapshot"
         elif (run / SHIPPED_PHASE).is_file():
-            table = pd.read_csv(run / SHIPPED_PHASE)
+            table = read_shipped_table(run, SHIPPED_PHASE, models[label])
             note = f"from {SHIPPED_PHASE}: {PHASE_SOURCE}"
         else:
             continue

@@ -8,19 +8,18 @@ table between the README's `<!-- demo-table -->` markers is replaced by the one 
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 from typing import Optional
 
 import interp
 from sprout import SproutConfig
-from sprout.files import read_bounded, replace_file
 
+from . import readme
 from .common import SETTINGS, ZORBIN, half_len, held_out_text, load_models, positive, set_threads
 
 MODELS = ["gpt-1", "gpt-4", "sprout-mini"]
-BEGIN, END = "<!-- demo-table -->", "<!-- /demo-table -->"
+BLOCK = "demo-table"  # the README block this table is written into (experiments.readme)
 
 # Hand-written stories: frames no generator template produces, names the generator cannot draw
 # (`sprout.material.generator_can_draw`, asserted in tests/experiments/test_demo_table.py), so a later piece of a name can
@@ -165,19 +164,6 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
-def readme_table(readme: str) -> str:
-    """The table between the README's markers."""
-    m = re.search(re.escape(BEGIN) + r"\n(.*?)\n?" + re.escape(END), readme, re.S)
-    if m is None:
-        raise ValueError(f"the README has no {BEGIN} ... {END} block")
-    return m.group(1)
-
-
-def replace_readme_table(readme: str, table: str) -> str:
-    readme_table(readme)  # the markers must be there
-    return re.sub(re.escape(BEGIN) + r"\n.*?\n?" + re.escape(END), lambda _: f"{BEGIN}\n{table}\n{END}", readme, flags=re.S)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.demo_table", description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=MODELS, help=f"demo names or checkpoint paths (default: {' '.join(MODELS)})")
@@ -187,13 +173,13 @@ def main(argv=None) -> int:
     path = Path(args.readme) if args.readme else None
     try:  # a README without the markers or a bad model is one line, before three minutes of measuring
         if path is not None:
-            readme_table(read_bounded(path, "README").decode("utf-8"))
+            readme.block(readme.read(path), BLOCK)
         set_threads(args.threads)
         models = load_models(args.models)
         table = markdown({label: measure(model, label, models.folder(label)) for label, model in models.items()})
         print(table)
         if path is not None:
-            replace_file(path.resolve(), replace_readme_table(path.read_text(encoding="utf-8"), table).encode())
+            readme.rewrite(path, BLOCK, table)
             print(f"rewrote the table in {path}", file=sys.stderr)
     except (OSError, ValueError, MemoryError) as e:
         print(f"python -m experiments.demo_table: --readme {path}: {e}" if isinstance(e, UnicodeDecodeError)

@@ -25,7 +25,12 @@ from sprout.material import generate_corpus
 from sprout.training.english import english_corpus, is_english, parse_data
 from sprout.training.recipes import Recipe
 
+from . import readme
+
 UNIGRAM_CHARS = 2_000_000
+BLOCK = "english-table"  # the README block `--readme` rewrites (experiments.readme)
+EVERYDAY = "everyday English"
+SOURCE_ORDER = ("shakespeare", "bible", "britannica", "stories")
 
 
 def recipe_of(name: str) -> tuple[Path, Recipe]:
@@ -40,7 +45,7 @@ def recipe_of(name: str) -> tuple[Path, Recipe]:
 
 def texts_for(recipe: Recipe) -> tuple[str, dict[str, str]]:
     """(the training text the unigram is fitted on, the held-out texts measured)."""
-    texts = {"everyday English": interp.everyday_english(), "held-out stories": interp.held_out_stories(20_000)}
+    texts = {EVERYDAY: interp.everyday_english(), "held-out stories": interp.held_out_stories(20_000)}
     if is_english(recipe.data):
         corpus = english_corpus(parse_data(recipe.data), recipe.story_fraction, recipe.val_fraction,
                                 recipe.corpus_seed)
@@ -63,15 +68,49 @@ def measure(name: str) -> pd.DataFrame:
             rows.append(pd.DataFrame([dict(source=source, note=f"not measured: {str(e).splitlines()[0]}")]))
     table = pd.concat(rows, ignore_index=True)
     table.insert(0, "model", name)
+    table.insert(1, "unit", "character" if recipe.tokenizer == "char" else "token")
     return table
+
+
+def _source(name: str) -> str:
+    """"held-out shakespeare" -> "Shakespeare" (the stories keep their lower case, as in the README)."""
+    name = name.removeprefix("held-out ")
+    return name if name == "stories" else name[:1].upper() + name[1:]
+
+
+def _order(source: str) -> tuple[int, str]:
+    """The README's order: the corpus's sources as the English corpus lists them, the stories last."""
+    name = source.removeprefix("held-out ")
+    return (SOURCE_ORDER.index(name) if name in SOURCE_ORDER else len(SOURCE_ORDER), name)
+
+
+def markdown(table: pd.DataFrame) -> str:
+    """The README's table: per model, everyday English beside its baselines, then each held-out source."""
+    lines = ["| model | everyday English: loss / uniform / unigram | its held-out training text: loss / unigram |",
+             "|---|---|---|"]
+    for name, rows in table.groupby("model", sort=False):
+        rows = rows.dropna(subset=["loss"]) if "loss" in rows else rows.iloc[:0]
+        every = rows[rows["source"] == EVERYDAY]
+        label = name + (" (characters)" if (rows["unit"] == "character").any() else "")
+        first = "not measured" if every.empty else \
+            f"{every['loss'].iloc[0]:.2f} / {every['uniform'].iloc[0]:.2f} / {every['unigram'].iloc[0]:.2f}"
+        held = ", ".join(f"{_source(r.source)} {r.loss:.2f} / {r.unigram:.2f}" for r in
+                         sorted(rows[rows["source"] != EVERYDAY].itertuples(), key=lambda r: _order(r.source)))
+        lines.append(f"| {label} | {first} | {held} |")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.english_loss", description=__doc__.splitlines()[0])
     p.add_argument("models", nargs="*", help="demo names, run directories or checkpoints (default: every shipped demo)")
+    p.add_argument("--readme", default=None, metavar="README", help=f"rewrite the table of this file's {BLOCK} block")
     args = p.parse_args(argv)
+    if args.readme:  # a README without the block is one line, before minutes of measuring
+        readme.block(readme.read(args.readme), BLOCK)
     table = pd.concat([measure(m) for m in args.models or demo_names()], ignore_index=True)
     print(table.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    if args.readme:
+        readme.rewrite(args.readme, BLOCK, markdown(table))
     return 0
 
 

@@ -16,7 +16,6 @@ import os
 import random
 import re
 import sys
-from pathlib import Path
 
 import torch
 
@@ -29,6 +28,7 @@ from sprout.material import generate_story
 from sprout.names import act_name
 from sprout.tokenizer import raw
 
+from . import readme as readme_file
 from .common import folder_of, held_out_text, number, positive, standalone
 
 NAME = "features"
@@ -157,7 +157,7 @@ def run(models, out, args) -> list[dict]:
 
 # --- the README's Features section: three gpt-4 latents, each checked by clamping it ------------------
 
-BEGIN, END = "<!-- features -->", "<!-- /features -->"
+BLOCK = "features"  # the README block this section is written into (experiments.readme)
 README_MODEL, N_STORIES, CLAMP_CHARS = "gpt-4", 60, 6_000
 
 
@@ -239,19 +239,12 @@ def _single(model, token: str) -> bool:
         return False
 
 
-def replace_section(readme: str, section: str) -> str:
-    if BEGIN not in readme or END not in readme:
-        raise ValueError(f"the README has no {BEGIN} ... {END} block")
-    return re.sub(re.escape(BEGIN) + r"\n.*?\n?" + re.escape(END), lambda _: f"{BEGIN}\n{section}\n{END}", readme, flags=re.S)
-
-
 def readme(path: str, threads: int = 1) -> int:
     torch.set_num_threads(threads)
     section = readme_section(sprout.load(README_MODEL).eval())
     print(section)
-    p = Path(path)
-    p.write_text(replace_section(p.read_text(encoding="utf-8"), section), encoding="utf-8")
-    print(f"rewrote the features section in {p}", file=sys.stderr)
+    readme_file.rewrite(path, BLOCK, section)
+    print(f"rewrote the features section in {path}", file=sys.stderr)
     return 0
 
 

@@ -13,6 +13,7 @@ import figures
 import interp
 
 from .common import SETTINGS, folder_of, half_len, held_out_text, number, positive, standalone
+from .stamps import read_shipped_table
 
 NAME = "training_dynamics"
 DOC = "Loss curves from train_log.csv and the induction score of every head at each saved snapshot."
@@ -49,10 +50,11 @@ def snapshot_dirs(run: Path) -> list[tuple[int, Path]]:
     return sorted(snaps)
 
 
-def induction_snapshots(run: Path, log: pd.DataFrame, limit: int) -> Optional[pd.DataFrame]:
-    """Induction score per head at each snapshot: a shipped induction_snapshots.csv, else scored here."""
-    if (run / "induction_snapshots.csv").is_file():
-        return pd.read_csv(run / "induction_snapshots.csv")
+def induction_snapshots(run: Path, log: pd.DataFrame, limit: int, model) -> Optional[pd.DataFrame]:
+    """Induction score per head at each snapshot: a shipped induction_snapshots.csv (refused unless stamped
+    with `model`'s weights, `experiments.stamps`), else scored here."""
+    if (run / "induction_snapshots.csv").exists():
+        return read_shipped_table(run, "induction_snapshots.csv", model)
     snaps = snapshot_dirs(run)
     if len(snaps) < 2:
         return None
@@ -66,8 +68,8 @@ def induction_snapshots(run: Path, log: pd.DataFrame, limit: int) -> Optional[pd
     val = log.dropna(subset=["val_loss"])
     frames = []
     for step, d in snaps:
-        model = sprout.load(d)
-        df = interp.head_scores(model, "induction", half_len=half_len(model), n_seqs=4, seed=SETTINGS.seed)
+        snapshot = sprout.load(d)
+        df = interp.head_scores(snapshot, "induction", half_len=half_len(snapshot), n_seqs=4, seed=SETTINGS.seed)
         # held-out loss is logged every eval_every steps: interpolate to the snapshot's step
         loss = float(np.interp(step, val["step"], val["val_loss"])) if len(val) else np.nan
         frames.append(df.assign(step=step, tokens=tokens_at.get(step, step * per_step), val_loss=loss))
@@ -95,7 +97,7 @@ def run(models, out, args) -> list[dict]:
                                None, label, fmt="{:.2f}", note="the training run's own validation split"))
         # a shipped demo has its train_log.csv but not its snapshots: look in its training run too
         s = next((s for d in (runs[label], Path("runs") / label) if d.is_dir()
-                  and (s := induction_snapshots(d, log, args.max_snapshots)) is not None), None)
+                  and (s := induction_snapshots(d, log, args.max_snapshots, models[label])) is not None), None)
         if s is not None:
             snaps.append(s.assign(model=label))
             best = s.groupby("tokens")["score"].max()

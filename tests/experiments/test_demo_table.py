@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import demo_table
+from experiments import demo_table, readme
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 NUMBER = re.compile(r"(?<![\w.\-])[-+]?\d[\d,]*(?:\.\d+)?")  # not inside a name like L3H1 or gpt-4
@@ -34,17 +34,21 @@ def test_the_comparison_catches_a_changed_number_or_word():
 
 def test_the_readme_table_is_what_demo_table_prints(demo_measurements):
     measured = demo_table.markdown({name: m for name, (_, m) in demo_measurements.items()})
-    assert same_within_rounding(demo_table.readme_table(README.read_text(encoding="utf-8")), measured) == []
+    assert same_within_rounding(readme.block(README.read_text(encoding="utf-8"), demo_table.BLOCK), measured) == []
 
 
 def test_replacing_the_table_keeps_the_rest_of_the_readme():
-    doc = f"intro\n{demo_table.BEGIN}\n| old |\n{demo_table.END}\nrest $1 \\1\n"
-    new = demo_table.replace_readme_table(doc, "| new | \\1 |")
-    assert new == f"intro\n{demo_table.BEGIN}\n| new | \\1 |\n{demo_table.END}\nrest $1 \\1\n"
-    empty = f"{demo_table.BEGIN}\n{demo_table.END}"
-    assert demo_table.replace_readme_table(empty, "| t |") == f"{demo_table.BEGIN}\n| t |\n{demo_table.END}"
+    begin, end = readme.markers(demo_table.BLOCK)
+    doc = f"intro\n{begin}\n| old |\n{end}\nrest $1 \\1\n"
+    new = readme.replace_block(doc, demo_table.BLOCK, "| new | \\1 |")
+    assert new == f"intro\n{begin}\n| new | \\1 |\n{end}\nrest $1 \\1\n"
+    assert readme.block(new, demo_table.BLOCK) == "| new | \\1 |"
+    empty = f"{begin}\n{end}"
+    assert readme.replace_block(empty, demo_table.BLOCK, "| t |") == f"{begin}\n| t |\n{end}"
     with pytest.raises(ValueError, match="demo-table"):
-        demo_table.replace_readme_table("no markers", "| t |")
+        readme.replace_block("no markers", demo_table.BLOCK, "| t |")
+    with pytest.raises(ValueError, match="demo-table"):
+        readme.replace_block(doc + doc, demo_table.BLOCK, "| t |")
 
 
 def test_the_index_page_measures_with_the_readme_tables_functions_and_settings(tmp_path):

@@ -208,6 +208,7 @@ def test_training_dynamics_reads_a_shipped_snapshot_table(run, tmp_path):
     """A demo folder ships train_log.csv and induction_snapshots.csv, not the snapshots themselves."""
     from experiments import training_dynamics
     from experiments.common import args_for
+    from experiments.stamps import stamp_tables
 
     shipped = tmp_path / "demo"
     sprout.save(run["model"], shipped)
@@ -215,6 +216,7 @@ def test_training_dynamics_reads_a_shipped_snapshot_table(run, tmp_path):
     snaps = pd.read_csv(run["out"] / "training_dynamics" / "induction_snapshots_tiny.csv")
     snaps.to_csv(shipped / "induction_snapshots.csv", index=False)
     model = sprout.load(shipped)
+    stamp_tables(shipped, ["induction_snapshots.csv"], model)
     out = Output(tmp_path / "out", "training_dynamics")
     training_dynamics.run(Models({"demo": model}, {"demo": shipped}), out, args_for(training_dynamics, ["--chars", "2000"]))
     assert [f.stem for f in out.figures] == ["loss_curves", "induction_over_training_demo"]

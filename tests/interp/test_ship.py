@@ -76,12 +76,28 @@ def test_overrides_name_real_dictionaries_and_fit_the_budget(name):
             assert rl.overrides == {} and rl.k < min(rl.expansion, rl.transcoder_expansion) * cfg["d_model"]
 
 
-def test_an_override_of_the_texts_is_refused():
-    # the texts are read once per demo (demo_texts), so a per-dictionary train_chars would be ignored silently
-    r = ship.Recipe(overrides={"resid 2": {"train_chars": 12_000_000, "steps": 5}})
-    with pytest.raises(ValueError, match="train_chars"):
+def test_an_override_of_the_held_out_texts_is_refused():
+    # every dictionary of a demo is measured on the same held-out texts (demo_texts reads them once)
+    r = ship.Recipe(overrides={"resid 2": {"held_out_chars": 5_000, "steps": 5}})
+    with pytest.raises(ValueError, match="held_out_chars"):
         r.at("resid", 2)
     assert r.at("resid", 1) == ship.Recipe()
+
+
+def test_a_dictionarys_own_training_prefix_is_what_it_trains_on(monkeypatch):
+    seen = {}
+
+    def fake_train_transcoder(model, data, layers, **kw):
+        seen[tuple(layers)] = data
+        return {}
+    monkeypatch.setattr(interp, "train_transcoder", fake_train_transcoder)
+    r = ship.Recipe(train_chars=10, overrides={"transcoder 1": {"train_chars": 25}})
+    assert r.most_train_chars() == 25
+    texts = {"train": "abcdefghijklmnopqrstuvwxyz0123456789"[:r.most_train_chars()], "train_desc": "the first {n} chars"}
+    model = sprout.load("gpt-1").eval()
+    ship.train_dictionaries(model, r, texts, parts=("transcoders",), layers=[0, 1])
+    assert seen == {(0,): texts["train"][:10], (1,): texts["train"][:25]}
+    assert ship.train_text(texts, 25) == (texts["train"], "the first 25 chars")
 
 
 def test_at_applies_only_its_own_override():

@@ -1,0 +1,47 @@
+"""The README's generated blocks: the text between `<!-- NAME -->` and `<!-- /NAME -->`, each written by
+one experiment's `--readme` (`demo-table`, `english-table`, `bos-table`, `features`, `circuit:gpt-4`, ...)
+and all of them by `python -m experiments.ship NAME --only readme`. Nothing outside a block changes."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from sprout.files import read_bounded, replace_file
+
+
+def markers(name: str) -> tuple[str, str]:
+    return f"<!-- {name} -->", f"<!-- /{name} -->"
+
+
+def _split(text: str, name: str) -> tuple[str, str, str]:
+    start, end = markers(name)
+    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
+        raise ValueError(f"the README needs exactly one {start} ... {end} block; nothing was written")
+    head, rest = text.split(start)
+    body, tail = rest.split(end)
+    return head, body, tail
+
+
+def block(text: str, name: str) -> str:
+    """The body of the block `name` (without the newlines next to its markers)."""
+    return _strip(_split(text, name)[1])
+
+
+def _strip(body: str) -> str:
+    body = body[1:] if body.startswith("\n") else body
+    return body[:-1] if body.endswith("\n") else body
+
+
+def replace_block(text: str, name: str, body: str) -> str:
+    """`text` with the block `name`'s body replaced by `body` (taken literally)."""
+    head, _, tail = _split(text, name)
+    start, end = markers(name)
+    return f"{head}{start}\n{body}\n{end}{tail}"
+
+
+def read(path) -> str:
+    return read_bounded(Path(path), "README").decode("utf-8")
+
+
+def rewrite(path, name: str, body: str) -> Path:
+    """Replace the block `name` of the file `path` (atomically; refused, writing nothing, without its markers)."""
+    return replace_file(Path(path).resolve(), replace_block(read(path), name, body).encode())

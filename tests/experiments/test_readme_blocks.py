@@ -1,0 +1,65 @@
+"""The README's generated blocks (experiments.readme) and the one command that rewrites them all
+(`python -m experiments.ship NAME --only readme`)."""
+import importlib
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from experiments import english_loss, readme, ship
+from sprout.files import demo_names
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_every_generated_block_of_the_readme_has_its_experiment():
+    text = README.read_text(encoding="utf-8")
+    steps = ship.readme_steps(text)
+    assert {m for m, _, _ in steps} == {"demo_table", "english_loss", "bos_loss", "features", "circuits"}
+    for module, _, name in steps:
+        assert readme.block(text, name).strip(), name
+        assert hasattr(importlib.import_module(f"experiments.{module}"), "main")
+    assert ("circuits", ["--model", "gpt-4"], "circuit:gpt-4") in steps
+
+
+def test_ship_readme_runs_each_experiment_on_the_readme_then_the_figures(monkeypatch, tmp_path):
+    calls = []
+    for module in list(ship.README_TABLES) + ["circuits"]:
+        monkeypatch.setattr(importlib.import_module(f"experiments.{module}"), "main",
+                            lambda argv, m=module: calls.append((m, argv)) or 0)
+    monkeypatch.setattr(ship.run_all, "main", lambda argv: calls.append(("run_all", argv)) or 0)
+    path = tmp_path / "README.md"
+    path.write_text(README.read_text(encoding="utf-8"), encoding="utf-8")
+    ship.ship_readme(path, tmp_path / "docs", threads=1)
+    assert [m for m, _ in calls] == [*ship.README_TABLES, "circuits", "run_all"]
+    assert all(argv[-2:] == ["--readme", str(path)] for m, argv in calls if m != "run_all")
+    assert calls[-1][1][calls[-1][1].index("--docs") + 1] == str(tmp_path / "docs")
+
+
+def test_a_failing_step_stops_the_rewrite(monkeypatch, tmp_path):
+    monkeypatch.setattr(importlib.import_module("experiments.demo_table"), "main", lambda argv: 2)
+    path = tmp_path / "README.md"
+    path.write_text(README.read_text(encoding="utf-8"), encoding="utf-8")
+    with pytest.raises(SystemExit, match="demo_table"):
+        ship.ship_readme(path, tmp_path / "docs", threads=1)
+
+
+def test_default_steps_are_what_the_demo_has():
+    assert ship.default_steps("gpt-4", Path("runs/x")) == ["lens", "saes", "phase", "readme"]
+    assert ship.default_steps("gpt-4", None) == ["lens", "saes", "readme"]
+    assert ship.default_steps("gpt-1", None) == ["lens", "readme"]
+
+
+def test_the_english_table_is_english_losss_markdown_of_each_demo():
+    rows = []
+    for name in demo_names():
+        unit = "character" if name == "walkthrough" else "token"
+        rows += [dict(model=name, unit=unit, source="held-out stories", loss=3.0, uniform=8.3, unigram=7.0),
+                 dict(model=name, unit=unit, source="everyday English", loss=5.0, uniform=8.3, unigram=6.8),
+                 dict(model=name, unit=unit, source="held-out shakespeare", loss=4.0, uniform=8.3, unigram=6.5)]
+    table = english_loss.markdown(pd.DataFrame(rows)).splitlines()
+    assert table[2] == f"| {demo_names()[0]} | 5.00 / 8.30 / 6.80 | Shakespeare 4.00 / 6.50, stories 3.00 / 7.00 |"
+    block = readme.block(README.read_text(encoding="utf-8"), english_loss.BLOCK).splitlines()
+    assert block[:2] == table[:2]  # the same columns
+    labels = [line.split(" | ")[0].lstrip("| ") for line in block[2:]]
+    assert labels == [line.split(" | ")[0].lstrip("| ") for line in table[2:]]  # a row per demo, labelled alike
