@@ -1,9 +1,8 @@
 """Rebuild a demo's shipped artifacts from its weights: `python -m experiments.ship gpt-4 [--run RUN] [--only ...]`.
 
-With no --only, one command rebuilds everything the demo has, in this order:
-
 What a demo ships beside its weights (sprout/demo/<name>/), each stamped with the weights' fingerprint
-so a retrained demo never pairs with stale ones:
+so a retrained demo never pairs with stale ones; with no --only, one command rebuilds all that the demo
+has, in this order:
 
 - `lens`: the tuned lens (tuned_lens.safetensors + .json), trained as the current ones were: the
   reference recipe of `interp.train_tuned_lens`, 150 steps of 8 windows on the first 400,000
@@ -314,14 +313,13 @@ def ship_saes(name: str, model, r: Recipe, parts=PARTS, keep_passing: bool = Fal
     return written
 
 
-README_TABLES = {"demo_table": "demo-table", "english_loss": "english-table", "bos_loss": "bos-table",
-                 "features": "features"}  # experiment -> the README block its --readme rewrites
+README_TABLES = ("demo_table", "english_loss", "bos_loss", "features")  # each rewrites its module's BLOCK
 
 
 def readme_steps(readme_text: str) -> list[tuple[str, list[str], str]]:
     """(experiment, its arguments before --readme, the block it rewrites) for every generated block: the
     demo, English, BOS and features tables, and the circuit of each demo the README has a block for."""
-    steps = [(module, [], name) for module, name in README_TABLES.items()]
+    steps = [(module, [], importlib.import_module(f"experiments.{module}").BLOCK) for module in README_TABLES]
     names = [n for n in demo_names() if readme.markers(f"circuit:{n}")[0] in readme_text]
     return steps + [("circuits", ["--model", n], f"circuit:{n}") for n in names]
 
