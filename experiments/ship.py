@@ -123,7 +123,7 @@ _GPT4 = {"resid 1": {"steps": 3000}, "resid 2": {"steps": 10000, "expansion": 8,
          # (docs/features.md); at k 34 it fired 32.6 latents a token on other held-out text, so k is the default 32
          "transcoder 2": {"transcoder_steps": 10000, "kind": "batchtopk", "train_chars": 15_000_000},
          "transcoder 0": {"transcoder_expansion": 1, "transcoder_steps": 3000},
-         "transcoder 3": {"transcoder_expansion": 1, "transcoder_steps": 3000}}
+         "transcoder 3": {"transcoder_expansion": 1, "transcoder_steps": 3000, "train_chars": 15_000_000}}
 RECIPES = {"gpt-4": Recipe(overrides=_GPT4),
            "sprout-mini": Recipe(overrides={"resid 0": {"expansion": 2}, "resid 6": {"steps": 3000},
                                             "transcoder 4": _LATE_MLP, "transcoder 7": _LATE_MLP})}
