@@ -10,7 +10,6 @@ TransformerLens name on the model is one line handing over to one of them (`spro
 from __future__ import annotations
 
 import threading
-import warnings
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Optional, cast
 
