@@ -29,10 +29,9 @@ from .layers import FeedForward, MLPHooks, NormHooks, RMSNorm, UnembedHooks, rop
 from .tl import text
 from .tl.forward import course_loss
 from .tl.generation import sample
-from .tl.hook_flags import HookFlags, editable, per_head_inputs
+from .tl.hook_flags import editable, per_head_inputs
 from .tl.hooked import HookedLM, follow_weights, hooked, padding_masks
 from .tl.pattern_attention import hooked_attention
-from .tl.stacked_weights import TLWeights
 from .tl.weights import Embed, Ref, SproutAttentionWeights
 
 
@@ -271,7 +270,7 @@ class SproutTransformer(nn.Module):
         return self.unembed(self.norm(x, self.ln_final))
 
 
-class Sprout(SproutTransformer, TLWeights, HookFlags, HookedLM):
+class Sprout(SproutTransformer, HookedLM):
     """The Sprout transformer under TransformerLens' contract: `model(tokens)` is the logits, a plain
     Tensor [batch, pos, vocab]; `return_type`, `loss_per_token`, `attention_mask`, `start_at_layer`,
     `stop_at_layer` as HookedTransformer (see `HookedLM.forward`). What `sprout.load` returns.

@@ -30,10 +30,9 @@ from tokenizers import Tokenizer
 from transformer_lens.hook_points import HookPoint
 
 from .config import SproutTransformerLensConfig, WalkthroughConfig, step_config
-from .tl.hook_flags import HookFlags, editable, per_head_inputs
+from .tl.hook_flags import editable, per_head_inputs
 from .tl.hooked import HookedLM, hooked, padding_masks
 from .tl.pattern_attention import hooked_attention
-from .tl.stacked_weights import TLWeights
 from .tl.weights import Embed, PosEmbed, Ref, WalkthroughAttentionWeights, WalkthroughMLPWeights, WalkthroughUnembedWeights
 
 
@@ -273,7 +272,7 @@ class Unembed(WalkthroughUnembedWeights, nn.Linear):
         return self.hook_out(super().forward(x))
 
 
-class WalkthroughGPT(TLWeights, HookFlags, HookedLM):
+class WalkthroughGPT(HookedLM):
     """The walkthrough's character GPT, hooked, under TransformerLens' contract: `model(tokens)` is the
     logits, `model(tokens, return_type=...)` as HookedTransformer (see `HookedLM.forward`)."""
 

@@ -25,23 +25,17 @@ entry points accept it).
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 import torch
+import torch.nn as nn
 from transformer_lens.hook_points import HookPoint
 
 from ..names import block
 from .hook_checks import reads_only
 
 if TYPE_CHECKING:
-    import torch.nn as nn
-
     from ..config import SproutTransformerLensConfig
-    from .hooked import HookedLM
-
-    _MixinBase = HookedLM  # what HookFlags' super() calls reach in the models that mix it in
-else:
-    _MixinBase = object
 
 INPUT_HOOKS = ("hook_q_input", "hook_k_input", "hook_v_input", "hook_attn_in")
 _FLAG_OF = {"hook_q_input": "use_split_qkv_input", "hook_k_input": "use_split_qkv_input",
@@ -86,101 +80,94 @@ def per_head_inputs(block, x: torch.Tensor, n_head: int, shared: bool, norm: Cal
     return tuple(norm(hook(copies())) for hook in (block.hook_q_input, block.hook_k_input, block.hook_v_input))
 
 
-class HookFlags(_MixinBase):
-    """Mixin for a HookedLM whose blocks honour `cfg.use_split_qkv_input`, `use_attn_in`, `use_hook_mlp_in`."""
+class Flagged(Protocol):
+    """What `HookFlagRules` reads of its model: the config holding the flags, the blocks, the hook tables."""
 
-    if TYPE_CHECKING:
-        blocks: nn.ModuleList
-        cfg: SproutTransformerLensConfig
+    @property
+    def cfg(self) -> SproutTransformerLensConfig: ...
+    @property
+    def blocks(self) -> nn.ModuleList: ...
+    @property
+    def hook_dict(self) -> dict[str, HookPoint]: ...
+    @property
+    def mod_dict(self) -> dict[str, nn.Module]: ...
 
-    def setup(self):
-        super().setup()
-        self._alias_input_hooks()
-        for l, blk in enumerate(self.blocks):
+
+class HookFlagRules:
+    """The hook flags of one model whose blocks honour `cfg.use_split_qkv_input`, `use_attn_in` and
+    `use_hook_mlp_in`: the `set_use_*` methods, which hook points fire only with a flag on, and
+    TransformerLens 4's aliases of the input hooks. `HookedLM` holds one as `model.hook_flags`."""
+
+    def __init__(self, model: Flagged):
+        self.model = model
+
+    def register_aliases(self) -> None:
+        """After `setup()`: TransformerLens 4's names of the input hooks resolve to the same hook points."""
+        self.alias_input_hooks()
+        for l, blk in enumerate(self.model.blocks):
             for name in INPUT_HOOKS:
                 if hasattr(blk, name):
-                    self.mod_dict[attn_alias(l, name)] = getattr(blk, name)
+                    self.model.mod_dict[attn_alias(l, name)] = getattr(blk, name)
 
-    def _alias_input_hooks(self):
-        cfg = self.cfg
+    def alias_input_hooks(self) -> None:
         # TransformerLens 4's names for the input hooks, in hook_dict while their flag is on
-        for l, blk in enumerate(self.blocks):
+        cfg, hook_dict = self.model.cfg, self.model.hook_dict
+        for l, blk in enumerate(self.model.blocks):
             for name in INPUT_HOOKS:
                 alias = attn_alias(l, name)
                 if hasattr(blk, name) and gated_flag(cfg, name) is None:
-                    self.hook_dict[alias] = getattr(blk, name)
+                    hook_dict[alias] = getattr(blk, name)
                 else:
-                    self.hook_dict.pop(alias, None)
+                    hook_dict.pop(alias, None)
 
-    def _gated_flag(self, name: str) -> Optional[str]:
-        return gated_flag(self.cfg, name)
+    def gated_flag(self, name: str) -> Optional[str]:
+        """The flag (off) without which hook point `name` never fires, or None."""
+        return gated_flag(self.model.cfg, name)
 
-    def get_caching_hooks(self, *args, **kwargs):
-        self._alias_input_hooks()  # flags set on model.cfg directly: hook_dict's aliases follow them here
-        return super().get_caching_hooks(*args, **kwargs)
-
-    def set_use_attn_result(self, use_attn_result: bool):
-        """Cache each head's write (`attn.hook_result`) when caching everything (it is computed whenever hooked)."""
-        self.cfg.use_attn_result = bool(use_attn_result)
-        self._alias_input_hooks()
-
-    def set_use_split_qkv_input(self, use_split_qkv_input: bool):
-        """Give each head its own copy of the stream for Q, K and V (`hook_q_input` ...); off: one shared ln1."""
-        if use_split_qkv_input and self.cfg.use_attn_in:
-            raise ValueError("use_split_qkv_input and use_attn_in are mutually exclusive: call set_use_attn_in(False) first")
-        self.cfg.use_split_qkv_input = bool(use_split_qkv_input)
-        self._alias_input_hooks()
-
-    def set_use_attn_in(self, use_attn_in: bool):
-        """Give each head one copy of the stream for Q, K and V together (`hook_attn_in`)."""
-        if use_attn_in and self.cfg.use_split_qkv_input:
-            raise ValueError("use_attn_in and use_split_qkv_input are mutually exclusive: "
-                             "call set_use_split_qkv_input(False) first")
-        self.cfg.use_attn_in = bool(use_attn_in)
-        self._alias_input_hooks()
-
-    def set_use_hook_mlp_in(self, use_hook_mlp_in: bool):
-        """Expose the MLP's input before ln2 as `hook_mlp_in`."""
-        self.cfg.use_hook_mlp_in = bool(use_hook_mlp_in)
-        self._alias_input_hooks()
-
-    def check_hooks_to_add(self, hook_point, hook_point_name: str, hook, dir="fwd", is_permanent=False, prepend=False):
-        """`model.add_hook` on a hook whose flag is off: a HookFlagError (TransformerLens' AssertionError)."""
-        flag = self._add_hook_flag(hook_point_name)
-        if flag is not None:
-            raise flag_error(hook_point_name, flag)
-
-    def add_hook(self, name, hook, dir="fwd", is_permanent=False, level=None, prepend=False):
-        """TransformerLens' add_hook; a names filter skips the hook points whose flag is off (with a warning)."""
-        if isinstance(name, str):
-            return super().add_hook(name, hook, dir=dir, is_permanent=is_permanent, level=level, prepend=prepend)
-        for point_name in self._filter_points(name, "add_hook", self._add_hook_flag):
-            super().add_hook(point_name, hook, dir=dir, is_permanent=is_permanent, level=level, prepend=prepend)
-
-    def _add_hook_flag(self, name: str) -> Optional[str]:
+    def add_hook_flag(self, name: str) -> Optional[str]:
         """The flag add_hook needs for `name` and lacks: the input hooks' and, as TransformerLens, use_attn_result."""
-        flag = gated_flag(self.cfg, name)
-        if flag is None and name.endswith("attn.hook_result") and not self.cfg.use_attn_result:
+        flag = self.gated_flag(name)
+        if flag is None and name.endswith("attn.hook_result") and not self.model.cfg.use_attn_result:
             flag = "use_attn_result"
         return flag
 
-    def _enable_hook(self, name, hook, dir):
-        # hooks(), run_with_hooks, run_with_cache: a named hook that would never fire is refused
-        if isinstance(name, str):
-            self._known_hook(name)
-            flag = gated_flag(self.cfg, name)
-            if flag is not None:
-                raise flag_error(name, flag)
-            return super()._enable_hook(name, hook, dir)
-        for point_name in self._filter_points(name, "hooks"):
-            super()._enable_hook(point_name, hook, dir)
+    def refuse_off(self, name: str, needs: Optional[Callable[[str], Optional[str]]] = None) -> None:
+        """A HookFlagError when hook point `name` needs a flag that is off (`needs`, default `gated_flag`)."""
+        flag = (needs or self.gated_flag)(name)
+        if flag is not None:
+            raise flag_error(name, flag)
 
-    def _filter_points(self, names_filter: Callable, api: str, needs: Optional[Callable] = None) -> list:
+    def set_use_attn_result(self, use_attn_result: bool):
+        """Cache each head's write (`attn.hook_result`) when caching everything (it is computed whenever hooked)."""
+        self.model.cfg.use_attn_result = bool(use_attn_result)
+        self.alias_input_hooks()
+
+    def set_use_split_qkv_input(self, use_split_qkv_input: bool):
+        """Give each head its own copy of the stream for Q, K and V (`hook_q_input` ...); off: one shared ln1."""
+        if use_split_qkv_input and self.model.cfg.use_attn_in:
+            raise ValueError("use_split_qkv_input and use_attn_in are mutually exclusive: call set_use_attn_in(False) first")
+        self.model.cfg.use_split_qkv_input = bool(use_split_qkv_input)
+        self.alias_input_hooks()
+
+    def set_use_attn_in(self, use_attn_in: bool):
+        """Give each head one copy of the stream for Q, K and V together (`hook_attn_in`)."""
+        if use_attn_in and self.model.cfg.use_split_qkv_input:
+            raise ValueError("use_attn_in and use_split_qkv_input are mutually exclusive: "
+                             "call set_use_split_qkv_input(False) first")
+        self.model.cfg.use_attn_in = bool(use_attn_in)
+        self.alias_input_hooks()
+
+    def set_use_hook_mlp_in(self, use_hook_mlp_in: bool):
+        """Expose the MLP's input before ln2 as `hook_mlp_in`."""
+        self.model.cfg.use_hook_mlp_in = bool(use_hook_mlp_in)
+        self.alias_input_hooks()
+
+    def points(self, names_filter: Callable, api: str, needs: Optional[Callable] = None) -> list:
         """The hook points a names filter selects, once each (an alias and its point are one), less those
         whose flag is off (`needs(name)`): they would never fire (TransformerLens skips them too, with a warning)."""
-        needs = needs or self._gated_flag
+        needs = needs or self.gated_flag
         chosen, seen, skipped = [], set(), []
-        for point_name, point in list(self.hook_dict.items()):
+        for point_name, point in list(self.model.hook_dict.items()):
             if not names_filter(point_name) or id(point) in seen:
                 continue
             seen.add(id(point))

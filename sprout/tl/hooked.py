@@ -1,13 +1,15 @@
-"""What every hooked language model here shares: HookedTransformer's forward contract and TransformerLens'
-run_with_* entry points (thread-safe, with checked hooks); the text methods are `text_io.TextIO`'s.
+"""What every hooked language model here shares: HookedTransformer's forward contract, TransformerLens'
+run_with_* entry points (thread-safe, with checked hooks), and its names for weights, hook flags and text.
 
 A model subclasses `HookedLM` and defines `run_layers(x, attn_mask, positions, start_at_layer,
 stop_at_layer, past_kv_cache)`: the layers alone. `forward` reads TransformerLens' arguments (`sprout.tl.forward`).
+Three components, plain objects holding the model (not modules: the state dict is the model's own), do
+the rest: `weights` (`StackedWeights`), `hook_flags` (`HookFlagRules`) and `codec` (`TextCodec`); each
+TransformerLens name on the model is one line handing over to one of them (`sprout.tl.surface`).
 """
 from __future__ import annotations
 
 import threading
-import warnings
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Optional, cast
 
@@ -15,12 +17,23 @@ import torch
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
+from ..hf_tokenizer import as_hf
 from . import generation, text
 from .activation_cache import SproutActivationCache
+from .caching import not_attn_result, run_with_grads, warn_of_filter
 from .forward import check_loss_tokens, check_resid, check_return_type, finish, layer_range, tl_loss
 from .hook_checks import cache_hooks, check_buffers, checked_hook, copy_into_buffer, unknown_hook
+from .hook_flags import HookFlagRules
 from .recycle import CacheRecycler
-from .text_io import TextIO, TextOrTokens
+from .stacked_weights import StackedWeights, stacked
+from .surface import delegate
+from .text_io import TextCodec, TextOrTokens
+
+if TYPE_CHECKING:
+    import torch.nn as nn
+
+    from ..config import SproutTransformerLensConfig
+    from .weights import Embed
 
 
 def hooked(*points: HookPoint) -> bool:
@@ -33,19 +46,6 @@ def follow_weights(model):
     `.half()`) calls after moving or casting the weights, so reading `cfg` never changes anything."""
     model.cfg.device, model.cfg.dtype = str(model.embed.weight.device), model.embed.weight.dtype
     return model
-
-
-def _not_attn_result(name: str) -> bool:
-    return not name.endswith("attn.hook_result")
-
-
-def _selects(names_filter, name: str) -> bool:
-    """Whether TransformerLens' names_filter (a name, a list of names or a predicate) selects `name`."""
-    if isinstance(names_filter, str):
-        return name == names_filter
-    if isinstance(names_filter, list):
-        return name in names_filter
-    return bool(names_filter(name))
 
 
 def padding_masks(attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,12 +72,12 @@ def _show_user_hook(points, checked, hook) -> None:
                 handle.user_hook = hook
 
 
-class HookedLM(TextIO, HookedRootModule):
+class HookedLM(HookedRootModule):
     """A HookedRootModule with TransformerLens' forward contract (see `sprout.tl.forward`).
 
     Subclasses set `self.config`, `self.cfg` (its `transformer_lens_config()`, which their blocks read
-    for the hook flags), `self.embed`, `self.tokenizer`, build their layers, define `run_layers`, then
-    call `self.setup()`.
+    for the hook flags), `self.embed`, `self.unembed`, `self.tokenizer`, build their layers, define
+    `run_layers`, then call `self.setup()`.
 
     Threads: one lock per model. `hooks()`, `run_with_hooks`, `run_with_cache` and a plain call
     `model(...)` hold it, so two threads never see each other's hooks or activations; the second waits.
@@ -85,15 +85,28 @@ class HookedLM(TextIO, HookedRootModule):
 
     if TYPE_CHECKING:  # what the subclasses build (see above)
         config: Any  # SproutConfig or WalkthroughConfig
-        blocks: torch.nn.ModuleList
+        cfg: SproutTransformerLensConfig
+        embed: Embed
+        unembed: Any  # UnembedHooks or walkthrough.Unembed, both answering W_U/b_U
+        blocks: nn.ModuleList
         run_layers: Callable[..., torch.Tensor]
 
+    weights: StackedWeights  # TransformerLens' weights, stacked over the blocks (`sprout.tl.stacked_weights`)
+    hook_flags: HookFlagRules  # the set_use_* flags and the hook points they gate (`sprout.tl.hook_flags`)
+    codec: TextCodec  # the tokenizer and the text methods (`sprout.tl.text_io`)
     cache_recycler: CacheRecycler  # the last cache's memory, reused by the next (`sprout.tl.recycle`)
 
     def __init__(self, *args):
         super().__init__(*args)
+        self.weights = StackedWeights(self)
+        self.hook_flags = HookFlagRules(self)
+        self.codec = TextCodec(self)
         self._lock = threading.RLock()
         self.cache_recycler = CacheRecycler()
+
+    def setup(self):
+        super().setup()
+        self.hook_flags.register_aliases()
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -213,21 +226,30 @@ class HookedLM(TextIO, HookedRootModule):
             yield model
 
     def _enable_hook(self, name, hook, dir):
+        # hooks(), run_with_hooks, run_with_cache: a named hook that would never fire is refused, a names
+        # filter skips it (sprout.tl.hook_flags)
         if isinstance(name, str):
             self._known_hook(name)
-        checked = checked_hook(hook, dir)
-        super()._enable_hook(name, checked, dir)
-        points = [self.mod_dict[name]] if isinstance(name, str) else self.hook_dict.values()
-        _show_user_hook(points, checked, hook)
+            self.hook_flags.refuse_off(name)
+        for point_name in [name] if isinstance(name, str) else self.hook_flags.points(name, "hooks"):
+            checked = checked_hook(hook, dir)
+            super()._enable_hook(point_name, checked, dir)
+            _show_user_hook([self.mod_dict[point_name]], checked, hook)
 
     def _known_hook(self, name: str) -> None:
         if name not in self.mod_dict or not isinstance(self.mod_dict[name], HookPoint):
             raise unknown_hook(name, self.hook_dict)
 
     def add_hook(self, name, hook, dir="fwd", is_permanent=False, level=None, prepend=False):
-        if isinstance(name, str):
-            self._known_hook(name)
-        super().add_hook(name, hook, dir=dir, is_permanent=is_permanent, level=level, prepend=prepend)
+        """TransformerLens' add_hook; a names filter skips the hook points whose flag is off (with a warning)."""
+        flags = self.hook_flags
+        for point_name in [name] if isinstance(name, str) else flags.points(name, "add_hook", flags.add_hook_flag):
+            self._known_hook(point_name)
+            super().add_hook(point_name, hook, dir=dir, is_permanent=is_permanent, level=level, prepend=prepend)
+
+    def check_hooks_to_add(self, hook_point, hook_point_name: str, hook, dir="fwd", is_permanent=False, prepend=False):
+        """`model.add_hook` on a hook whose flag is off: a HookFlagError (TransformerLens' AssertionError)."""
+        self.hook_flags.refuse_off(hook_point_name, self.hook_flags.add_hook_flag)
 
     def check_and_add_hook(self, hook_point, hook_point_name, hook, dir="fwd", is_permanent=False, level=None,
                            prepend=False):
@@ -238,14 +260,11 @@ class HookedLM(TextIO, HookedRootModule):
     def get_caching_hooks(self, names_filter=None, incl_bwd: bool = False, device=None, remove_batch_dim: bool = False,
                           cache: Optional[dict] = None, pos_slice=None):
         """TransformerLens' caching hooks, except that `pos_slice` slices every hook on its position axis."""
+        self.hook_flags.alias_input_hooks()  # flags set on model.cfg directly: hook_dict's aliases follow them here
         self.is_caching = True
         recycler = self.cache_recycler if self.cache_recycler.active else None
         return cache_hooks(self.hook_dict, names_filter, incl_bwd, device, remove_batch_dim, cache, pos_slice,
-                           gated=self._gated_flag, recycler=recycler)
-
-    def _gated_flag(self, name: str) -> Optional[str]:
-        """The flag (off) without which hook point `name` never fires; None here (see `sprout.tl.hook_flags`)."""
-        return None
+                           gated=self.hook_flags.gated_flag, recycler=recycler)
 
     def run_with_cache(self, *model_args, **kwargs):
         """Run and cache activations: `logits, cache = model.run_with_cache(tokens_or_text)`.
@@ -269,46 +288,16 @@ class HookedLM(TextIO, HookedRootModule):
         """
         names_filter = kwargs.get("names_filter")
         if names_filter is None and not getattr(self.cfg, "use_attn_result", False):
-            kwargs["names_filter"] = _not_attn_result
-        if names_filter is not None and not any(_selects(names_filter, name) for name in self.hook_dict):
-            shown = "" if callable(names_filter) else f" {names_filter!r}"
-            warnings.warn(f"names_filter{shown} matched none of the model's {len(self.hook_dict)} hook points, "
-                          "so the cache will be empty (names look like 'blocks.0.hook_resid_post'; "
-                          "model.hook_dict lists them all)", stacklevel=2)
-        if isinstance(names_filter, (str, list, tuple, set)):
-            named = [names_filter] if isinstance(names_filter, str) else list(names_filter)
-            off = [(n, self._gated_flag(n)) for n in named if isinstance(n, str) and self._gated_flag(n)]
-            if off:
-                warnings.warn(f"names_filter names {off[0][0]!r}, which fires only with model.cfg.{off[0][1]} on, so "
-                              f"the cache will not hold it: call model.set_{off[0][1]}(True) first", stacklevel=2)
+            kwargs["names_filter"] = not_attn_result
+        warn_of_filter(self, names_filter)
         batched = not kwargs.get("remove_batch_dim", False)
         with self._lock:
             if kwargs.get("incl_bwd"):
-                out, cache = self._run_with_cache_and_grads(model_args, dict(kwargs))
+                out, cache = run_with_grads(self, model_args, dict(kwargs))
             else:
                 with self.cache_recycler.cycle():
                     out, cache = super().run_with_cache(*model_args, **kwargs)
         return out, SproutActivationCache(cache, self, has_batch_dim=batched)
-
-    def _run_with_cache_and_grads(self, model_args, kwargs):
-        # TransformerLens calls `.backward()` on the output, which fills every parameter's .grad;
-        # torch.autograd.grad runs the same backward (firing the same backward hooks) and leaves .grad alone.
-        options = {k: kwargs.pop(k) for k in ("names_filter", "device", "remove_batch_dim", "pos_slice") if k in kwargs}
-        reset, clear = kwargs.pop("reset_hooks_end", True), kwargs.pop("clear_contexts", False)
-        kwargs.pop("incl_bwd")
-        cache, fwd, bwd = self.get_caching_hooks(incl_bwd=True, **options)
-        with self.hooks(fwd_hooks=fwd, bwd_hooks=bwd, reset_hooks_end=reset, clear_contexts=clear):
-            out = self(*model_args, **kwargs)
-            loss = out[1] if isinstance(out, tuple) else out
-            if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-                raise ValueError("run_with_cache(incl_bwd=True) caches gradients of the loss: pass return_type='loss' "
-                                 "(or 'both'; with targets=... for model.py's loss)")
-            params = [p for p in self.parameters() if p.requires_grad]
-            if not loss.requires_grad or not params:
-                raise ValueError("run_with_cache(incl_bwd=True) needs gradients: the parameters do not require grad "
-                                 "or autograd is off (torch.no_grad / inference_mode)")
-            torch.autograd.grad(loss, params, allow_unused=True)
-        return out, cache
 
     def run_with_hooks(self, *model_args, **kwargs):
         """Run with temporary hooks (removed afterwards, even if the forward raises); output as forward's."""
@@ -325,3 +314,71 @@ class HookedLM(TextIO, HookedRootModule):
         check_buffers(self.hook_dict, buffers)
         hooks = [(name, copy_into_buffer(buffers[name], name)) for name in buffers]
         return self.run_with_hooks(tokens, fwd_hooks=hooks, **forward_kwargs)
+
+    # --- hook flags: `self.hook_flags` (sprout.tl.hook_flags) -------------------------------------
+
+    set_use_attn_result = delegate("hook_flags", HookFlagRules.set_use_attn_result)
+    set_use_split_qkv_input = delegate("hook_flags", HookFlagRules.set_use_split_qkv_input)
+    set_use_attn_in = delegate("hook_flags", HookFlagRules.set_use_attn_in)
+    set_use_hook_mlp_in = delegate("hook_flags", HookFlagRules.set_use_hook_mlp_in)
+
+    # --- TransformerLens' weights: `self.weights` (sprout.tl.stacked_weights), ln gains folded in as its fold_ln
+
+    W_E = stacked(lambda w: w.W_E, "[d_vocab, d_model]: the token embedding.")
+    W_pos = stacked(lambda w: w.W_pos, "[n_ctx, d_model]: the learned position embedding (the walkthrough GPT; "
+                    "Sprout uses RoPE).")
+    W_E_pos = stacked(lambda w: w.W_E_pos, "[d_vocab + n_ctx, d_model]: `W_E` and `W_pos` stacked, the input "
+                      "space of full circuits.")
+    W_U = stacked(lambda w: w.W_U, "[d_model, d_vocab]: the unembedding with the final norm folded in, so "
+                  "`ln_final(x) @ W_U + b_U` are the logits.")
+    b_U = stacked(lambda w: w.b_U, "[d_vocab]")
+    W_Q = stacked(lambda w: w.stack("attn", "W_Q"), "[n_layers, n_heads, d_model, d_head], ln1's gain folded in: "
+                  "`ln1.hook_normalized @ W_Q[l] + b_Q[l]` is `hook_q`.")
+    W_K = stacked(lambda w: w.stack("attn", "W_K"), "[n_layers, n_heads, d_model, d_head], ln1's gain folded in.")
+    W_V = stacked(lambda w: w.stack("attn", "W_V"), "[n_layers, n_heads, d_model, d_head], ln1's gain folded in.")
+    W_O = stacked(lambda w: w.stack("attn", "W_O"), "[n_layers, n_heads, d_head, d_model]: "
+                  "`hook_z[:, :, h] @ W_O[l, h]` is head h's write.")
+    b_Q = stacked(lambda w: w.stack("attn", "b_Q"), "[n_layers, n_heads, d_head]")
+    b_K = stacked(lambda w: w.stack("attn", "b_K"), "[n_layers, n_heads, d_head]")
+    b_V = stacked(lambda w: w.stack("attn", "b_V"), "[n_layers, n_heads, d_head]")
+    b_O = stacked(lambda w: w.stack("attn", "b_O"), "[n_layers, d_model]")
+    W_in = stacked(lambda w: w.stack("mlp", "W_in"), "[n_layers, d_model, d_mlp], ln2's gain folded in (Sprout: "
+                   "the linear half of the gate, w3).")
+    W_gate = stacked(lambda w: w.W_gate, "[n_layers, d_model, d_mlp], ln2's gain folded in (Sprout: w1, through "
+                     "SiLU); None without a gated MLP.")
+    W_out = stacked(lambda w: w.stack("mlp", "W_out"), "[n_layers, d_mlp, d_model]")
+    b_in = stacked(lambda w: w.stack("mlp", "b_in"), "[n_layers, d_mlp]")
+    b_out = stacked(lambda w: w.stack("mlp", "b_out"), "[n_layers, d_model]")
+    QK = stacked(
+        lambda w: w.QK, "[n_layers, n_heads, d_model, d_model]: `W_Q @ W_K^T`, the bilinear form of the scores "
+        "before RoPE and QK-norm (Sprout's real scores are not bilinear in the stream; see the README).")
+    OV = stacked(lambda w: w.OV, "[n_layers, n_heads, d_model, d_model]: `W_V @ W_O`, what each head writes per "
+                 "unit of attention.")
+    all_head_labels = stacked(lambda w: w.all_head_labels, '["L0H0", "L0H1", ...], layer-major, as '
+                              "TransformerLens labels heads.")
+    all_composition_scores = delegate("weights", StackedWeights.all_composition_scores)
+    effective_embedding = delegate("weights", StackedWeights.effective_embedding)
+    accumulated_bias = delegate("weights", StackedWeights.accumulated_bias)
+    tl_parameters = delegate("weights", StackedWeights.tl_parameters)
+    tl_named_parameters = delegate("weights", StackedWeights.tl_named_parameters)
+
+    # --- text in and out: `self.codec` (sprout.tl.text_io) ----------------------------------------
+
+    @property
+    def tokenizer(self):
+        """A Hugging Face `PreTrainedTokenizerFast` (see `sprout.hf_tokenizer`), or None. Setting a
+        `tokenizers.Tokenizer` wraps it; `sprout.tokenizer.raw(model.tokenizer)` gives it back."""
+        return self.codec.tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, tok):
+        self.codec.tokenizer = as_hf(tok)
+
+    to_tokens = delegate("codec", TextCodec.to_tokens)
+    to_str_tokens = delegate("codec", TextCodec.to_str_tokens)
+    to_string = delegate("codec", TextCodec.to_string)
+    to_single_token = delegate("codec", TextCodec.to_single_token)
+    to_single_str_token = delegate("codec", TextCodec.to_single_str_token)
+    get_token_position = delegate("codec", TextCodec.get_token_position)
+    tokens_to_residual_directions = delegate("codec", TextCodec.tokens_to_residual_directions)
+    generate = delegate("codec", TextCodec.generate)

@@ -1,15 +1,15 @@
-"""TransformerLens' text methods on a hooked model: `to_tokens`, `to_str_tokens`, `to_string`,
+"""TransformerLens' text methods of a hooked model: `to_tokens`, `to_str_tokens`, `to_string`,
 `to_single_token`, `to_single_str_token`, `get_token_position`, `tokens_to_residual_directions` and
 `generate`, each a thin call of `sprout.tl.text` or `sprout.tl.generation` with the model's tokenizer.
+A model holds a `TextCodec` as `model.codec`, and `HookedLM` delegates each method to it.
 """
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Protocol, Union
 
 import torch
 
-from ..hf_tokenizer import as_hf
 from . import generation, text
 
 if TYPE_CHECKING:
@@ -18,29 +18,23 @@ if TYPE_CHECKING:
 TextOrTokens = Union[str, list, torch.Tensor]
 
 
-class TextIO:
-    """The text half of `HookedLM`: a tokenizer (a Hugging Face `PreTrainedTokenizerFast`, or None) and
-    TransformerLens' methods that read or write text through it. Reads `cfg`, `W_U`, `forward`."""
-
-    if TYPE_CHECKING:  # what the model mixing this in provides
-        cfg: SproutTransformerLensConfig
-
-        @property
-        def W_U(self) -> torch.Tensor: ...
-
-    def __init__(self, *args):
-        super().__init__(*args)
-        self._tokenizer = None
+class Readable(Protocol):
+    """What `TextCodec` reads of its model: the config, the unembedding and the forward."""
 
     @property
-    def tokenizer(self):
-        """A Hugging Face `PreTrainedTokenizerFast` (see `sprout.hf_tokenizer`), or None. Setting a
-        `tokenizers.Tokenizer` wraps it; `sprout.tokenizer.raw(model.tokenizer)` gives it back."""
-        return self._tokenizer
+    def cfg(self) -> SproutTransformerLensConfig: ...
+    @property
+    def W_U(self) -> torch.Tensor: ...
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 
-    @tokenizer.setter
-    def tokenizer(self, tok):
-        self._tokenizer = as_hf(tok)
+
+class TextCodec:
+    """The tokenizer of one model (a Hugging Face `PreTrainedTokenizerFast`, or None; `model.tokenizer`
+    sets it) and TransformerLens' methods that read or write text through it."""
+
+    def __init__(self, model: Readable):
+        self.model = model
+        self.tokenizer: Any = None
 
     def to_tokens(self, input: TextOrTokens, prepend_bos: Optional[bool] = None, padding_side: Optional[str] = None,
                   move_to_device: bool = True, truncate: bool = True) -> torch.Tensor:
@@ -50,16 +44,16 @@ class TextIO:
         first; `truncate=True` keeps the first `n_ctx` tokens, `truncate=False` refuses a longer text
         (naming `sprout.tl.text.windows`); `to_tokens("")` is [[BOS]] with prepend_bos, else shape [1, 0].
         """
-        return text.to_tokens(self, input, prepend_bos, padding_side, move_to_device, truncate)
+        return text.to_tokens(self.model, input, prepend_bos, padding_side, move_to_device, truncate)
 
     def to_str_tokens(self, input, prepend_bos: Optional[bool] = None, padding_side: Optional[str] = None) -> list:
         """Each token as the piece of text it decodes to; a list of texts gives one unpadded list per text
         (TransformerLens' convention), ids [batch, pos] a list per row."""
-        return text.to_str_tokens(self, input, prepend_bos, padding_side)
+        return text.to_str_tokens(self.model, input, prepend_bos, padding_side)
 
     def to_string(self, tokens) -> Union[str, list]:
         """Token ids (int, 0-d/1-D tensor, list, NumPy array) -> text; [batch, pos] -> a list of texts."""
-        return text.to_string(self, tokens)
+        return text.to_string(self.model, tokens)
 
     def to_single_token(self, string: str) -> int:
         """The id of a text that is exactly one token."""
@@ -122,10 +116,10 @@ class TextIO:
         """
         if max_new is not None:
             warnings.warn("generate(max_new=) is deprecated: use max_new_tokens= (TransformerLens' name); the "
-                          "course's generate(idx, max_new) is sprout.model.GPT's", DeprecationWarning, stacklevel=2)
+                          "course's generate(idx, max_new) is sprout.model.GPT's", DeprecationWarning, stacklevel=3)
         for name, value in (("pixel_values", pixel_values), ("forced_bos_token_id", forced_bos_token_id)):
             if value is not None:
-                raise ValueError(f"{name} is for vision or encoder-decoder models; {type(self).__name__} reads text only")
+                raise ValueError(f"{name} is for vision or encoder-decoder models; {type(self.model).__name__} reads text only")
         unknown = sorted(set(generation_kwargs) - {"output_logits", "return_dict_in_generate"})
         if unknown:
             raise TypeError(f"generate got unexpected keyword argument(s) {unknown}")
@@ -138,13 +132,14 @@ class TextIO:
                        return_cache=return_cache, return_input_tokens=return_input_tokens,
                        names_filter=names_filter, device=device, stop_strings=stop_strings,
                        stopping_criteria=stopping_criteria, attention_mask=attention_mask, stop=stop)
-        return generation.generate(self, input, options)
+        return generation.generate(self.model, input, options)
+
     def tokens_to_residual_directions(self, tokens) -> torch.Tensor:
         """The residual direction whose dot product with the normalised stream is each token's logit, in
         TransformerLens' shapes: one token (a string, an int, a tensor of one element) -> [d_model];
         ids of shape [...] -> [..., d_model].
 
-        Reads `self.W_U` [d_model, vocab] (the unembedding with the final norm's gain folded in, so it
+        Reads `model.W_U` [d_model, vocab] (the unembedding with the final norm's gain folded in, so it
         pairs with `ln_final.hook_normalized` and `cache.apply_ln_to_stack`), which a model defines
         where that folding is exact (Sprout; not the walkthrough GPT's biased LayerNorm).
         """
@@ -152,14 +147,14 @@ class TextIO:
             tokens = self.to_single_token(tokens)
         ids = text.as_ids(tokens)
         if ids.numel() == 1:
-            return self.W_U[:, int(ids.reshape(()))]
-        return self.W_U[:, ids].movedim(0, -1)
+            return self.model.W_U[:, int(ids.reshape(()))]
+        return self.model.W_U[:, ids].movedim(0, -1)
 
     def to_single_str_token(self, int_token: int) -> str:
         """The text of one token id (TransformerLens' to_single_str_token)."""
         if isinstance(int_token, bool) or not isinstance(int_token, int):
             raise TypeError(f"to_single_str_token takes one token id (an int), got {type(int_token).__name__}")
-        vocab = self.cfg.d_vocab
+        vocab = self.model.cfg.d_vocab
         if not 0 <= int_token < vocab:
             raise ValueError(f"token id {int_token} is out of range for a vocabulary of {vocab} (valid: 0..{vocab - 1})")
         return self.to_str_tokens(torch.tensor([int_token]))[0]

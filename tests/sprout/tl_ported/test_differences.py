@@ -206,7 +206,7 @@ def test_a_filter_skips_flagged_hooks_and_a_name_is_refused_everywhere(small, id
     small(ids)
     small.reset_hooks()
     # every hook point but those needing a flag (the input hooks, and for add_hook attn.hook_result)
-    assert seen == {n for n in small.hook_dict if small._gated_flag(n) is None and not n.endswith("hook_result")}
+    assert seen == {n for n in small.hook_dict if small.hook_flags.gated_flag(n) is None and not n.endswith("hook_result")}
     for call in (lambda: small.add_hook("blocks.1.hook_k_input", lambda x, hook: x),
                  lambda: small.run_with_hooks(ids, fwd_hooks=[("blocks.1.hook_k_input", lambda x, hook: x)]),
                  lambda: small.run_with_hooks(ids, bwd_hooks=[("blocks.1.attn.hook_v_input", lambda x, hook: x)]),
