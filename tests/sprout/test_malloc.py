@@ -39,9 +39,13 @@ def test_repeated_caches_reuse_memory_instead_of_page_faulting():
     runs = []
     for _ in range(3):
         runs.append(page_faults(keep=True))
-        if runs[-1][0] < runs[-1][1] // 10:
+        if runs[-1][0] < runs[-1][1] // 4:
             break
     faults, pages = min(runs)
-    assert faults < pages // 10  # three caches of `pages` pages each, served from memory already mapped
+    # Three caches of `pages` pages each, served from memory already mapped. A run faults in either almost
+    # nothing or about one 40 MiB buffer (measured: 1, 7,938 and 9,217 faults for 78,858 pages), so the bound
+    # is a quarter of one cache: far below the three caches' worth that the default allocator faults in.
+    assert faults < pages // 4
     faults_import_only, _ = page_faults(keep=False)
-    assert faults_import_only > 3 * faults  # import alone keeps glibc's thresholds: much is faulted in every call
+    assert faults_import_only > 2 * pages  # import alone keeps glibc's thresholds: nearly every cache page is new
+    assert faults_import_only > 10 * faults
