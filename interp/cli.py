@@ -80,7 +80,7 @@ def _tok(s, width: int) -> str:
 
 
 def _window_table(win, layers, first_pos: int) -> list[str]:
-    head = f"{'pos':>4} {'token':<10}" + "".join(f" {('emb' if l == 0 else f'L{l:g}'):<14}" for l in layers)
+    head = f"{'pos':>4} {'token':<10}" + "".join(f" {('emb' if l == 0 else head_label(l)):<14}" for l in layers)
     lines = [head, "-" * len(head)]
     for pos, g in win.groupby("pos", sort=True):
         g = g.set_index("layer")

@@ -27,7 +27,7 @@ from transformer_lens.hook_points import HookPoint
 from .config import SproutConfig, SproutTransformerLensConfig
 from .layers import FeedForward, MLPHooks, NormHooks, RMSNorm, UnembedHooks, rope_rows, rope_tables, rotate
 from .tl import text
-from .tl.forward import course_loss
+from .tl.forward import blocks_in_range, course_loss
 from .tl.generation import sample
 from .tl.hook_flags import editable, per_head_inputs
 from .tl.hooked import HookedLM, follow_weights, hooked, padding_masks
@@ -258,12 +258,7 @@ class SproutTransformer(nn.Module):
             cos, sin = rope_rows(self.cos[positions], self.sin[positions])  # [batch, pos, 1, d_head]
         if start_at_layer is None:
             x = self.hook_embed(self.embed(x))
-        blocks = self.blocks
-        if start_at_layer is not None or stop_at_layer is not None:
-            blocks = self.blocks[start_at_layer:stop_at_layer]
-        first = start_at_layer or 0
-        first += len(self.blocks) if first < 0 else 0  # the cache entry of blocks[start_at_layer]
-        for i, block in enumerate(blocks, start=first):
+        for i, block in blocks_in_range(self.blocks, start_at_layer, stop_at_layer):
             x = block(x, cos, sin, attn_mask, None if past_kv_cache is None else past_kv_cache[i])
         if stop_at_layer is not None:
             return x

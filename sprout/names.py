@@ -48,9 +48,10 @@ def block(layer: int | str) -> str:
     return f"blocks.{layer}."
 
 
-def head_label(layer: int, head: Optional[int] = None) -> str:
-    """A head's label, "L3H1" (parsed back by `interp`'s component specs); with no head, the layer's, "L3"."""
-    return f"L{layer}" if head is None else f"L{layer}H{head}"
+def head_label(layer: float, head: Optional[int] = None) -> str:
+    """A head's label, "L3H1" (parsed back by `interp`'s component specs); with no head, the layer's, "L3"
+    (a lens' half layer, the stream after block 2's attention, is "L2.5")."""
+    return f"L{layer:g}" if head is None else f"L{int(layer)}H{head}"
 
 
 def layer_of(hook: str) -> Optional[int]:

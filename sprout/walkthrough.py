@@ -30,6 +30,7 @@ from tokenizers import Tokenizer
 from transformer_lens.hook_points import HookPoint
 
 from .config import SproutTransformerLensConfig, WalkthroughConfig, step_config
+from .tl.forward import blocks_in_range
 from .tl.hook_flags import editable, per_head_inputs
 from .tl.hooked import HookedLM, hooked, padding_masks
 from .tl.pattern_attention import hooked_attention
@@ -315,12 +316,7 @@ class WalkthroughGPT(HookedLM):
             if hooked(self.hook_pos_embed):
                 pos_embed = pos_embed.contiguous()  # one row per sequence, so a hook may edit it in place
             x = self.hook_embed(self.embed(x)) + self.hook_pos_embed(pos_embed)
-        blocks = self.blocks
-        if start_at_layer is not None or stop_at_layer is not None:
-            blocks = self.blocks[start_at_layer:stop_at_layer]
-        first = start_at_layer or 0
-        first += len(self.blocks) if first < 0 else 0  # the cache entry of blocks[start_at_layer]
-        for i, block in enumerate(blocks, start=first):
+        for i, block in blocks_in_range(self.blocks, start_at_layer, stop_at_layer):
             x = block(x, attn_mask, None if past_kv_cache is None else past_kv_cache[i])
         if stop_at_layer is not None:
             return x

@@ -57,6 +57,16 @@ def layer_range(n_layers: int, start_at_layer, stop_at_layer) -> tuple[Optional[
     return start, stop
 
 
+def blocks_in_range(blocks, start_at_layer: Optional[int], stop_at_layer: Optional[int]):
+    """(index, block) for the blocks a forward runs: blocks[start_at_layer:stop_at_layer], each with its own
+    index (the entry of a key-value cache), counted from the front also when `start_at_layer` is negative."""
+    if start_at_layer is None and stop_at_layer is None:
+        return enumerate(blocks)  # slicing a ModuleList builds a new module: not on every plain forward
+    first = start_at_layer or 0
+    first += len(blocks) if first < 0 else 0
+    return enumerate(blocks[start_at_layer:stop_at_layer], start=first)
+
+
 def check_resid(resid, cfg, start_at_layer: int) -> torch.Tensor:
     """The residual stream entering block `start_at_layer`: [batch, pos, d_model] in the model's dtype and
     on its device, no longer than its context (the words of the token-id checks)."""
