@@ -14,7 +14,8 @@ from transformer_lens.hook_points import HookPoint
 from .config import SproutConfig
 from .tl.hook_flags import editable
 from .tl.hooked import hooked
-from .tl.weights import Ref, SproutMLPWeights, SproutUnembedWeights
+from .tl.surface import ReadOnly
+from .tl.weights import Ref, sprout_b_in, sprout_b_out, sprout_b_U, sprout_W_gate, sprout_W_in, sprout_W_out, sprout_W_U
 
 
 class NormHooks(nn.Module):
@@ -81,9 +82,16 @@ def rotate(x: torch.Tensor, cos_rows: torch.Tensor, sin_rows: torch.Tensor) -> t
     return x * cos_rows + x.roll(x.size(-1) // 2, dims=-1) * sin_rows
 
 
-class MLPHooks(SproutMLPWeights, nn.Module):
+class MLPHooks(nn.Module):
     """The hook points of the SwiGLU layer (`mlp`); the weights live in FeedForward (`ffn`) and are read,
-    in TransformerLens' layout, through `W_in`, `W_gate`, `W_out`."""
+    in TransformerLens' layout, through `W_gate` (w1, through SiLU) and `W_in` (w3, the linear half)
+    [d_model, d_mlp] with ln2's gain folded in, `W_out` (w2) [d_mlp, d_model], and zero biases."""
+
+    W_in = ReadOnly(sprout_W_in, "[d_model, d_mlp]: `ffn.w3`, the linear half of the gate, ln2's gain folded in.")
+    W_gate = ReadOnly(sprout_W_gate, "[d_model, d_mlp]: `ffn.w1`, through SiLU, ln2's gain folded in.")
+    W_out = ReadOnly(sprout_W_out, "[d_mlp, d_model]: `ffn.w2`.")
+    b_in = ReadOnly(sprout_b_in, "[d_mlp]: zeros (Sprout has no biases).")
+    b_out = ReadOnly(sprout_b_out, "[d_model]: zeros (Sprout has no biases).")
 
     def __init__(self, norm: RMSNorm, ffn: "FeedForward"):
         super().__init__()
@@ -95,7 +103,7 @@ class MLPHooks(SproutMLPWeights, nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The SwiGLU layer on ln2's output x [batch, pos, d_model], firing its hooks (TransformerLens' MLP)."""
-        return self._ffn()(x, self)
+        return self.ffn.module(x, self)
 
 
 class FeedForward(nn.Module):
@@ -114,8 +122,12 @@ class FeedForward(nn.Module):
         return self.w2(hooks.hook_post(F.silu(pre) * pre_linear))
 
 
-class UnembedHooks(SproutUnembedWeights, nn.Module):
-    """The hook point of the output layer (`unembed`); its weight is `head`, tied to `embed`."""
+class UnembedHooks(nn.Module):
+    """The hook point of the output layer (`unembed`); its weight is `head`, tied to `embed`, and reads as
+    `W_U` [d_model, vocab] with the final norm's gain folded in, beside the zero `b_U` [vocab]."""
+
+    W_U = ReadOnly(sprout_W_U, "[d_model, vocab]: the tied embedding `head`, transposed, the final norm's gain folded in.")
+    b_U = ReadOnly(sprout_b_U, "[vocab]: zeros (Sprout has no biases).")
 
     def __init__(self, norm: RMSNorm, head: nn.Linear):
         super().__init__()

@@ -32,11 +32,26 @@ from .tl.generation import sample
 from .tl.hook_flags import editable, per_head_inputs
 from .tl.hooked import HookedLM, follow_weights, hooked, padding_masks
 from .tl.pattern_attention import hooked_attention
-from .tl.weights import Embed, Ref, SproutAttentionWeights
+from .tl.surface import ReadOnly
+from .tl.weights import Embed, Ref, sprout_b_O, sprout_b_qkv, sprout_W_K, sprout_W_O, sprout_W_Q, sprout_W_V
 
 
-class Attention(SproutAttentionWeights, nn.Module):
-    """Causal multi-head self-attention with per-head QK-RMSNorm and RoPE."""
+class Attention(nn.Module):
+    """Causal multi-head self-attention with per-head QK-RMSNorm and RoPE.
+
+    In TransformerLens' layout (`sprout.tl.weights`), computed on each read from the fused `qkv` and
+    `proj`: `W_Q`, `W_K`, `W_V` [head, d_model, d_head] (ln1's gain folded in), `W_O` [head, d_head,
+    d_model], and the zero biases. The QK-norm gains are not in `W_Q`/`W_K`: they act after QK-norm's
+    per-vector rescaling (see the README on QK circuits)."""
+
+    W_Q = ReadOnly(sprout_W_Q, "[head, d_model, d_head]: the query rows of `qkv`, ln1's gain folded in (not QK-norm's).")
+    W_K = ReadOnly(sprout_W_K, "[head, d_model, d_head]: the key rows of `qkv`, ln1's gain folded in (not QK-norm's).")
+    W_V = ReadOnly(sprout_W_V, "[head, d_model, d_head]: the value rows of `qkv`, ln1's gain folded in.")
+    W_O = ReadOnly(sprout_W_O, "[head, d_head, d_model]: `proj`, split by head.")
+    b_Q = ReadOnly(sprout_b_qkv, "[head, d_head]: zeros (Sprout has no biases).")
+    b_K = ReadOnly(sprout_b_qkv, "[head, d_head]: zeros (Sprout has no biases).")
+    b_V = ReadOnly(sprout_b_qkv, "[head, d_head]: zeros (Sprout has no biases).")
+    b_O = ReadOnly(sprout_b_O, "[d_model]: zeros (Sprout has no biases).")
 
     def __init__(self, cfg: SproutConfig, norm: Optional[RMSNorm] = None):
         super().__init__()

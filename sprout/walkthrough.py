@@ -30,11 +30,13 @@ from tokenizers import Tokenizer
 from transformer_lens.hook_points import HookPoint
 
 from .config import SproutTransformerLensConfig, WalkthroughConfig, step_config
+from .tl import weights
 from .tl.forward import blocks_in_range
 from .tl.hook_flags import editable, per_head_inputs
 from .tl.hooked import HookedLM, hooked, padding_masks
 from .tl.pattern_attention import hooked_attention
-from .tl.weights import Embed, PosEmbed, Ref, WalkthroughAttentionWeights, WalkthroughMLPWeights, WalkthroughUnembedWeights
+from .tl.surface import ReadOnly
+from .tl.weights import Embed, PosEmbed, Ref
 
 
 def build_step(step: str, vocab_size: Optional[int] = None, tokenizer: Optional[Tokenizer] = None,
@@ -99,8 +101,22 @@ class Head(nn.Module):
         self.value = nn.Linear(d_model, d_head, bias=False)
 
 
-class Attention(WalkthroughAttentionWeights, nn.Module):
-    """Causal multi-head self-attention: separate heads, concatenated, then a biased projection."""
+class Attention(nn.Module):
+    """Causal multi-head self-attention: separate heads, concatenated, then a biased projection.
+
+    In TransformerLens' layout (`sprout.tl.weights`), computed on each read: the separate heads stacked;
+    ln1 (a LayerNorm, when the step has one) folds into `W_Q`/`W_K`/`W_V` and its bias into
+    `b_Q`/`b_K`/`b_V`; `b_O` is the projection's bias. Step 4.8's extra projection after the attention
+    folds into `W_O`/`b_O`, so `hook_z @ W_O + b_O` is what the attention writes to the stream there too."""
+
+    W_Q = ReadOnly(weights.walkthrough_W_Q, "[head, d_model, d_head]: the heads' `query`, ln1 folded in.")
+    W_K = ReadOnly(weights.walkthrough_W_K, "[head, d_model, d_head]: the heads' `key`, ln1 folded in.")
+    W_V = ReadOnly(weights.walkthrough_W_V, "[head, d_model, d_head]: the heads' `value`, ln1 folded in.")
+    W_O = ReadOnly(weights.walkthrough_W_O, "[head, d_head, d_model]: `projection`, split by head (4.8's extra projection folded in).")
+    b_Q = ReadOnly(weights.walkthrough_b_Q, "[head, d_head]: ln1's bias through the heads' `query` (zero without ln1).")
+    b_K = ReadOnly(weights.walkthrough_b_K, "[head, d_head]: ln1's bias through the heads' `key` (zero without ln1).")
+    b_V = ReadOnly(weights.walkthrough_b_V, "[head, d_head]: ln1's bias through the heads' `value` (zero without ln1).")
+    b_O = ReadOnly(weights.walkthrough_b_O, "[d_model]: `projection`'s bias (4.8's extra projection folded in).")
 
     def __init__(self, cfg: WalkthroughConfig, norm: Ref, after: Ref):
         super().__init__()
@@ -178,8 +194,17 @@ class Attention(WalkthroughAttentionWeights, nn.Module):
         return self.proj_dropout(self.projection(z.reshape(B, T, C)))
 
 
-class MLP(WalkthroughMLPWeights, nn.Module):
-    """The position-wise feed-forward layer: fc2(dropout(relu(fc1(x)))), width 4C, with biases."""
+class MLP(nn.Module):
+    """The position-wise feed-forward layer: fc2(dropout(relu(fc1(x)))), width 4C, with biases.
+
+    In TransformerLens' layout (`sprout.tl.weights`): `W_in` [d_model, d_mlp] (ln2 folded in) and `b_in`
+    (fc1's bias plus ln2's bias through fc1), `W_out` [d_mlp, d_model] and `b_out` (fc2, with step 4.8's
+    extra projection folded in)."""
+
+    W_in = ReadOnly(weights.walkthrough_W_in, "[d_model, d_mlp]: `fc1`, ln2 folded in.")
+    b_in = ReadOnly(weights.walkthrough_b_in, "[d_mlp]: fc1's bias plus ln2's bias through fc1.")
+    W_out = ReadOnly(weights.walkthrough_W_out, "[d_mlp, d_model]: `fc2` (4.8's extra projection folded in).")
+    b_out = ReadOnly(weights.walkthrough_b_out, "[d_model]: fc2's bias (4.8's extra projection folded in).")
 
     def __init__(self, cfg: WalkthroughConfig, norm: Ref, after: Ref):
         super().__init__()
@@ -261,8 +286,12 @@ class Block(nn.Module):
         return per_head_inputs(self, x, self.attn.n_head, flags.use_attn_in, self.ln1.without_hooks)
 
 
-class Unembed(WalkthroughUnembedWeights, nn.Linear):
-    """The LM head: Linear(C, vocab) with a bias, not tied to the embedding."""
+class Unembed(nn.Linear):
+    """The LM head: Linear(C, vocab) with a bias, not tied to the embedding. `W_U` [d_model, vocab] and
+    `b_U` [vocab] have the final LayerNorm folded in, when the step has one (`sprout.tl.weights`)."""
+
+    W_U = ReadOnly(weights.walkthrough_W_U, "[d_model, vocab]: the weight, transposed, the final LayerNorm folded in.")
+    b_U = ReadOnly(weights.walkthrough_b_U, "[vocab]: the bias plus the final LayerNorm's bias through the weight.")
 
     def __init__(self, d_model: int, vocab_size: int, norm: nn.Module):
         super().__init__(d_model, vocab_size)

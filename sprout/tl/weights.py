@@ -1,14 +1,19 @@
-"""TransformerLens' weight matrices on the modules of Sprout and the walkthrough GPT (`blocks[l].attn.W_Q`,
-`blocks[l].mlp.W_in`, `embed.W_E`, `unembed.W_U`, ...); `sprout/tl/stacked_weights.py` stacks them per model.
+"""What TransformerLens' weight names on the modules of Sprout and the walkthrough GPT read
+(`blocks[l].attn.W_Q`, `blocks[l].mlp.W_in`, `embed.W_E`, `unembed.W_U`, ...): one short getter per name
+and model, which each module class declares as its own one-line attribute (`W_Q = ReadOnly(sprout_W_Q,
+"...")`, `sprout.tl.surface.ReadOnly`, read-only); `sprout/tl/stacked_weights.py` stacks them per model.
+Each getter takes the module, typed by a Protocol of what it reads (`SproutAttentionParts`, ...), so this
+module imports none of the model's. Also here: the norm folding (`fold_in` ...), the head layouts
+(`heads_in`, `heads_out`), `Ref`, and the embeddings `Embed` and `PosEmbed`.
 
 The layout is TransformerLens' (`W_Q` [n_heads, d_model, d_head], `W_O` [n_heads, d_head, d_model],
 `W_in` [d_model, d_mlp], ...), and as with TransformerLens' default loading
 (`fold_ln=True`) each norm's gain is folded into the matrices that read its output: ln1's into
 `W_Q`/`W_K`/`W_V`, ln2's into `W_in`/`W_gate`, the final norm's into `W_U`. So
 `blocks.{l}.ln1.hook_normalized @ W_Q[l]` is `blocks.{l}.attn.hook_q`. A LayerNorm's bias folds into
-the reader's bias (`b_Q = ln1.b @ W_Q_raw`). Nothing is copied into the state dict: every property is
-computed from the modules' own weights (`attn.qkv.weight`, `ffn.w1.weight`, ...), which stay the
-raw, trainable parameters under model.py's keys.
+the reader's bias (`b_Q = ln1.b @ W_Q_raw`). Nothing is copied into the state dict: every name is
+computed on each read from the modules' own weights (`attn.qkv.weight`, `ffn.w1.weight`, ...), which stay
+the raw, trainable parameters under model.py's keys.
 
 A norm and the modules that read it are siblings in a block (`norm1` beside `attn`), so each reader
 holds its norm through a `Ref`, outside the module tree: not a parameter, not a submodule, not a
@@ -16,7 +21,7 @@ state-dict key.
 """
 from __future__ import annotations
 
-from typing import Any, Generic, Optional, TypeVar, cast
+from typing import Generic, Optional, Protocol, TypeVar, cast
 
 import torch
 import torch.nn as nn
@@ -84,105 +89,113 @@ def heads_out(weight: torch.Tensor, n_head: int) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- Sprout's modules
+# The Protocols' Refs are read-only properties: a protocol's plain attribute could be assigned, so it would
+# have to match exactly, and a module holding a Ref[RMSNorm] would not fit a Ref[Optional[nn.Module]].
 
 
-class SproutAttentionWeights:
-    """`W_Q`, `W_K`, `W_V` [head, d_model, d_head] (ln1's gain folded in), `W_O` [head, d_head, d_model],
-    and the zero biases, for Sprout's Attention (fused `qkv`, `proj`). The QK-norm gains are not in
-    `W_Q`/`W_K`: they act after QK-norm's per-vector rescaling (see the README on QK circuits)."""
+class SproutAttentionParts(Protocol):
+    """What the getters read of Sprout's Attention: the fused `qkv` [3 * d_model, d_model], `proj`, ln1."""
 
-    n_head: int
-    d_head: int
     qkv: nn.Linear
     proj: nn.Linear
-    norm: Ref[Optional[nn.Module]]
-
-    def _qkv(self, i: int) -> torch.Tensor:
-        d = self.n_head * self.d_head
-        return fold_in(heads_in(self.qkv.weight[i * d:(i + 1) * d], self.n_head), self.norm.module)
+    n_head: int
+    d_head: int
 
     @property
-    def W_Q(self) -> torch.Tensor:
-        return self._qkv(0)
+    def norm(self) -> Ref[Optional[nn.Module]]: ...
+
+
+def sprout_qkv(attn: SproutAttentionParts, i: int) -> torch.Tensor:
+    """The i-th third of `qkv` (0 query, 1 key, 2 value) as [head, d_model, d_head], ln1's gain folded in."""
+    d = attn.n_head * attn.d_head
+    return fold_in(heads_in(attn.qkv.weight[i * d:(i + 1) * d], attn.n_head), attn.norm.module)
+
+
+def sprout_W_Q(attn: SproutAttentionParts) -> torch.Tensor:
+    return sprout_qkv(attn, 0)
+
+
+def sprout_W_K(attn: SproutAttentionParts) -> torch.Tensor:
+    return sprout_qkv(attn, 1)
+
+
+def sprout_W_V(attn: SproutAttentionParts) -> torch.Tensor:
+    return sprout_qkv(attn, 2)
+
+
+def sprout_W_O(attn: SproutAttentionParts) -> torch.Tensor:
+    return heads_out(attn.proj.weight, attn.n_head)
+
+
+def sprout_b_qkv(attn: SproutAttentionParts) -> torch.Tensor:
+    """Zeros [head, d_head]: Sprout has no biases (`b_Q`, `b_K` and `b_V` all read this)."""
+    return attn.qkv.weight.new_zeros((attn.n_head, attn.d_head))
+
+
+def sprout_b_O(attn: SproutAttentionParts) -> torch.Tensor:
+    return attn.qkv.weight.new_zeros((attn.proj.weight.size(0),))
+
+
+class SwiGLUParts(Protocol):
+    """What the getters read of Sprout's FeedForward: w1 (through SiLU), w3 (the linear half), w2 (out)."""
+
+    w1: nn.Linear
+    w2: nn.Linear
+    w3: nn.Linear
+
+
+class SproutMLPParts(Protocol):
+    """What the getters read of Sprout's MLPHooks: the FeedForward and ln2's RMSNorm, both siblings."""
 
     @property
-    def W_K(self) -> torch.Tensor:
-        return self._qkv(1)
+    def norm(self) -> Ref[Optional[nn.Module]]: ...
+    @property
+    def ffn(self) -> Ref[nn.Module]: ...
+
+
+def _swiglu(mlp: SproutMLPParts) -> SwiGLUParts:
+    # A Ref holds an nn.Module, and FeedForward's class is in sprout.layers, which imports this module.
+    return cast(SwiGLUParts, mlp.ffn.module)
+
+
+def sprout_W_in(mlp: SproutMLPParts) -> torch.Tensor:
+    return fold_in(_swiglu(mlp).w3.weight.T, mlp.norm.module)
+
+
+def sprout_W_gate(mlp: SproutMLPParts) -> torch.Tensor:
+    return fold_in(_swiglu(mlp).w1.weight.T, mlp.norm.module)
+
+
+def sprout_W_out(mlp: SproutMLPParts) -> torch.Tensor:
+    return _swiglu(mlp).w2.weight.T
+
+
+def sprout_b_in(mlp: SproutMLPParts) -> torch.Tensor:
+    w1 = _swiglu(mlp).w1.weight
+    return w1.new_zeros(w1.size(0))
+
+
+def sprout_b_out(mlp: SproutMLPParts) -> torch.Tensor:
+    w2 = _swiglu(mlp).w2.weight
+    return w2.new_zeros(w2.size(0))
+
+
+class SproutUnembedParts(Protocol):
+    """What the getters read of Sprout's UnembedHooks: the output layer (tied to the embedding), the final norm."""
 
     @property
-    def W_V(self) -> torch.Tensor:
-        return self._qkv(2)
-
+    def norm(self) -> Ref[Optional[nn.Module]]: ...
     @property
-    def W_O(self) -> torch.Tensor:
-        return heads_out(self.proj.weight, self.n_head)
-
-    def _zeros(self, *shape) -> torch.Tensor:
-        return self.qkv.weight.new_zeros(shape)
-
-    @property
-    def b_Q(self) -> torch.Tensor:
-        return self._zeros(self.n_head, self.d_head)
-
-    @property
-    def b_K(self) -> torch.Tensor:
-        return self._zeros(self.n_head, self.d_head)
-
-    @property
-    def b_V(self) -> torch.Tensor:
-        return self._zeros(self.n_head, self.d_head)
-
-    @property
-    def b_O(self) -> torch.Tensor:
-        return self._zeros(self.proj.weight.size(0))
+    def head(self) -> Ref[nn.Linear]: ...
 
 
-class SproutMLPWeights:
-    """`W_gate` (w1, through SiLU) and `W_in` (w3, the linear half) [d_model, d_mlp] with ln2's gain
-    folded in, `W_out` (w2) [d_mlp, d_model], zero biases; on the hook module `mlp`, read from `ffn`."""
-
-    norm: Ref[Optional[nn.Module]]
-    ffn: Ref[Any]  # sprout.layers.FeedForward (w1, w2, w3), not imported: layers imports this module
-
-    def _ffn(self) -> Any:
-        return self.ffn.module
-
-    @property
-    def W_in(self) -> torch.Tensor:
-        return fold_in(self._ffn().w3.weight.T, self.norm.module)
-
-    @property
-    def W_gate(self) -> torch.Tensor:
-        return fold_in(self._ffn().w1.weight.T, self.norm.module)
-
-    @property
-    def W_out(self) -> torch.Tensor:
-        return self._ffn().w2.weight.T
-
-    @property
-    def b_in(self) -> torch.Tensor:
-        return self._ffn().w1.weight.new_zeros(self._ffn().w1.weight.size(0))
-
-    @property
-    def b_out(self) -> torch.Tensor:
-        return self._ffn().w2.weight.new_zeros(self._ffn().w2.weight.size(0))
+def sprout_W_U(unembed: SproutUnembedParts) -> torch.Tensor:
+    return fold_in(unembed.head.module.weight.T, unembed.norm.module)
 
 
-class SproutUnembedWeights:
-    """`W_U` [d_model, vocab] (the final norm's gain folded in; the matrix is the tied embedding) and
-    the zero `b_U` [vocab], on the hook module `unembed`."""
-
-    norm: Ref[Optional[nn.Module]]
-    head: Ref[nn.Linear]
-
-    @property
-    def W_U(self) -> torch.Tensor:
-        return fold_in(self.head.module.weight.T, self.norm.module)
-
-    @property
-    def b_U(self) -> torch.Tensor:
-        head = self.head.module.weight
-        return head.new_zeros(head.size(0))
+def sprout_b_U(unembed: SproutUnembedParts) -> torch.Tensor:
+    head = unembed.head.module.weight
+    return head.new_zeros(head.size(0))
 
 
 class Embed(nn.Embedding):
@@ -204,92 +217,99 @@ class PosEmbed(nn.Embedding):
 # ----------------------------------------------------------------------------- the walkthrough's modules
 
 
-class WalkthroughAttentionWeights:
-    """The walkthrough's separate heads in TransformerLens' layout; ln1 (a LayerNorm, when the step has
-    one) folds into `W_Q`/`W_K`/`W_V` and its bias into `b_Q`/`b_K`/`b_V`; `b_O` is the projection's bias.
-    Step 4.8's extra projection after the attention folds into `W_O`/`b_O`, so `hook_z @ W_O + b_O` is
-    what the attention writes to the stream there too."""
+class WalkthroughAttentionParts(Protocol):
+    """What the getters read of the walkthrough's Attention: its separate heads (each with `query`, `key`,
+    `value` Linears), the biased `projection`, ln1 and step 4.8's extra projection after it."""
 
     n_head: int
     heads: nn.ModuleList
     projection: nn.Linear
-    norm: Ref[Optional[nn.Module]]
-    after: Ref[Optional[nn.Module]]
-
-    def _stacked(self, name: str) -> torch.Tensor:
-        weight = torch.cat([getattr(h, name).weight for h in self.heads])  # [head * d_head, d_model]
-        return heads_in(weight, self.n_head)
 
     @property
-    def W_Q(self) -> torch.Tensor:
-        return fold_in(self._stacked("query"), self.norm.module)
-
+    def norm(self) -> Ref[Optional[nn.Module]]: ...
     @property
-    def W_K(self) -> torch.Tensor:
-        return fold_in(self._stacked("key"), self.norm.module)
-
-    @property
-    def W_V(self) -> torch.Tensor:
-        return fold_in(self._stacked("value"), self.norm.module)
-
-    @property
-    def W_O(self) -> torch.Tensor:
-        return fold_out(heads_out(self.projection.weight, self.n_head), self.after.module)
-
-    @property
-    def b_Q(self) -> torch.Tensor:
-        return fold_bias(self._stacked("query"), None, self.norm.module)
-
-    @property
-    def b_K(self) -> torch.Tensor:
-        return fold_bias(self._stacked("key"), None, self.norm.module)
-
-    @property
-    def b_V(self) -> torch.Tensor:
-        return fold_bias(self._stacked("value"), None, self.norm.module)
-
-    @property
-    def b_O(self) -> torch.Tensor:
-        return fold_out_bias(self.projection.bias, self.after.module)
+    def after(self) -> Ref[Optional[nn.Module]]: ...
 
 
-class WalkthroughMLPWeights:
-    """`W_in` [d_model, d_mlp] (ln2 folded in) and `b_in` (fc1's bias plus ln2's bias through fc1),
-    `W_out` [d_mlp, d_model] and `b_out` (fc2, with step 4.8's extra projection folded in)."""
+def walkthrough_heads(attn: WalkthroughAttentionParts, name: str) -> torch.Tensor:
+    """Every head's `name` Linear ("query", "key" or "value") as [head, d_model, d_head], not folded."""
+    weight = torch.cat([getattr(h, name).weight for h in attn.heads])  # [head * d_head, d_model]
+    return heads_in(weight, attn.n_head)
+
+
+def walkthrough_W_Q(attn: WalkthroughAttentionParts) -> torch.Tensor:
+    return fold_in(walkthrough_heads(attn, "query"), attn.norm.module)
+
+
+def walkthrough_W_K(attn: WalkthroughAttentionParts) -> torch.Tensor:
+    return fold_in(walkthrough_heads(attn, "key"), attn.norm.module)
+
+
+def walkthrough_W_V(attn: WalkthroughAttentionParts) -> torch.Tensor:
+    return fold_in(walkthrough_heads(attn, "value"), attn.norm.module)
+
+
+def walkthrough_W_O(attn: WalkthroughAttentionParts) -> torch.Tensor:
+    return fold_out(heads_out(attn.projection.weight, attn.n_head), attn.after.module)
+
+
+def walkthrough_b_Q(attn: WalkthroughAttentionParts) -> torch.Tensor:
+    return fold_bias(walkthrough_heads(attn, "query"), None, attn.norm.module)
+
+
+def walkthrough_b_K(attn: WalkthroughAttentionParts) -> torch.Tensor:
+    return fold_bias(walkthrough_heads(attn, "key"), None, attn.norm.module)
+
+
+def walkthrough_b_V(attn: WalkthroughAttentionParts) -> torch.Tensor:
+    return fold_bias(walkthrough_heads(attn, "value"), None, attn.norm.module)
+
+
+def walkthrough_b_O(attn: WalkthroughAttentionParts) -> torch.Tensor:
+    return fold_out_bias(attn.projection.bias, attn.after.module)
+
+
+class WalkthroughMLPParts(Protocol):
+    """What the getters read of the walkthrough's MLP: `fc1`, `fc2`, ln2 and step 4.8's extra projection."""
 
     fc1: nn.Linear
     fc2: nn.Linear
-    norm: Ref[Optional[nn.Module]]
-    after: Ref[Optional[nn.Module]]
 
     @property
-    def W_in(self) -> torch.Tensor:
-        return fold_in(self.fc1.weight.T, self.norm.module)
-
+    def norm(self) -> Ref[Optional[nn.Module]]: ...
     @property
-    def b_in(self) -> torch.Tensor:
-        return fold_bias(self.fc1.weight.T, self.fc1.bias, self.norm.module)
-
-    @property
-    def W_out(self) -> torch.Tensor:
-        return fold_out(self.fc2.weight.T, self.after.module)
-
-    @property
-    def b_out(self) -> torch.Tensor:
-        return fold_out_bias(self.fc2.bias, self.after.module)
+    def after(self) -> Ref[Optional[nn.Module]]: ...
 
 
-class WalkthroughUnembedWeights:
-    """`W_U` [d_model, vocab] and `b_U` [vocab] with the final LayerNorm folded in, when the step has one."""
+def walkthrough_W_in(mlp: WalkthroughMLPParts) -> torch.Tensor:
+    return fold_in(mlp.fc1.weight.T, mlp.norm.module)
+
+
+def walkthrough_b_in(mlp: WalkthroughMLPParts) -> torch.Tensor:
+    return fold_bias(mlp.fc1.weight.T, mlp.fc1.bias, mlp.norm.module)
+
+
+def walkthrough_W_out(mlp: WalkthroughMLPParts) -> torch.Tensor:
+    return fold_out(mlp.fc2.weight.T, mlp.after.module)
+
+
+def walkthrough_b_out(mlp: WalkthroughMLPParts) -> torch.Tensor:
+    return fold_out_bias(mlp.fc2.bias, mlp.after.module)
+
+
+class WalkthroughUnembedParts(Protocol):
+    """What the getters read of the walkthrough's Unembed: its own Linear weight and bias, the final norm."""
 
     weight: torch.Tensor
-    bias: nn.Parameter  # nn.Linear's
-    norm: Ref[Optional[nn.Module]]
+    bias: nn.Parameter  # nn.Linear's own type: a protocol's attribute must match it exactly
 
     @property
-    def W_U(self) -> torch.Tensor:
-        return fold_in(self.weight.T, self.norm.module)
+    def norm(self) -> Ref[Optional[nn.Module]]: ...
 
-    @property
-    def b_U(self) -> torch.Tensor:
-        return fold_bias(self.weight.T, self.bias, self.norm.module)
+
+def walkthrough_W_U(unembed: WalkthroughUnembedParts) -> torch.Tensor:
+    return fold_in(unembed.weight.T, unembed.norm.module)
+
+
+def walkthrough_b_U(unembed: WalkthroughUnembedParts) -> torch.Tensor:
+    return fold_bias(unembed.weight.T, unembed.bias, unembed.norm.module)

@@ -1,6 +1,7 @@
 """The models are assembled by composition: `HookedLM` holds its TransformerLens components as typed
 attributes (`weights`, `hook_flags`, `codec`), which are plain objects outside the module tree, and every
-TransformerLens name on the model hands over to one of them; no mixin is left in either model."""
+TransformerLens name on the model hands over to one of them; no mixin is left in either model, nor in
+their modules, which declare their weight names (`attn.W_Q`, `mlp.W_in`, `unembed.W_U`) as `ReadOnly`."""
 import copy
 import inspect
 import pickle
@@ -10,16 +11,22 @@ import torch
 import torch.nn as nn
 from transformer_lens.HookedRootModule import HookedRootModule
 
-from sprout.model import GPT, Sprout, SproutTransformer
+from sprout import walkthrough
+from sprout.layers import MLPHooks, UnembedHooks
+from sprout.model import GPT, Attention, Sprout, SproutTransformer
 from sprout.tl.hook_flags import HookFlagRules
 from sprout.tl.hooked import HookedLM
 from sprout.tl.stacked_weights import StackedWeights
+from sprout.tl.surface import ReadOnly
 from sprout.tl.text_io import TextCodec
 from sprout.tokenizer import char_tokenizer
 from sprout.walkthrough import WalkthroughGPT, build_step
 from tests.conftest import TINY, randomize_gains
 
 MIXINS = {"TLWeights", "HookFlags", "TextIO"}
+ATTN = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")
+MODULES = {Attention: ATTN, MLPHooks: ("W_in", "W_gate", "W_out", "b_in", "b_out"), UnembedHooks: ("W_U", "b_U"),
+           walkthrough.Attention: ATTN, walkthrough.MLP: ("W_in", "W_out", "b_in", "b_out"), walkthrough.Unembed: ("W_U", "b_U")}
 
 
 @pytest.fixture(params=["sprout", "walkthrough"])
@@ -36,6 +43,22 @@ def test_the_models_inherit_no_mixin():
     assert HookedLM.__bases__ == (HookedRootModule,)
     for cls in (Sprout, WalkthroughGPT, GPT):
         assert not MIXINS & {c.__name__ for c in cls.__mro__}
+
+
+@pytest.mark.parametrize("cls", MODULES, ids=lambda c: f"{c.__module__}.{c.__name__}")
+def test_the_modules_inherit_no_mixin_and_declare_their_weight_names(cls):
+    assert set(cls.__mro__[1:]) <= {nn.Linear, nn.Module, object}
+    for name in MODULES[cls]:
+        declared = vars(cls)[name]
+        assert isinstance(declared, ReadOnly) and declared.__doc__.startswith("["), name
+
+
+def test_a_modules_weight_names_are_read_only(model):
+    attn = model.blocks[0].attn
+    before = attn.W_Q.clone()
+    with pytest.raises(AttributeError, match="W_Q"):
+        attn.W_Q = torch.zeros_like(before)
+    assert torch.equal(attn.W_Q, before) and "W_Q" not in vars(attn)
 
 
 def test_the_components_are_declared_and_outside_the_module_tree(model):
