@@ -22,8 +22,8 @@ import interp
 import sprout
 from sprout.files import demo_dir, demo_names, latest_checkpoint
 from sprout.material import generate_corpus
-from sprout.training.english import english_corpus, is_english, parse_data
-from sprout.training.recipes import Recipe
+from sprout.training.english import is_english
+from sprout.training.recipes import Recipe, recipe_corpus
 
 from . import readme
 
@@ -47,8 +47,7 @@ def texts_for(recipe: Recipe) -> tuple[str, dict[str, str]]:
     """(the training text the unigram is fitted on, the held-out texts measured)."""
     texts = {EVERYDAY: interp.everyday_english(), "held-out stories": interp.held_out_stories(20_000)}
     if is_english(recipe.data):
-        corpus = english_corpus(parse_data(recipe.data), recipe.story_fraction, recipe.val_fraction,
-                                recipe.corpus_seed)
+        corpus = recipe_corpus(recipe)
         texts.update({f"held-out {k}": v for k, v in corpus.val.items()})
         return corpus.train, texts
     if recipe.data:

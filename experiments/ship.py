@@ -13,7 +13,6 @@ has, in this order:
   never its held-out text; each one's metrics on held-out text (`interp.sae_metrics`: EV, L0, CE
   recovered; the dead fraction counted over `dead_chars` of other held-out text, about 40k tokens) are
   recorded in its cfg.json (metadata.sprout.info.held_out) and must meet TARGETS, or nothing is written.
-
 - `phase` (with `--run RUN`, the training run the weights came from, its log-spaced snapshots kept):
   induction_snapshots.csv (every head's induction score at each snapshot, `experiments.training_dynamics`)
   and phase_snapshots.csv (`interp.phase_measures` of the last snapshot's circuit and its control pairs,
@@ -49,8 +48,9 @@ from interp.texts import model_text
 from interp.tuned_lens import fingerprint
 from sprout.files import demo_dir, demo_names, latest_checkpoint, replace_file
 from sprout.names import act_name, layer_of
-from sprout.training.english import english_corpus, is_english, parse_data
+from sprout.training.english import is_english
 from sprout.training.recipes import Recipe as TrainRecipe
+from sprout.training.recipes import recipe_corpus
 
 from . import readme, run_all
 from .circuits import SHIPPED_PHASE, measure_phase
@@ -114,13 +114,11 @@ class Recipe:
 # and, by a hair, MLP 4 (0.950)
 _LATE_MLP = {"transcoder_steps": 3000, "transcoder_expansion": 3}
 # gpt-4 (English, 2026-12-02) at the shared settings: resid 1 and 2 EV 0.929 / 0.911, transcoders of MLPs 1
-# and 2 CE recovered 0.942 / 0.919 (MLP 1 also 8.1% dead), MLP 3 6.0% dead. The trials since (docs/features.md):
-# resid 2 meets EV (0.932) at 8x and 10,000 steps; MLP 1 every target as BatchTopK at 2x; MLP 2 has not met
-# CE recovered in seven trials (at best 0.949 here, the last one; 0.951 at 3x with 9.9% dead): not shipped
+# and 2 CE recovered 0.942 / 0.919 (MLP 1 also 8.1% dead), MLP 3 6.0% dead. Each override below is the trial
+# that met every target (docs/features.md); at 3M characters MLP 2's latents specialised to text seen again
+# and again, hence 5x the text (at k 34 it fired 32.6 latents a token on other held-out text: k stays 32)
 _GPT4 = {"resid 1": {"steps": 3000}, "resid 2": {"steps": 10000, "expansion": 8, "train_chars": 15_000_000},
          "transcoder 1": {"transcoder_steps": 8000, "kind": "batchtopk"},
-         # 5x the recipe's text: at 3M characters its latents specialised to text seen again and again
-         # (docs/features.md); at k 34 it fired 32.6 latents a token on other held-out text, so k is the default 32
          "transcoder 2": {"transcoder_steps": 10000, "kind": "batchtopk", "train_chars": 15_000_000},
          "transcoder 0": {"transcoder_expansion": 1, "transcoder_steps": 3000},
          "transcoder 3": {"transcoder_expansion": 1, "transcoder_steps": 3000, "train_chars": 15_000_000}}
@@ -180,8 +178,7 @@ def demo_texts(name: str, r: Recipe) -> dict:
     stories demo's corpus (`model_text`) and held-out stories."""
     recipe = demo_recipe(name)
     if recipe is not None and is_english(recipe.data):
-        corpus = english_corpus(parse_data(recipe.data), recipe.story_fraction, recipe.val_fraction, recipe.corpus_seed)
-        vals = list(corpus.val.values())
+        vals = list((corpus := recipe_corpus(recipe)).val.values())
         return dict(train=corpus.train[:r.most_train_chars()], held=_share(vals, r.held_out_chars),
                     dead=_share(vals, r.dead_chars, skip=r.held_out_chars),
                     train_desc=f"the first {{n}} chars of its training text ({recipe.data!r}, documents shuffled)",
@@ -192,8 +189,7 @@ def demo_texts(name: str, r: Recipe) -> dict:
                            "generate_corpus, seed 0)", held_desc=f"interp.held_out_stories({r.held_out_chars})")
 
 
-def train_text(texts: dict, n_chars: int) -> tuple[str, str]:
-    """The first n_chars of a demo's training text (`demo_texts`) and what they are, in words."""
+def train_text(texts: dict, n_chars: int) -> tuple[str, str]:  # the first n_chars and, in words, what they are
     return texts["train"][:n_chars], texts["train_desc"].format(n=n_chars)
 
 

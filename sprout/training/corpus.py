@@ -24,8 +24,8 @@ from tokenizers import Tokenizer
 from ..files import file_in, latest_checkpoint, load_tokenizer, regular_file, remove_ours, save_tokenizer
 from ..material import generate_corpus
 from ..tokenizer import char_tokenizer, encode, is_char_level, train_bpe
-from .english import english_corpus, english_stamp, is_english, package_files, parse_data
-from .recipes import Recipe
+from .english import english_stamp, is_english, package_files, parse_data
+from .recipes import Recipe, recipe_corpus
 
 MAX_TEXT_BYTES = 1 << 30  # the most text a run reads into memory (1 GiB): BPE training holds it all
 HF_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")  # a `datasets.save_to_disk` folder
@@ -238,7 +238,7 @@ def check_data(recipe: Recipe) -> None:
 
 def _english_token_files(recipe: Recipe, tmp: Path):
     """The packaged English corpus: each source held out on its own (`english_corpus`); BPE learns the train text."""
-    corpus = english_corpus(parse_data(recipe.data), recipe.story_fraction, recipe.val_fraction, recipe.corpus_seed)
+    corpus = recipe_corpus(recipe)
     val = "\n\n".join(corpus.val.values())
     tok = _tokenizer(recipe, corpus.train if recipe.tokenizer == "bpe" else corpus.train + val)
     tmp.mkdir(parents=True, exist_ok=True)

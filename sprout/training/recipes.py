@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, replace
 
 from ..settings import Checked
-from .english import is_english, parse_data
+from .english import EnglishCorpus, english_corpus, is_english, parse_data
 
 MAX_CORPUS_CHARS = 1 << 30  # generated text is held in memory, like a user's (at most 1 GiB)
 MAX_PARAMS = 2_000_000_000  # AdamW keeps three copies: 24 GB of float32 at this size, more than a CPU run can hold
@@ -190,6 +190,14 @@ RECIPES.update({
     "walkthrough-shakespeare": replace(RECIPES["walkthrough"], data="english:shakespeare", max_steps=3500,
                                        repeat_fraction=0.25),
 })
+
+
+def recipe_corpus(recipe: Recipe) -> EnglishCorpus:
+    """The packaged English a recipe trains on: its sources, story share, held-out share and corpus seed."""
+    if not is_english(recipe.data):
+        raise ValueError(f"the recipe trains on {recipe.data!r}, not on the packaged English ('english' or "
+                         "'english:<source>,...')")
+    return english_corpus(parse_data(recipe.data), recipe.story_fraction, recipe.val_fraction, recipe.corpus_seed)
 
 
 def get_recipe(name: str) -> Recipe:

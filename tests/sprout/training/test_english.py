@@ -25,7 +25,7 @@ from sprout.training.english import (
     strip_footnotes,
     strip_gutenberg,
 )
-from sprout.training.recipes import RECIPES, Recipe
+from sprout.training.recipes import RECIPES, Recipe, recipe_corpus
 
 WORDS = ("king queen lord lady night day love death sword crown heart blood father son daughter brother "
          "friend enemy honour fortune heaven earth fire water gold silver speak hear come go stay fly weep "
@@ -169,6 +169,15 @@ def test_corpus_holds_out_every_source_and_mixes_stories(fakes):
     placed = [s in corpus.train or s in corpus.val["stories"] for s in stories.split("\n\n")]
     assert sum(placed) >= len(placed) - 1  # every story whole on one side, but the one the cut falls in
     assert english_corpus(story_fraction=0.25, val_fraction=0.2, seed=3).train == corpus.train
+
+
+def test_a_recipes_corpus_is_english_corpus_at_its_settings(fakes):
+    recipe = Recipe(data="english:bible,shakespeare", story_fraction=0.25, val_fraction=0.2, corpus_seed=3)
+    got = recipe_corpus(recipe)
+    want = english_corpus(["bible", "shakespeare"], story_fraction=0.25, val_fraction=0.2, seed=3)
+    assert got.train == want.train and got.val == want.val
+    with pytest.raises(ValueError, match="not on the packaged English"):
+        recipe_corpus(Recipe())
 
 
 def test_training_records_each_file_sha256_in_the_run_folder(fakes, tmp_path):
