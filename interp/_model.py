@@ -7,7 +7,7 @@ own modules for that by name, and says clearly when it does not know the model.
 """
 from __future__ import annotations
 
-from typing import Any, ContextManager, Iterator, Optional, Protocol, TypeGuard
+from typing import Any, ContextManager, Iterator, Optional, Protocol, Sequence, TypeGuard, Union
 
 import torch
 import torch.nn as nn
@@ -61,7 +61,7 @@ def model_name(model: object) -> str:
     return type(model).__name__
 
 
-def require_hooks(model: object, names) -> None:
+def require_hooks(model: object, names: Sequence[str]) -> None:
     """Raise a ValueError naming each hook point in `names` that `model` does not have."""
     hook_dict = getattr(model, "hook_dict", None)
     if hook_dict is None:
@@ -121,7 +121,7 @@ def str_tokens(model: HookedModel, ids: Int[torch.Tensor, "*pos"]) -> list[str]:
     return [decode(tok, [i]) for i in values]
 
 
-def as_index(value, what: str) -> int:
+def as_index(value: Any, what: str) -> int:  # anything: refused unless an integer
     """`value` as a layer or head number: an integer (Python or numpy), never a bool or a float like 0.7."""
     is_bool = isinstance(value, bool) or str(getattr(value, "dtype", "")) in ("bool", "torch.bool")
     if is_bool or not hasattr(type(value), "__index__"):
@@ -129,7 +129,8 @@ def as_index(value, what: str) -> int:
     return int(value.__index__())
 
 
-def heads_of(model: HookedModel, layer=None, head=None) -> tuple[list[int], list[int]]:
+def heads_of(model: HookedModel, layer: Optional[Union[int, Sequence[int]]] = None,
+             head: Optional[Union[int, Sequence[int]]] = None) -> tuple[list[int], list[int]]:
     """The layers and heads selected by `layer` / `head` (an int, a list, or None for all), checked."""
     def pick(value, n, what):
         single = value is not None and (isinstance(value, (bool, int, float)) or hasattr(value, "__index__"))

@@ -30,7 +30,7 @@ class LogHistogram:
     outside [lo, hi] are counted in the edge bins; the exact min and max are kept and bound every answer.
     """
 
-    def __init__(self, lo: float = 1e-6, hi: float = 1e6, n_bins: int = 4800):
+    def __init__(self, lo: float = 1e-6, hi: float = 1e6, n_bins: int = 4800) -> None:
         self.log_lo, self.log_hi, self.n_bins = math.log(lo), math.log(hi), n_bins
         self.counts = torch.zeros(n_bins, dtype=torch.float64)
         self.min, self.max, self.n = math.inf, -math.inf, 0
