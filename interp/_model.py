@@ -61,8 +61,8 @@ def model_name(model: object) -> str:
     return type(model).__name__
 
 
-def require_hooks(model: object, names: Sequence[str]) -> None:
-    """Raise a ValueError naming each hook point in `names` that `model` does not have."""
+def require_hooks(model: object, names: Sequence[Optional[str]]) -> None:
+    """Raise a ValueError naming each hook point in `names` that `model` does not have (None: a name not known, never there)."""
     hook_dict = getattr(model, "hook_dict", None)
     if hook_dict is None:
         raise ValueError(f"{model_name(model)} is not a hooked model (no hook_dict): interp reads activations "
