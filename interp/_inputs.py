@@ -16,7 +16,7 @@ same things and refuse the same things with the forward's own words (`sprout.tl.
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Sequence, Union
+from typing import NamedTuple, Optional, Sequence, TypeGuard, Union
 
 import torch
 from jaxtyping import Int
@@ -46,7 +46,7 @@ class TokenBatch(NamedTuple):
                          f"would be padded to {self.ids.shape[1]}; pass texts of equal token length (or ids [batch, pos])")
 
 
-def _is_texts(data) -> bool:
+def _is_texts(data: object) -> TypeGuard[Sequence[str]]:
     return isinstance(data, (list, tuple)) and len(data) > 0 and all(isinstance(t, str) for t in data)
 
 

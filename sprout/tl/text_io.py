@@ -19,13 +19,20 @@ TextOrTokens = Union[str, list, torch.Tensor]
 
 
 class Readable(Protocol):
-    """What `TextCodec` reads of its model: the config, the unembedding and the forward."""
+    """What `TextCodec` reads of its model: the config, the unembedding, the tokenizer and the forward (and, for
+    `generate`, its train / eval mode)."""
+
+    training: bool
 
     @property
     def cfg(self) -> SproutTransformerLensConfig: ...
     @property
     def W_U(self) -> torch.Tensor: ...
+    @property
+    def tokenizer(self) -> Any: ...
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+    def eval(self) -> Any: ...
+    def train(self, mode: bool = True) -> Any: ...
 
 
 class TextCodec:
