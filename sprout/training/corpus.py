@@ -302,7 +302,7 @@ def _write_tokens(text: str, tok, path: Path, chunk_chars: int) -> None:
                 np.asarray(enc.ids, dtype=np.uint16).tofile(f)
 
 
-def build_token_files(text: str, tokenizer, out_dir: Union[str, Path], val_fraction: float = 0.1,
+def build_token_files(text: str, tokenizer: Tokenizer, out_dir: Union[str, Path], val_fraction: float = 0.1,
                       chunk_chars: int = 1 << 20) -> tuple[Path, Path]:
     """Tokenises `text` once into `out_dir/train.bin` and `out_dir/val.bin` (flat np.uint16).
 
@@ -373,7 +373,7 @@ class TokenDataset:
         context: T, the window length of the batches.
     """
 
-    def __init__(self, path: Union[str, Path], context: int):
+    def __init__(self, path: Union[str, Path], context: int) -> None:
         self.path, self.context = Path(path), context
         if not os.path.lexists(self.path):
             raise ValueError(f"no token file at {self.path}")
