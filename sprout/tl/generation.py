@@ -15,7 +15,7 @@ on the left and masked, so each gets the continuation it gets alone.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Union, cast
+from typing import Any, Optional, Protocol, Sequence, Union, cast
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -26,16 +26,37 @@ from transformers import StoppingCriteria, StoppingCriteriaList, StopStringCrite
 
 from .text import _tokenizer, bos_token_id, check_attention_mask, check_tokens, to_string, tokens_and_mask
 
-if TYPE_CHECKING:
-    from .hooked import HookedLM
-    from .text_io import Readable, TextOrTokens
+
+class LanguageModel(Protocol):
+    """What generation reads of a model (`sprout.tl.text_io.Readable` has it; named here, since text_io and
+    hooked import this module): the config and tokenizer, the forward, and the train / eval mode."""
+
+    training: bool
+
+    @property
+    def cfg(self) -> Any: ...
+    @property
+    def tokenizer(self) -> Any: ...
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+    def eval(self) -> Any: ...
+    def train(self, mode: bool = True) -> Any: ...
+
+
+class Generating(Protocol):
+    """A model with TransformerLens' `generate` (a `sprout.tl.hooked.HookedLM`), what `sample` calls."""
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+# a text, a list of texts, or token ids [batch, pos] / [pos]
+Prompt = Union[str, list, Int[torch.Tensor, "*batch pos"]]
 
 RETURN_TYPES = ("input", "str", "tokens", "embeds")
 
 
 # --- the key-value cache -------------------------------------------------------------------------
 
-def new_cache(model: Readable, batch_size: int = 1) -> TransformerLensKeyValueCache:
+def new_cache(model: LanguageModel, batch_size: int = 1) -> TransformerLensKeyValueCache:
     """An empty TransformerLens key-value cache for `model` ([batch, 0, head, d_head] per layer)."""
     return TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, batch_size)
 
@@ -63,7 +84,7 @@ def _check_cache(model, cache, batch: int) -> int:
     return past
 
 
-def cache_masks(model: Readable, cache: TransformerLensKeyValueCache, attention_mask: Optional[Int[torch.Tensor, "batch _pos"]],
+def cache_masks(model: LanguageModel, cache: TransformerLensKeyValueCache, attention_mask: Optional[Int[torch.Tensor, "batch _pos"]],
                 ids: Int[torch.Tensor, "batch new_pos"]) -> tuple[Int[torch.Tensor, "batch new_pos"], Int[torch.Tensor, "batch new_pos"],
                                                                  Bool[torch.Tensor, "batch 1 new_pos all_pos"]]:
     """The new positions' mask, RoPE / learned positions and attention mask, reading and extending the cache.
@@ -134,7 +155,7 @@ def _ids(name, value, vocab: int) -> list[int]:
     return out
 
 
-def check_options(model: Readable, o: dict) -> None:
+def check_options(model: LanguageModel, o: dict) -> None:
     """Every generate option, by name: a wrong type or value is an error naming it."""
     n = o["max_new_tokens"]
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
@@ -165,7 +186,7 @@ def check_options(model: Readable, o: dict) -> None:
         raise TypeError(f"stop_strings must be a str or a list of str, got {s!r}")
 
 
-def stopping_criteria_list(model: Readable, stop_strings: Optional[Union[str, Sequence[str]]],
+def stopping_criteria_list(model: LanguageModel, stop_strings: Optional[Union[str, Sequence[str]]],
                            stopping_criteria: Optional[Union[StoppingCriteria, Sequence[StoppingCriteria]]]
                            ) -> Optional[StoppingCriteriaList]:
     """stop_strings and stopping_criteria as one transformers StoppingCriteriaList (None when neither), as TL."""
@@ -376,7 +397,7 @@ def _with_extras(model, result, kind, ids, mask, prompt, o):
 
 
 @torch.no_grad()
-def generate(model: Readable, input: Union[TextOrTokens, Float[torch.Tensor, "batch pos d_model"]], o: dict) -> Any:
+def generate(model: LanguageModel, input: Union[Prompt, Float[torch.Tensor, "batch pos d_model"]], o: dict) -> Any:
     """The loop behind `HookedLM.generate` (whose docstring says what each option does); `o` holds every option."""
     check_options(model, o)
     criteria = stopping_criteria_list(model, o["stop_strings"], o["stopping_criteria"])
@@ -395,7 +416,7 @@ def generate(model: Readable, input: Union[TextOrTokens, Float[torch.Tensor, "ba
     return _with_extras(model, result, kind, ids, mask, prompt, o)
 
 
-def sample(model: HookedLM, idx: TextOrTokens, max_new: int, temperature: float = 0.8, top_k: Optional[int] = None,
+def sample(model: Generating, idx: Prompt, max_new: int, temperature: float = 0.8, top_k: Optional[int] = None,
            top_p: Optional[float] = 0.95, stop: Optional[Union[int, Sequence[int]]] = None) -> Any:
     """model.py's sampler with model.py's defaults (temperature 0.8, top-p 0.95); text in gives text out."""
     return model.generate(idx, max_new, stop_at_eos=False, temperature=temperature, top_k=top_k, top_p=top_p, stop=stop,

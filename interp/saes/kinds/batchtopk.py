@@ -2,16 +2,11 @@
 (the running mean of the smallest latent kept): Bussmann et al. 2024, "BatchTopK Sparse Autoencoders"."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.distributed as dist
 from jaxtyping import Float
 
-from .base import Kind, threshold_of
-
-if TYPE_CHECKING:
-    from ..sae import SAE
+from .base import Dictionary, Kind, threshold_of
 
 
 class BatchTopK(Kind):
@@ -20,16 +15,16 @@ class BatchTopK(Kind):
     def __init__(self, k: int) -> None:
         self.k = k
 
-    def encode(self, pre: Float[torch.Tensor, "*batch d_sae"], sae: SAE) -> Float[torch.Tensor, "*batch d_sae"]:
+    def encode(self, pre: Float[torch.Tensor, "*batch d_sae"], sae: Dictionary) -> Float[torch.Tensor, "*batch d_sae"]:
         return pre * (pre > threshold_of(sae)).to(pre.dtype) * (pre > 0).to(pre.dtype)
 
-    def train_acts(self, pre: Float[torch.Tensor, "rows d_sae"], sae: SAE,
+    def train_acts(self, pre: Float[torch.Tensor, "rows d_sae"], sae: Dictionary,
                    global_rows: int) -> Float[torch.Tensor, "rows d_sae"]:
         act = pre.relu()
         cut = batch_threshold(act.detach(), self.k * global_rows)
         return act * (act >= cut).to(act.dtype) * (act > 0).to(act.dtype)
 
-    def after_step(self, acts: Float[torch.Tensor, "rows d_sae"], sae: SAE, threshold_lr: float) -> None:
+    def after_step(self, acts: Float[torch.Tensor, "rows d_sae"], sae: Dictionary, threshold_lr: float) -> None:
         """threshold <- (1 - lr) threshold + lr * (the smallest positive latent of the batch, over all
         processes): the running estimate of the cut BatchTopK makes, used alone at inference."""
         a = acts.detach()

@@ -3,15 +3,10 @@ estimator with an L0 penalty (Rajamanoharan et al. 2024, "Jumping Ahead: Improvi
 with JumpReLU Sparse Autoencoders")."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from jaxtyping import Float
 
-from .base import Kind, threshold_of
-
-if TYPE_CHECKING:
-    from ..sae import SAE
+from .base import Dictionary, Kind, threshold_of
 
 
 def _rectangle(u: torch.Tensor) -> torch.Tensor:
@@ -57,13 +52,13 @@ class JumpReLU(Kind):
     def __init__(self, bandwidth: float = 0.05) -> None:
         self.bandwidth = bandwidth
 
-    def encode(self, pre: Float[torch.Tensor, "*batch d_sae"], sae: SAE) -> Float[torch.Tensor, "*batch d_sae"]:
+    def encode(self, pre: Float[torch.Tensor, "*batch d_sae"], sae: Dictionary) -> Float[torch.Tensor, "*batch d_sae"]:
         return pre * (pre > threshold_of(sae)).to(pre.dtype) * (pre > 0).to(pre.dtype)
 
-    def train_acts(self, pre: Float[torch.Tensor, "rows d_sae"], sae: SAE,
+    def train_acts(self, pre: Float[torch.Tensor, "rows d_sae"], sae: Dictionary,
                    global_rows: int) -> Float[torch.Tensor, "rows d_sae"]:
         return _JumpReLUFn.apply(pre, sae.threshold, self.bandwidth)
 
     def penalty(self, pre: Float[torch.Tensor, "rows d_sae"], acts: Float[torch.Tensor, "rows d_sae"],
-                sae: SAE) -> Float[torch.Tensor, " rows"]:
+                sae: Dictionary) -> Float[torch.Tensor, " rows"]:
         return _StepFn.apply(pre, sae.threshold, self.bandwidth).sum(-1)  # L0

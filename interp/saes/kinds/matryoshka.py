@@ -2,15 +2,13 @@
 (Bussmann, Nabeshima et al. 2025, "Learning Multi-Level Features with Matryoshka Sparse Autoencoders")."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence, Union, cast
+from typing import Optional, Sequence, Union, cast
 
 import torch
 from jaxtyping import Float
 
+from .base import Dictionary
 from .batchtopk import BatchTopK
-
-if TYPE_CHECKING:
-    from ..sae import SAE
 
 
 class Matryoshka(BatchTopK):
@@ -20,7 +18,7 @@ class Matryoshka(BatchTopK):
         super().__init__(k)
         self.widths = list(widths)
 
-    def reconstruction(self, target: Float[torch.Tensor, "rows d_out"], acts: Float[torch.Tensor, "rows d_sae"], sae: SAE,
+    def reconstruction(self, target: Float[torch.Tensor, "rows d_out"], acts: Float[torch.Tensor, "rows d_sae"], sae: Dictionary,
                        extra: Optional[Float[torch.Tensor, "rows d_out"]]) -> Float[torch.Tensor, " rows"]:
         """The mean over prefixes m of |x - (acts[:, :m] @ W_dec[:m] + b_dec)|^2 (the last prefix is every
         latent: the plain BatchTopK loss)."""

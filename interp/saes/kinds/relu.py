@@ -2,15 +2,10 @@
 2024, "Circuits Updates, April 2024"). Decoder rows have unit norm, so the penalty cannot be dodged."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from jaxtyping import Float
 
-from .base import Kind
-
-if TYPE_CHECKING:
-    from ..sae import SAE
+from .base import Dictionary, Kind
 
 
 class ReLU(Kind):
@@ -18,5 +13,5 @@ class ReLU(Kind):
     has_penalty = True
 
     def penalty(self, pre: Float[torch.Tensor, "rows d_sae"], acts: Float[torch.Tensor, "rows d_sae"],
-                sae: SAE) -> Float[torch.Tensor, " rows"]:
+                sae: Dictionary) -> Float[torch.Tensor, " rows"]:
         return acts.abs().sum(-1)  # decoder rows have unit norm, so this is Conerly et al.'s sum |f_i| ||d_i||

@@ -2,15 +2,10 @@
 evaluating sparse autoencoders"; dead latents are handled by AuxK in training)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from jaxtyping import Float
 
-from .base import Kind
-
-if TYPE_CHECKING:
-    from ..sae import SAE
+from .base import Dictionary, Kind
 
 
 class TopK(Kind):
@@ -19,6 +14,6 @@ class TopK(Kind):
     def __init__(self, k: int) -> None:
         self.k = k
 
-    def encode(self, pre: Float[torch.Tensor, "*batch d_sae"], sae: SAE) -> Float[torch.Tensor, "*batch d_sae"]:
+    def encode(self, pre: Float[torch.Tensor, "*batch d_sae"], sae: Dictionary) -> Float[torch.Tensor, "*batch d_sae"]:
         values, indices = pre.topk(self.k, dim=-1, sorted=False)
         return torch.zeros_like(pre).scatter_(-1, indices, values.relu())
