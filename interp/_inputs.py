@@ -146,7 +146,7 @@ def token_rows(model: HookedModel, data: TextOrTokens, seq_len: Optional[int] = 
     return rows
 
 
-def windows(ids: Union[Sequence, torch.Tensor], length: int, stride: Optional[int] = None, drop_last: bool = False) -> list:
+def windows(ids: Union[Sequence, Int[torch.Tensor, " pos"]], length: int, stride: Optional[int] = None, drop_last: bool = False) -> list:
     """A sequence of ids (a 1-D tensor or a list) cut into windows of `length` ids, one starting every
     `stride` (default `length`: consecutive, no overlap), in order.
 

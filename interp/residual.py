@@ -14,6 +14,7 @@ from typing import Optional
 
 import pandas as pd
 import torch
+from jaxtyping import Float
 
 from sprout.names import act_name
 
@@ -36,7 +37,7 @@ class LogHistogram:
         self.min, self.max, self.n = math.inf, -math.inf, 0
         self.n_nan = 0  # NaN values (from NaN weights) make every quantile NaN, like the mean
 
-    def add(self, values: torch.Tensor) -> None:
+    def add(self, values: Float[torch.Tensor, "..."]) -> None:
         v = values.detach().double().reshape(-1).cpu()
         nan = v.isnan()
         self.n_nan += int(nan.sum())
@@ -61,7 +62,7 @@ class LogHistogram:
         return min(max(math.exp(log_v), self.min), self.max)
 
 
-def rms(x: torch.Tensor) -> torch.Tensor:
+def rms(x: Float[torch.Tensor, "*batch d_model"]) -> Float[torch.Tensor, "*batch"]:
     """Per-token RMS over the last dimension: [..., d_model] -> [...] (float32)."""
     return x.float().pow(2).mean(-1).sqrt()
 

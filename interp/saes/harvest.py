@@ -16,7 +16,7 @@ import hashlib
 from typing import Optional, cast
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 
 from .._distributed import world_and_rank
 from .._inputs import TextOrTokens
@@ -37,7 +37,7 @@ def _perm(n: int, seed: int, salt: int) -> torch.Tensor:
     return _PERMS[key]
 
 
-def epoch_slice(n: int, size: int, index: int, seed: int, salt: int = 0) -> torch.Tensor:
+def epoch_slice(n: int, size: int, index: int, seed: int, salt: int = 0) -> Int[torch.Tensor, " size"]:
     """Item `index` of the sequence cut into `size`-long slices from one fresh permutation of range(n)
     per epoch (a slice may span two epochs)."""
     start, parts, got = index * size, [], 0
@@ -48,7 +48,7 @@ def epoch_slice(n: int, size: int, index: int, seed: int, salt: int = 0) -> torc
     return torch.cat(parts)
 
 
-def check_activations(x: torch.Tensor, what: str) -> None:
+def check_activations(x: Float[torch.Tensor, "*n d_in"], what: str) -> None:
     if not x.is_floating_point():
         raise TypeError(f"{what} must be floating point, got dtype {x.dtype} (token ids go with a model: "
                         "train_sae(model, data=ids, hook=...))")

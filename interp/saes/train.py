@@ -27,7 +27,7 @@ from typing import Any, Iterable, Optional, Union, cast
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from tqdm.auto import tqdm
 
 from .._distributed import world_and_rank
@@ -137,7 +137,7 @@ def _aux_loss(u: _Unit, pre, acts, recon, target, s: TrainSettings) -> torch.Ten
     return s.aux_k_coefficient * scale * (sparse_decode(u.sae, idx, values.clamp_min(0)) - residual).pow(2).sum()
 
 
-def sparse_decode(sae: SAE, idx: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+def sparse_decode(sae: SAE, idx: Int[torch.Tensor, "rows k"], values: Float[torch.Tensor, "rows k"]) -> Float[torch.Tensor, "rows d_out"]:
     """sum_j values[:, j] * W_dec[idx[:, j]] [rows, d]: the decoder on k latents per row, without b_dec.
 
     What `acts @ W_dec` gives for latents zero outside idx, in rows x k x d work instead of rows x

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional, Union, cast
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from jaxtyping import Float, Int
+from jaxtyping import Float, Int, Shaped
 from transformer_lens.utilities.lm_utils import lm_cross_entropy_loss
 
 if TYPE_CHECKING:
@@ -110,8 +110,9 @@ def check_loss_tokens(tokens: Int[torch.Tensor, "batch pos"], resid: Float[torch
 
 
 def course_loss(logits: Float[torch.Tensor, "batch pos d_vocab"], targets: Int[torch.Tensor, "batch pos"],
-                loss_mask: Optional[torch.Tensor] = None, attention_mask: Optional[Int[torch.Tensor, "batch pos"]] = None,
-                per_token: bool = False) -> Union[Float[torch.Tensor, ""], Float[torch.Tensor, "batch pos"]]:
+                loss_mask: Optional[Shaped[torch.Tensor, "batch pos"]] = None,
+                attention_mask: Optional[Int[torch.Tensor, "batch pos"]] = None, per_token: bool = False
+                ) -> Union[Float[torch.Tensor, ""], Float[torch.Tensor, "batch pos"]]:
     """model.py's loss: next-token cross-entropy against `targets` [batch, pos], averaged over the
     positions where `loss_mask` (and `attention_mask`, when given) are nonzero; per_token: [batch, pos]."""
     if not isinstance(targets, torch.Tensor) or targets.shape != logits.shape[:-1]:
@@ -141,7 +142,7 @@ def tl_loss(logits: Float[torch.Tensor, "batch pos d_vocab"], tokens: Int[torch.
 
 
 def finish(logits: Float[torch.Tensor, "batch pos d_vocab"], tokens: Optional[Int[torch.Tensor, "batch pos"]],
-           targets: Optional[Int[torch.Tensor, "batch pos"]], loss_mask: Optional[torch.Tensor],
+           targets: Optional[Int[torch.Tensor, "batch pos"]], loss_mask: Optional[Shaped[torch.Tensor, "batch pos"]],
            attention_mask: Optional[Int[torch.Tensor, "batch pos"]], return_type: Optional[str], loss_per_token: bool) -> ForwardResult:
     """The forward's result for `return_type` (see the module docstring)."""
     if return_type == "logits":

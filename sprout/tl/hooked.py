@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Optional, Union, cast
 
 import torch
-from jaxtyping import Bool, Float, Int
+from jaxtyping import Bool, Float, Int, Shaped
 from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 from transformer_lens.hook_points import HookFunction, HookPoint, NamesFilter
 from transformer_lens.HookedRootModule import HookedRootModule
@@ -140,10 +140,11 @@ class HookedLM(HookedRootModule):
     def forward(self, input: TextOrTokens, return_type: Optional[str] = "logits", loss_per_token: bool = False,
                 prepend_bos: Optional[bool] = None, padding_side: Optional[str] = None,
                 start_at_layer: Optional[int] = None, tokens: Optional[Int[torch.Tensor, "batch pos"]] = None,
-                shortformer_pos_embed: Optional[torch.Tensor] = None,
+                shortformer_pos_embed: Optional[Float[torch.Tensor, "batch pos d_model"]] = None,
                 attention_mask: Optional[Int[torch.Tensor, "batch pos"]] = None,
                 stop_at_layer: Optional[int] = None, past_kv_cache: Optional[TransformerLensKeyValueCache] = None, *,
-                targets: Optional[Int[torch.Tensor, "batch pos"]] = None, loss_mask: Optional[torch.Tensor] = None) -> ForwardResult:
+                targets: Optional[Int[torch.Tensor, "batch pos"]] = None,
+                loss_mask: Optional[Shaped[torch.Tensor, "batch pos"]] = None) -> ForwardResult:
         """Token ids [batch, pos] (or text, or a list of texts) through the model, as HookedTransformer.
 
         `model(tokens)` is the logits [batch, pos, vocab], a plain Tensor; `return_type` "logits",

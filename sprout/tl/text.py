@@ -133,7 +133,7 @@ def tokens_and_mask(model: TextModel, text: Texts, prepend_bos: Optional[bool] =
     return check_tokens(model, idx), mask
 
 
-def to_tokens(model: TextModel, text: Union[Texts, torch.Tensor], prepend_bos: Optional[bool] = None,
+def to_tokens(model: TextModel, text: Union[Texts, Int[torch.Tensor, "*batch pos"]], prepend_bos: Optional[bool] = None,
               padding_side: Optional[str] = None, move_to_device: bool = True, truncate: bool = True) -> Int[torch.Tensor, "batch pos"]:
     """Text, a list of texts (padded to the longest), or ids -> ids [batch, pos] on the model's device.
 

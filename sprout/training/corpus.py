@@ -19,6 +19,7 @@ from typing import Optional, Union
 
 import numpy as np
 import torch
+from jaxtyping import Int
 from tokenizers import Tokenizer
 
 from ..files import file_in, latest_checkpoint, load_tokenizer, regular_file, remove_ours, save_tokenizer
@@ -347,7 +348,7 @@ def check_windows(data: np.ndarray, context: int) -> None:
 
 
 def get_batch(data: np.ndarray, batch_size: int, context: int,
-              generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+              generator: torch.Generator) -> tuple[Int[torch.Tensor, "batch pos"], Int[torch.Tensor, "batch pos"]]:
     """Random windows of a token array: inputs and the next-token targets.
 
     Args:
@@ -384,7 +385,7 @@ class TokenDataset:
     def __len__(self) -> int:
         return len(self.data)
 
-    def batch(self, batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(self, batch_size: int, generator: torch.Generator) -> tuple[Int[torch.Tensor, "batch pos"], Int[torch.Tensor, "batch pos"]]:
         """(x, y), int64 [batch_size, context]; see `get_batch`."""
         return get_batch(self.data, batch_size, self.context, generator)
 
