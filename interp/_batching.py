@@ -1,16 +1,18 @@
 """Group the checked rows of `_inputs.token_rows` into batches of equal length that fit the model's context."""
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Optional, Union
 
 import torch
+from jaxtyping import Int
 
 from ._inputs import TextOrTokens, token_rows
 
 __all__ = ["TextOrTokens", "batches", "token_rows"]
 
 
-def batches(rows: list[torch.Tensor], batch_size: int, device=None) -> Iterator[tuple[list[int], torch.Tensor]]:
+def batches(rows: list[Int[torch.Tensor, " pos"]], batch_size: int, device: Optional[Union[str, torch.device]] = None
+            ) -> Iterator[tuple[list[int], Int[torch.Tensor, "batch pos"]]]:
     """Group rows of equal length into [batch, pos] tensors; yields (the rows' indices, ids)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")

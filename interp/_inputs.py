@@ -16,7 +16,7 @@ same things and refuse the same things with the forward's own words (`sprout.tl.
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Sequence, Union
+from typing import NamedTuple, Optional, Sequence, TypeGuard, Union
 
 import torch
 from jaxtyping import Int
@@ -46,7 +46,7 @@ class TokenBatch(NamedTuple):
                          f"would be padded to {self.ids.shape[1]}; pass texts of equal token length (or ids [batch, pos])")
 
 
-def _is_texts(data) -> bool:
+def _is_texts(data: object) -> TypeGuard[Sequence[str]]:
     return isinstance(data, (list, tuple)) and len(data) > 0 and all(isinstance(t, str) for t in data)
 
 
@@ -93,7 +93,7 @@ def _row(t: torch.Tensor) -> torch.Tensor:
     return t.long().cpu()
 
 
-def token_batch(model: HookedModel, data, *, attention_mask: Optional[torch.Tensor] = None,
+def token_batch(model: HookedModel, data: TextOrTokens, *, attention_mask: Optional[Int[torch.Tensor, "batch pos"]] = None,
                 padding_side: Optional[str] = None) -> TokenBatch:
     """Text, a list of texts, ids [pos] / [batch, pos], or a list of 1-D id tensors -> (ids, mask).
 
@@ -127,7 +127,7 @@ def token_batch(model: HookedModel, data, *, attention_mask: Optional[torch.Tens
     return batch
 
 
-def token_rows(model: HookedModel, data: TextOrTokens, seq_len: Optional[int] = None) -> list[torch.Tensor]:
+def token_rows(model: HookedModel, data: TextOrTokens, seq_len: Optional[int] = None) -> list[Int[torch.Tensor, " pos"]]:
     """Text, a list of texts, ids [pos] / [batch, pos] or a list of 1-D id tensors -> checked 1-D id rows
     of at most `seq_len` tokens (default the model's context).
 
@@ -146,7 +146,7 @@ def token_rows(model: HookedModel, data: TextOrTokens, seq_len: Optional[int] = 
     return rows
 
 
-def windows(ids: Union[Sequence, torch.Tensor], length: int, stride: Optional[int] = None, drop_last: bool = False) -> list:
+def windows(ids: Union[Sequence, Int[torch.Tensor, " pos"]], length: int, stride: Optional[int] = None, drop_last: bool = False) -> list:
     """A sequence of ids (a 1-D tensor or a list) cut into windows of `length` ids, one starting every
     `stride` (default `length`: consecutive, no overlap), in order.
 
@@ -172,7 +172,7 @@ def windows(ids: Union[Sequence, torch.Tensor], length: int, stride: Optional[in
     return out
 
 
-def stream_windows(model: HookedModel, data: TextOrTokens, seq_len: Optional[int] = None) -> torch.Tensor:
+def stream_windows(model: HookedModel, data: TextOrTokens, seq_len: Optional[int] = None) -> Int[torch.Tensor, "n_windows pos"]:
     """The data's tokens as one stream cut into [n_windows, seq_len] rows (a shorter tail is dropped)."""
     stream = torch.cat(token_rows(model, data, seq_len))  # seq_len checked there
     seq_len = int(model.cfg.n_ctx) if seq_len is None else int(seq_len)
@@ -183,7 +183,7 @@ def stream_windows(model: HookedModel, data: TextOrTokens, seq_len: Optional[int
     return torch.stack(rows)
 
 
-def sequences(model: HookedModel, data) -> list[torch.Tensor]:
+def sequences(model: HookedModel, data: TextOrTokens) -> list[Int[torch.Tensor, " pos"]]:
     """The data as whole 1-D id sequences, integer-checked; a text may be longer than the context here (the
     caller cuts it and passes each piece through `check_tokens`)."""
     if isinstance(data, torch.Tensor):

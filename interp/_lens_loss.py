@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from jaxtyping import Float
 
 from ._model import HookedModel, final_modules
 
@@ -42,11 +43,11 @@ class Scratch:
     from the wrong logits.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.buffers: Optional[list[torch.Tensor]] = None
         self.turn = 0
 
-    def take(self, rows: int, vocab: int, like: torch.Tensor) -> list[torch.Tensor]:
+    def take(self, rows: int, vocab: int, like: torch.Tensor) -> list[Float[torch.Tensor, "rows d_vocab"]]:
         """[p, z, log_softmax(z), grad], each [rows, vocab] like `like`."""
         b = self.buffers
         if b is None or b[0].shape != (rows, vocab) or b[0].dtype != like.dtype or b[0].device != like.device:
@@ -54,7 +55,7 @@ class Scratch:
         return b
 
     @torch.no_grad()
-    def target(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def target(self, logits: Float[torch.Tensor, "rows d_vocab"]) -> tuple[Float[torch.Tensor, "rows d_vocab"], Float[torch.Tensor, ""]]:
         """The output distribution p of logits [rows, vocab] (in a buffer) and sum_v p log p, the mean over rows."""
         p, _, log_p, _ = self.take(*logits.shape, logits)  # type: ignore[call-arg]  # logits is [rows, vocab]; mypy cannot count a Size
         torch.log_softmax(logits, dim=-1, out=log_p)
@@ -92,7 +93,8 @@ class _UnembedCrossEntropy(torch.autograd.Function):
         return grad_x, grad_w, None, None
 
 
-def lens_cross_entropy(model: HookedModel, resid: torch.Tensor, p: torch.Tensor, scratch: Scratch) -> torch.Tensor:
+def lens_cross_entropy(model: HookedModel, resid: Float[torch.Tensor, "rows d_model"], p: Float[torch.Tensor, "rows d_vocab"],
+                       scratch: Scratch) -> Float[torch.Tensor, ""]:
     """Mean cross-entropy of the model's output distribution p [rows, vocab] under the logits of the
     (translated) streams resid [rows, d_model], read through the model's final norm and output layer."""
     norm, head = final_modules(model)

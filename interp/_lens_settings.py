@@ -5,11 +5,15 @@ from __future__ import annotations
 import hashlib
 import warnings
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
+from jaxtyping import Int
 
 from sprout.settings import Checked
+
+if TYPE_CHECKING:
+    from .tuned_lens import TunedLens
 
 # what each field must be, in the words of the errors (the type and the range together)
 _WORDS = {
@@ -40,7 +44,7 @@ class TunedLensSettings(Checked):
     WHAT = "train_tuned_lens settings"
 
     @classmethod
-    def bad(cls, name: str, expected: str, value) -> ValueError:
+    def bad(cls, name: str, expected: str, value: object) -> ValueError:
         return ValueError(f"train_tuned_lens: {name} must be {_WORDS.get(name, expected)}, got {value!r}")
 
 
@@ -48,19 +52,19 @@ class TunedLensSettings(Checked):
 SCHEDULE = ("steps", "batch_size", "seq_len", "lr", "momentum", "weight_decay", "grad_clip", "seed")
 
 
-def data_stamp(rows: torch.Tensor) -> str:
+def data_stamp(rows: Int[torch.Tensor, "n_windows pos"]) -> str:
     """The training windows [n_windows, seq_len] in a few words, with the sha256 of their ids."""
     rows = rows.detach().cpu().long().contiguous()
     digest = hashlib.sha256(f"{tuple(rows.shape)}|".encode() + rows.numpy().tobytes()).hexdigest()[:16]
     return f"{rows.shape[0]} windows of {rows.shape[1]} tokens, sha256 {digest}"
 
 
-def schedule_of(settings: TunedLensSettings, rows: torch.Tensor) -> dict:
+def schedule_of(settings: TunedLensSettings, rows: Int[torch.Tensor, "n_windows pos"]) -> dict:
     """What a lens records of its training, so that a resume can be checked against it."""
     return {**{k: getattr(settings, k) for k in SCHEDULE}, "seq_len": int(rows.shape[1]), "data": data_stamp(rows)}
 
 
-def resume_start(lens, now: dict) -> int:
+def resume_start(lens: TunedLens, now: dict) -> int:
     """The step to continue from: lens.step when the lens was trained with the same schedule and data and
     carries its optimizer state; 0 (with a warning) for a lens without it (loaded from a file).
 

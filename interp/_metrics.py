@@ -13,21 +13,21 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 
 Metric = Callable[[Float[torch.Tensor, "batch pos d_vocab"]], Float[torch.Tensor, "*batch"]]  # a scalar or [batch]
 
 
-def metric_name(metric) -> str:
+def metric_name(metric: object) -> str:
     name = getattr(metric, "__qualname__", None) or getattr(metric, "__name__", None)
     return repr(name) if name else repr(metric)
 
 
-def check_metric(metric) -> None:
+def check_metric(metric: object) -> None:
     if not callable(metric):
         raise TypeError(f"the metric must be a function of the logits [batch, pos, d_vocab], got {type(metric).__name__}")
 
@@ -38,7 +38,7 @@ def _describe(out) -> str:
     return f"{type(out).__name__} {out!r}"[:80]
 
 
-def as_value(metric, out, batch: int) -> torch.Tensor:
+def as_value(metric: object, out: object, batch: int) -> Float[torch.Tensor, ""]:
     """The metric's output as a 0-d real tensor (one value per row is averaged), or an error naming the metric."""
     must = "a real number (a float, or a tensor of one value or one per batch row)"
     if isinstance(out, (torch.Tensor, np.ndarray)) and not isinstance(out, torch.Tensor):
@@ -55,12 +55,12 @@ def as_value(metric, out, batch: int) -> torch.Tensor:
     return out
 
 
-def metric_value(metric, logits: torch.Tensor) -> float:
+def metric_value(metric: Metric, logits: Float[torch.Tensor, "batch pos d_vocab"]) -> float:
     """The metric of logits [batch, pos, d_vocab] as a float: a scalar, or the mean of one value per batch row."""
     return float(as_value(metric, metric(logits), logits.shape[0]))
 
 
-def differentiable_value(metric, logits: torch.Tensor) -> torch.Tensor:
+def differentiable_value(metric: Metric, logits: Float[torch.Tensor, "batch pos d_vocab"]) -> Float[torch.Tensor, ""]:
     """The metric as a 0-d float tensor with a gradient back to the logits, for attribution patching."""
     out = metric(logits)
     value = as_value(metric, out, logits.shape[0])
@@ -72,7 +72,8 @@ def differentiable_value(metric, logits: torch.Tensor) -> torch.Tensor:
     return value
 
 
-def hide(logits: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+def hide(logits: Float[torch.Tensor, "batch pos d_vocab"], mask: Optional[Int[torch.Tensor, "mask_batch pos"]]
+         ) -> Float[torch.Tensor, "batch pos d_vocab"]:
     """Logits [n * batch, pos, d_vocab] with NaN at the padded positions of mask [batch, pos] (None: as they are)."""
     if mask is None:
         return logits
@@ -80,7 +81,8 @@ def hide(logits: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
     return logits.masked_fill(~keep, float("nan"))
 
 
-def refuse_nan(values, logit_positions=None, mask: Optional[torch.Tensor] = None) -> None:
+def refuse_nan(values: Iterable[float], logit_positions: Optional[Sequence[int]] = None,
+               mask: Optional[Int[torch.Tensor, "batch pos"]] = None) -> None:
     """A NaN metric where NaN stands for logits it must not read: say which."""
     if not any(math.isnan(v) for v in values):
         return

@@ -7,7 +7,7 @@ own modules for that by name, and says clearly when it does not know the model.
 """
 from __future__ import annotations
 
-from typing import Any, ContextManager, Iterator, Optional, Protocol, TypeGuard
+from typing import Any, ContextManager, Iterator, Optional, Protocol, Sequence, TypeGuard, Union
 
 import torch
 import torch.nn as nn
@@ -34,22 +34,22 @@ class HookedModel(Protocol):
     tokenizer: Any  # a Hugging Face tokenizer, or None
 
     @property
-    def W_E(self) -> torch.Tensor: ...
+    def W_E(self) -> Float[torch.Tensor, "d_vocab d_model"]: ...
     @property
-    def W_U(self) -> torch.Tensor: ...
+    def W_U(self) -> Float[torch.Tensor, "d_model d_vocab"]: ...
     @property
-    def W_Q(self) -> torch.Tensor: ...
+    def W_Q(self) -> Float[torch.Tensor, "layer head d_model d_head"]: ...
     @property
-    def W_K(self) -> torch.Tensor: ...
+    def W_K(self) -> Float[torch.Tensor, "layer head d_model d_head"]: ...
     @property
-    def W_V(self) -> torch.Tensor: ...
+    def W_V(self) -> Float[torch.Tensor, "layer head d_model d_head"]: ...
     @property
-    def W_O(self) -> torch.Tensor: ...
+    def W_O(self) -> Float[torch.Tensor, "layer head d_head d_model"]: ...
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
     def run_with_cache(self, *args: Any, **kwargs: Any) -> tuple[Any, Any]: ...
     def run_with_hooks(self, *args: Any, **kwargs: Any) -> Any: ...
-    def run_with_cache_into(self, tokens: torch.Tensor, buffers: dict, **forward_kwargs: Any) -> Any: ...
+    def run_with_cache_into(self, tokens: Int[torch.Tensor, "batch pos"], buffers: dict, **forward_kwargs: Any) -> Any: ...
     def hooks(self, *args: Any, **kwargs: Any) -> ContextManager[Any]: ...
     def to_single_token(self, string: str) -> int: ...
     def setup(self) -> None: ...
@@ -61,8 +61,8 @@ def model_name(model: object) -> str:
     return type(model).__name__
 
 
-def require_hooks(model: object, names) -> None:
-    """Raise a ValueError naming each hook point in `names` that `model` does not have."""
+def require_hooks(model: object, names: Sequence[Optional[str]]) -> None:
+    """Raise a ValueError naming each hook point in `names` that `model` does not have (None: a name not known, never there)."""
     hook_dict = getattr(model, "hook_dict", None)
     if hook_dict is None:
         raise ValueError(f"{model_name(model)} is not a hooked model (no hook_dict): interp reads activations "
@@ -121,7 +121,7 @@ def str_tokens(model: HookedModel, ids: Int[torch.Tensor, "*pos"]) -> list[str]:
     return [decode(tok, [i]) for i in values]
 
 
-def as_index(value, what: str) -> int:
+def as_index(value: Any, what: str) -> int:  # anything: refused unless an integer
     """`value` as a layer or head number: an integer (Python or numpy), never a bool or a float like 0.7."""
     is_bool = isinstance(value, bool) or str(getattr(value, "dtype", "")) in ("bool", "torch.bool")
     if is_bool or not hasattr(type(value), "__index__"):
@@ -129,7 +129,8 @@ def as_index(value, what: str) -> int:
     return int(value.__index__())
 
 
-def heads_of(model: HookedModel, layer=None, head=None) -> tuple[list[int], list[int]]:
+def heads_of(model: HookedModel, layer: Optional[Union[int, Sequence[int]]] = None,
+             head: Optional[Union[int, Sequence[int]]] = None) -> tuple[list[int], list[int]]:
     """The layers and heads selected by `layer` / `head` (an int, a list, or None for all), checked."""
     def pick(value, n, what):
         single = value is not None and (isinstance(value, (bool, int, float)) or hasattr(value, "__index__"))

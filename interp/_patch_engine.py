@@ -15,10 +15,11 @@ from typing import Optional, Union, cast
 
 import pandas as pd
 import torch
+from jaxtyping import Float, Int
 
 from sprout.names import act_name
 
-from ._inputs import token_batch
+from ._inputs import TextOrTokens, token_batch
 from ._metrics import Metric, degenerate, hide, metric_value, refuse_nan
 from ._model import HookedModel, n_heads, n_layers, require_hooks, unembed
 from ._specs import patch_label
@@ -60,12 +61,13 @@ def check_site(model: HookedModel, site: str, by: str) -> None:
     require_hooks(model, [hook_name(site, l) for l in range(n_layers(model))])
 
 
-def as_tokens(model: HookedModel, data) -> torch.Tensor:
+def as_tokens(model: HookedModel, data: TextOrTokens) -> Int[torch.Tensor, "batch pos"]:
     """Token ids [batch, pos] from ids ([pos] or [batch, pos]) or text (one text, or a list of equal length)."""
     return token_batch(model, data).unpadded("this analysis")
 
 
-def clean_and_corrupted(model: HookedModel, clean, corrupted) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+def clean_and_corrupted(model: HookedModel, clean: TextOrTokens, corrupted: TextOrTokens) -> tuple[
+        Int[torch.Tensor, "batch pos"], Int[torch.Tensor, "batch pos"], Optional[Int[torch.Tensor, "batch pos"]]]:
     """Both inputs as ids [batch, pos] of the same shape and padding, and their attention mask (None: unpadded).
 
     Raises a ValueError naming the shapes when they differ, naming the lengths when the rows are padded
@@ -122,25 +124,26 @@ def _patch_hook(chunk: list[Patch], source: torch.Tensor, layout: str):
     return hook
 
 
-def masked(mask: Optional[torch.Tensor], n: int = 1) -> dict:
+def masked(mask: Optional[Int[torch.Tensor, "batch pos"]], n: int = 1) -> dict:
     """The forward's keyword for `n` stacked copies of a batch with attention mask [batch, pos] (or None)."""
     return {} if mask is None else {"attention_mask": mask.repeat(n, 1)}
 
 
-def batched_forward(model: HookedModel, tokens: torch.Tensor, hooks: list, n: int, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+def batched_forward(model: HookedModel, tokens: Int[torch.Tensor, "batch pos"], hooks: list, n: int,
+                    mask: Optional[Int[torch.Tensor, "batch pos"]] = None) -> Float[torch.Tensor, "n_batch pos d_vocab"]:
     """Logits [n * batch, pos, d_vocab] of `n` copies of `tokens` stacked copy-major, with `hooks`
     (hook name, function) acting on all copies at once ([n * batch, ...])."""
     return model.run_with_hooks(tokens.repeat(n, 1), fwd_hooks=hooks, **masked(mask, n))
 
 
-def batched_forward_from(model: HookedModel, resid: torch.Tensor, layer: int, hooks: list, n: int,
-                         mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+def batched_forward_from(model: HookedModel, resid: Float[torch.Tensor, "batch pos d_model"], layer: int, hooks: list, n: int,
+                         mask: Optional[Int[torch.Tensor, "batch pos"]] = None) -> Float[torch.Tensor, "n_batch pos d_vocab"]:
     """As `batched_forward`, but starting at block `layer` from its input stream `resid` [batch, pos,
     d_model]: every copy sees the same input below the patched layer, so those layers run once."""
     return model.run_with_hooks(resid.repeat(n, 1, 1), start_at_layer=layer, fwd_hooks=hooks, **masked(mask, n))
 
 
-def chunk_size(model: HookedModel, tokens: torch.Tensor, limit: Optional[int], what: str = "batch_size") -> int:
+def chunk_size(model: HookedModel, tokens: Int[torch.Tensor, "batch pos"], limit: Optional[int], what: str = "batch_size") -> int:
     if limit is not None:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"{what} must be None or an integer >= 1, got {limit!r}")
@@ -148,7 +151,8 @@ def chunk_size(model: HookedModel, tokens: torch.Tensor, limit: Optional[int], w
     return max(1, LOGIT_BUDGET // (tokens.numel() * int(model.cfg.d_vocab)))
 
 
-def split_metric(metric: Metric, logits: torch.Tensor, n: int, mask: Optional[torch.Tensor] = None) -> list[float]:
+def split_metric(metric: Metric, logits: Float[torch.Tensor, "n_batch pos d_vocab"], n: int,
+                 mask: Optional[Int[torch.Tensor, "batch pos"]] = None) -> list[float]:
     """The metric of each of `n` stacked copies' logits, NaN at padded positions; a metric reading them is refused."""
     B = logits.shape[0] // n
     logits = hide(logits, mask)
@@ -164,7 +168,7 @@ def by_layer(items: list) -> dict[int, list]:
     return groups
 
 
-def check_logit_positions(logit_positions, n_pos: int) -> Optional[list[int]]:
+def check_logit_positions(logit_positions: object, n_pos: int) -> Optional[list[int]]:
     """`logit_positions` (None, an int or ints, negative counting from the end) as sorted positions."""
     if logit_positions is None:
         return None
@@ -197,9 +201,10 @@ def _logits(model: HookedModel, run_from, layer: int, hooks: list, n: int, posit
 
 
 @torch.inference_mode()
-def patch_values(model: HookedModel, clean: torch.Tensor, corrupted: torch.Tensor, metric: Metric, site: str,
+def patch_values(model: HookedModel, clean: Int[torch.Tensor, "batch pos"], corrupted: Int[torch.Tensor, "batch pos"],
+                 metric: Metric, site: str,
                  todo: list[Patch], batch_size: Optional[int] = None,
-                 logit_positions: Optional[list[int]] = None, mask: Optional[torch.Tensor] = None) -> list[float]:
+                 logit_positions: Optional[list[int]] = None, mask: Optional[Int[torch.Tensor, "batch pos"]] = None) -> list[float]:
     """The metric after each patch in `todo`, in its order (clean/corrupted already checked ids, with
     their attention mask or None)."""
     layout = SITES[site]
@@ -224,8 +229,8 @@ def patch_values(model: HookedModel, clean: torch.Tensor, corrupted: torch.Tenso
 
 
 @torch.inference_mode()
-def baselines(model: HookedModel, clean: torch.Tensor, corrupted: torch.Tensor, metric: Metric,
-              mask: Optional[torch.Tensor] = None) -> tuple[float, float]:
+def baselines(model: HookedModel, clean: Int[torch.Tensor, "batch pos"], corrupted: Int[torch.Tensor, "batch pos"], metric: Metric,
+              mask: Optional[Int[torch.Tensor, "batch pos"]] = None) -> tuple[float, float]:
     """The metric on the clean and on the corrupted run, unpatched."""
     return cast(tuple[float, float],
                 tuple(split_metric(metric, model.run_with_hooks(ids, **masked(mask)), 1, mask)[0] for ids in (clean, corrupted)))

@@ -7,7 +7,7 @@ head in all of them, and a float, a bool or an out-of-range number is refused na
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+from typing import Iterable, NamedTuple, Optional, Union
 
 from sprout.names import head_label
 
@@ -18,7 +18,7 @@ _MLP = re.compile(r"^MLP(\d+)$")
 KINDS = ("embed", "head", "mlp")
 
 
-def patch_label(layer: int, head=None, pos=None) -> str:
+def patch_label(layer: int, head: Optional[int] = None, pos: Optional[int] = None) -> str:
     """A patch's label: "L3" (a whole layer), "L3H1" (a head), with "@5" for one position."""
     name = head_label(layer, head)
     return name if pos is None else f"{name}@{pos}"
@@ -55,6 +55,14 @@ class Component(NamedTuple):
         return self.label
 
 
+# What names a head: "L3H1", a (layer, head) pair of integers, a Head, or a head Component; a component is
+# also "MLP{layer}" or "embed". One spec, or an iterable of them, where a function takes several.
+HeadSpec = Union[str, tuple[int, int], "Head", "Component"]
+ComponentSpec = HeadSpec
+HeadSpecs = Union[HeadSpec, Iterable[HeadSpec]]
+ComponentSpecs = HeadSpecs
+
+
 def _in_range(model: HookedModel, value: int, n: int, what: str, spec) -> int:
     if not 0 <= value < n:
         raise ValueError(f"{what} {value} is out of range in {spec!r}: {model_name(model)} has {n} {what}s (0..{n - 1})")
@@ -72,7 +80,7 @@ def _is_pair(spec) -> bool:
     return not isinstance(spec, (str, bytes)) and hasattr(spec, "__len__") and hasattr(spec, "__getitem__")
 
 
-def as_head(model: HookedModel, spec) -> Head:
+def as_head(model: HookedModel, spec: HeadSpec) -> Head:
     """"L3H1", (3, 1) of integers, or a Head -> Head(3, 1), checked against the model.
 
     Raises:
@@ -97,7 +105,7 @@ def as_head(model: HookedModel, spec) -> Head:
     return Head(_in_range(model, layer, n_layers(model), "layer", spec), _in_range(model, head, n_heads(model), "head", spec))
 
 
-def as_component(model: HookedModel, spec) -> Component:
+def as_component(model: HookedModel, spec: ComponentSpec) -> Component:
     """A head ("L1H2", (1, 2), Head), "MLP{layer}" or "embed" -> a Component, checked against the model."""
     if isinstance(spec, Component):
         if spec.kind not in KINDS:
@@ -131,17 +139,17 @@ def _many(specs, what: str) -> list:
     return specs
 
 
-def as_heads(model: HookedModel, specs, what: str = "heads") -> list[Head]:
+def as_heads(model: HookedModel, specs: HeadSpecs, what: str = "heads") -> list[Head]:
     """One head spec or a list of them -> [Head], in order (duplicates kept)."""
     return [as_head(model, s) for s in _many(specs, what)]
 
 
-def as_components(model: HookedModel, specs, what: str = "components") -> list[Component]:
+def as_components(model: HookedModel, specs: ComponentSpecs, what: str = "components") -> list[Component]:
     """One component spec or a list of them -> [Component], in order (duplicates kept)."""
     return [as_component(model, s) for s in _many(specs, what)]
 
 
-def all_heads(model: HookedModel, below=None) -> list[Head]:
+def all_heads(model: HookedModel, below: Optional[int] = None) -> list[Head]:
     """Every head, layer-major (only those in layers below `below`, when given)."""
     top = n_layers(model) if below is None else below
     return [Head(l, h) for l in range(top) for h in range(n_heads(model))]

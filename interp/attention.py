@@ -5,6 +5,7 @@ from typing import Optional, Union
 
 import pandas as pd
 import torch
+from jaxtyping import Float
 
 from sprout.names import act_name
 
@@ -18,7 +19,7 @@ Selection = Optional[Union[int, list]]
 @renamed(text_or_tokens="data")
 @torch.inference_mode()
 def pattern_tensor(model: HookedModel, data: TextOrTokens, layer: Selection = None,
-                   head: Selection = None) -> torch.Tensor:
+                   head: Selection = None) -> Float[torch.Tensor, "layer head query_pos key_pos"]:
     """Attention patterns [n_layers_chosen, n_heads_chosen, query_pos, key_pos] for one sequence.
 
     `layer` and `head` are an int, a list, or None for all. Rows sum to 1; keys after the query are 0.

@@ -12,6 +12,7 @@ import torch
 
 from sprout.names import act_name
 
+from ._inputs import TextOrTokens
 from ._metrics import Metric, check_metric, differentiable_value, hide, refuse_nan
 from ._model import HookedModel, n_layers
 from ._patch_engine import (
@@ -68,8 +69,8 @@ def _region(total: torch.Tensor, p: Patch, layout: str) -> float:
     return float(t.sum())
 
 
-def attribution_patch(model: HookedModel, clean, corrupted, metric: Metric, site: str = "resid_pre", by: str = "position",
-                      exact: bool = False) -> pd.DataFrame:
+def attribution_patch(model: HookedModel, clean: TextOrTokens, corrupted: TextOrTokens, metric: Metric, site: str = "resid_pre",
+                      by: str = "position", exact: bool = False) -> pd.DataFrame:
     """Attribution patching: every patch of `interp.patch`'s sweep estimated from one backward pass.
 
     Args:

@@ -31,16 +31,18 @@ from __future__ import annotations
 import math
 import numbers
 import random
-from typing import Optional
+from typing import Optional, Union
 
 import pandas as pd
 import torch
+from jaxtyping import Bool, Int
 
 from sprout.material import generate_story
 from sprout.names import act_name
 from sprout.tokenizer import encode
 
-from ._inputs import TokenBatch
+from ._inputs import TextOrTokens, TokenBatch
+from ._metrics import Metric
 from ._model import HookedModel, require_hooks
 from ._patch_engine import clean_and_corrupted
 from ._specs import Head, all_heads, as_head
@@ -50,8 +52,11 @@ from .heads import head_scores, repeated_tokens, target_mask
 from .joint import GREEDY_COLUMNS, greedy_feeders
 from .path_patching import VIA, path_patch
 
+# (clean, corrupted) token ids [batch, pos] of one shape
+IdPair = tuple[Int[torch.Tensor, "batch pos"], Int[torch.Tensor, "batch pos"]]
 
-def induction_positions(tokens: torch.Tensor) -> torch.Tensor:
+
+def induction_positions(tokens: Int[torch.Tensor, "batch pos"]) -> Bool[torch.Tensor, "batch pos"]:
     """bool [batch, pos]: positions q whose next token an induction head predicts (some key k with
     t[k-1] = t[q], t[k-2] = t[q-1] and t[k] = t[q+1])."""
     mask = target_mask(tokens, "induction")  # [batch, query, key]
@@ -62,7 +67,7 @@ def induction_positions(tokens: torch.Tensor) -> torch.Tensor:
     return hit.any(-1)
 
 
-def induction_metric(tokens: torch.Tensor):
+def induction_metric(tokens: Int[torch.Tensor, "batch pos"]) -> Metric:
     """logits [batch, pos, d_vocab] -> mean log p(next token) over the clean tokens' induction positions."""
     where = induction_positions(tokens)
     if not where.any():
@@ -76,13 +81,13 @@ def induction_metric(tokens: torch.Tensor):
     return metric
 
 
-def repeated_pair(model: HookedModel, half_len: int = 24, n_seqs: int = 8, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def repeated_pair(model: HookedModel, half_len: int = 24, n_seqs: int = 8, seed: int = 0) -> IdPair:
     """Clean [A A] and corrupted [B B] repeated random tokens, ids [n_seqs, 2 half_len] each."""
     half_len = min(half_len, int(model.cfg.n_ctx) // 2)
     return (repeated_tokens(model, half_len, n_seqs, seed=seed), repeated_tokens(model, half_len, n_seqs, seed=seed + 1))
 
 
-def story_pair(model: HookedModel, n_stories: int = 8, max_len: int = 128, seed: int = 1000) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+def story_pair(model: HookedModel, n_stories: int = 8, max_len: int = 128, seed: int = 1000) -> Optional[IdPair]:
     """Clean and corrupted name stories (generated, names never seen in training), cut to one length:
     ids [n_stories, pos] each; None for a model without a tokenizer."""
     if getattr(model, "tokenizer", None) is None:
@@ -94,7 +99,7 @@ def story_pair(model: HookedModel, n_stories: int = 8, max_len: int = 128, seed:
     return ids[:n_stories], ids[n_stories:]
 
 
-def checked_pair(model: HookedModel, pair, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+def checked_pair(model: HookedModel, pair: tuple[TextOrTokens, TextOrTokens], what: str) -> IdPair:
     """(clean, corrupted) ids [batch, pos] of one shape, unpadded and different, or an error naming `what`."""
     if isinstance(pair, (str, torch.Tensor)) or not hasattr(pair, "__len__") or len(pair) != 2:
         raise TypeError(f"induction_circuit's {what} must be a (clean, corrupted) pair of token ids [batch, pos] "
@@ -120,8 +125,9 @@ def find_induction_heads(model: HookedModel, min_score: float = 0.3) -> pd.DataF
     return scores[(scores["score"] >= min_score) & (scores["layer"] > 0)].reset_index(drop=True)
 
 
-def induction_circuit(model: HookedModel, data=None, min_score: float = 0.3, min_share: float = 0.02, relative: float = 0.25,
-                      stories=True, joint_threshold: float = 0.8) -> tuple[pd.DataFrame, str]:
+def induction_circuit(model: HookedModel, data: Optional[tuple[TextOrTokens, TextOrTokens]] = None, min_score: float = 0.3,
+                      min_share: float = 0.02, relative: float = 0.25, stories: Union[bool, tuple[TextOrTokens, TextOrTokens]] = True,
+                      joint_threshold: float = 0.8) -> tuple[pd.DataFrame, str]:
     """For each induction head, the earlier heads feeding its queries, keys and values.
 
     Args:
@@ -174,7 +180,7 @@ COLUMNS = ["receiver", "induction_score", "sender", "via", "share_repeated", "sh
            "all_share", "joint_ablation_delta", "receiver_layer", "receiver_head", "sender_layer", "sender_head"]
 
 
-def joint_sets(model: HookedModel, receivers: list[str], pair, threshold: float = 0.8) -> pd.DataFrame:
+def joint_sets(model: HookedModel, receivers: list[str], pair: IdPair, threshold: float = 0.8) -> pd.DataFrame:
     """`greedy_feeders` for every receiver and input on one (clean, corrupted) pair, stacked."""
     clean, corrupted = pair
     metric = induction_metric(clean)
@@ -183,7 +189,7 @@ def joint_sets(model: HookedModel, receivers: list[str], pair, threshold: float 
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=GREEDY_COLUMNS)
 
 
-def add_joint(model: HookedModel, frame: pd.DataFrame, pair, threshold: float) -> pd.DataFrame:
+def add_joint(model: HookedModel, frame: pd.DataFrame, pair: IdPair, threshold: float) -> pd.DataFrame:
     """The joint-set columns of `induction_circuit`'s frame, measured on `pair`."""
     joint = joint_sets(model, list(dict.fromkeys(frame["receiver"])), pair, threshold)
     members = joint.set_index(["receiver", "via", "sender"])

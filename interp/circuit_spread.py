@@ -8,7 +8,7 @@ ranges; `spread_sentences` states only what holds at every setting (and says how
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import pandas as pd
 
@@ -53,8 +53,9 @@ def _one_setting(model: HookedModel, receivers, pair, threshold, max_candidates)
     return frame
 
 
-def circuit_spread(model: HookedModel, receivers: Optional[list[str]] = None, seeds=(0, 1, 2), half_lens=(16, 32, 48, 64),
-                   story_seeds=(1000, 2000, 3000), n_seqs: int = 4, n_stories: int = 4, story_len: int = 128,
+def circuit_spread(model: HookedModel, receivers: Optional[list[str]] = None, seeds: Sequence[int] = (0, 1, 2),
+                   half_lens: Sequence[int] = (16, 32, 48, 64), story_seeds: Sequence[int] = (1000, 2000, 3000),
+                   n_seqs: int = 4, n_stories: int = 4, story_len: int = 128,
                    threshold: float = 0.8, min_score: float = 0.3, max_receivers: int = 2,
                    max_candidates: Optional[int] = None) -> pd.DataFrame:
     """Own shares and joint sets of every induction head's inputs, at every setting.

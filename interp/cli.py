@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 from pathlib import Path
+from typing import Callable, Optional, Sequence, Union
 
+import pandas as pd
 import torch
 
 import sprout
@@ -21,13 +24,16 @@ from .residual import residual_rms
 from .texts import held_out_stories
 from .tuned_lens import load_tuned_lens, tuned_lens
 
+# a command's entry point: argv (None: sys.argv[1:]) -> exit status
+Main = Callable[[Optional[Sequence[str]]], int]
+
 
 def _model(args):
     torch.set_num_threads(args.threads)
     return sprout.load(args.model).eval()
 
 
-def whole_number(minimum: int = 1):
+def whole_number(minimum: int = 1) -> Callable[[str], int]:
     """An argparse type: an integer >= `minimum` (`--top -1` and `--threads 0` are refused, not reinterpreted)."""
     def parse(text: str) -> int:
         try:
@@ -50,12 +56,12 @@ def _common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
-def one_line(prog: str):
+def one_line(prog: str) -> Callable[[Main], Main]:
     """Wrap a command's main so that an error it reports (a missing or bad model, file or text) leaves as
     one `prog: message` on stderr and exit status 1, as `sprout export-hf` does, not as a traceback."""
-    def wrap(main):
+    def wrap(main: Main) -> Main:
         @functools.wraps(main)
-        def run(argv=None) -> int:
+        def run(argv: Optional[Sequence[str]] = None) -> int:
             try:
                 return main(argv)
             except (OSError, ValueError, MemoryError) as e:
@@ -64,7 +70,7 @@ def one_line(prog: str):
     return wrap
 
 
-def read_text_file(path) -> str:
+def read_text_file(path: Union[str, os.PathLike]) -> str:
     """A UTF-8 text file given on the command line (a regular file: a pipe or device would block or never end)."""
     data = read_bounded(path, "text file", limit=1 << 30)
     try:
@@ -94,7 +100,7 @@ def _window_table(win, layers, first_pos: int) -> list[str]:
     return lines
 
 
-def lens_table(lens) -> str:
+def lens_table(lens: pd.DataFrame) -> str:
     """One line per position: the input token, then the top-1 token and its probability per layer.
 
     A '*' marks a top-1 that is the actual next token. A `logit_lens` frame of several windows (a text
@@ -118,7 +124,7 @@ def lens_table(lens) -> str:
 
 
 @one_line("sprout lens")
-def lens_main(argv=None) -> int:
+def lens_main(argv: Optional[Sequence[str]] = None) -> int:
     """`sprout lens "TEXT" --model gpt-4`: the logit lens of a text as a table.
 
     A text longer than the model's context is cut into consecutive windows of the context's length, and
@@ -141,7 +147,7 @@ def lens_main(argv=None) -> int:
     return 0
 
 
-def heads_table(scores, top: int) -> str:
+def heads_table(scores: pd.DataFrame, top: int) -> str:
     lines = [f"{'rank':>4} {'head':<7} {'score':>6}", "-" * 19]
     for i, r in enumerate(scores.head(top).itertuples(index=False), 1):
         lines.append(f"{i:>4} {head_label(r.layer, r.head):<8} {r.score:6.3f}")
@@ -149,7 +155,7 @@ def heads_table(scores, top: int) -> str:
 
 
 @one_line("sprout heads")
-def heads_main(argv=None) -> int:
+def heads_main(argv: Optional[Sequence[str]] = None) -> int:
     """`sprout heads --model gpt-4 --kind induction`: the top heads of one kind."""
     p = _common(argparse.ArgumentParser(prog="sprout heads", description=heads_main.__doc__))
     p.add_argument("--kind", default="induction", choices=list(KINDS))
@@ -166,7 +172,7 @@ def heads_main(argv=None) -> int:
     return 0
 
 
-def rms_table(df) -> str:
+def rms_table(df: pd.DataFrame) -> str:
     lines = [f"{'site':<28} {'depth':>5} {'mean':>8} {'q05':>8} {'q50':>8} {'q95':>8} {'growth':>7}", "-" * 79]
     for r in df[df["kind"] == "stream"].itertuples(index=False):
         growth = "" if r.growth != r.growth else f"{r.growth:6.2f}x"  # NaN for the embedding
@@ -175,7 +181,7 @@ def rms_table(df) -> str:
 
 
 @one_line("sprout rms")
-def rms_main(argv=None) -> int:
+def rms_main(argv: Optional[Sequence[str]] = None) -> int:
     """`sprout rms --model gpt-4`: the residual stream's RMS per layer on held-out text."""
     p = _common(argparse.ArgumentParser(prog="sprout rms", description=rms_main.__doc__))
     p.add_argument("--chars", type=positive, default=20_000, help="characters of held-out text (generated stories)")

@@ -23,6 +23,7 @@ from typing import Optional
 
 import pandas as pd
 import torch
+from jaxtyping import Float
 from transformer_lens.FactoredMatrix import FactoredMatrix
 
 from sprout.names import act_name
@@ -145,7 +146,7 @@ def composition_scores(model: HookedModel, via: str = "k", baseline_samples: int
     return frame
 
 
-def control_percentiles(scores: torch.Tensor, values: pd.Series) -> list[float]:
+def control_percentiles(scores: Float[torch.Tensor, "layer head layer head"], values: pd.Series) -> list[float]:
     """Per value, the percentage of the trained pairs that cannot compose (receiver layer <= sender
     layer, a head never paired with itself) whose score [L, H, L, H] is at most the value."""
     L, H = scores.shape[:2]

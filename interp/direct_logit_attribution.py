@@ -9,7 +9,7 @@ difference uses `W_U[:, target] - W_U[:, baseline]`.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import pandas as pd
 import torch
@@ -17,7 +17,7 @@ import torch
 from sprout.names import act_name
 
 from ._deprecated import renamed
-from ._inputs import token_batch
+from ._inputs import TextOrTokens, token_batch
 from ._model import HookedModel, model_name, n_heads, n_layers, require_hooks, str_tokens
 from ._patch_engine import masked
 from ._specs import Component
@@ -80,7 +80,8 @@ def _check_rms_final(model: HookedModel) -> None:
 
 @renamed(text_or_tokens="data")
 @torch.inference_mode()
-def logit_attribution(model: HookedModel, data, target=None, baseline=None) -> pd.DataFrame:
+def logit_attribution(model: HookedModel, data: TextOrTokens, target: Optional[Union[int, str, TextOrTokens]] = None,
+                      baseline: Optional[Union[int, str, TextOrTokens]] = None) -> pd.DataFrame:
     """Each write to the residual stream's share of a position's logit (or logit difference).
 
     Args:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 import re
-from typing import Optional
+from typing import Optional, Union
 
 import pandas as pd
 import torch
@@ -18,6 +18,9 @@ from sprout.tokenizer import raw
 
 from ._deprecated import renamed
 from ._model import HookedModel, logits_of, model_name
+
+# a model, a list of models, or {label: model}
+Models = Union[HookedModel, list[HookedModel], dict[str, HookedModel]]
 
 _WORD = re.compile(r"\b[A-Z][a-z]+\b")  # a capitalised word
 
@@ -63,7 +66,7 @@ def _token_probs(model: HookedModel, text: str, spans: list[tuple[int, int]]) ->
 
 
 @renamed(text_or_tokens="data")
-def induction_table(models, data: str, name: Optional[str] = None) -> pd.DataFrame:
+def induction_table(models: Models, data: str, name: Optional[str] = None) -> pd.DataFrame:
     """Probability each model gives each token of every occurrence of a repeated name in a text.
 
     Args:
@@ -131,7 +134,7 @@ def story_names(story: str) -> dict[str, list[tuple[int, int]]]:
     return {w: s for w, s in spans.items() if len(s) >= 2 and w in mid_sentence}
 
 
-def induction_stories(models, n_stories: int = 50, seed: int = 0) -> pd.DataFrame:
+def induction_stories(models: Models, n_stories: int = 50, seed: int = 0) -> pd.DataFrame:
     """The induction table aggregated over generated stories whose names no model has seen.
 
     Stories come from `sprout.material.generate_story` (names drawn fresh from random syllables); every

@@ -15,7 +15,7 @@ above it run per set. A set of one sender gives `path_patch`'s effect (tested).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import pandas as pd
 import torch
@@ -23,10 +23,11 @@ import torch
 from sprout.names import act_name
 
 from ._deprecated import renamed
+from ._inputs import TextOrTokens
 from ._metrics import Metric, metric_value
 from ._model import HookedModel, require_hooks
 from ._patch_engine import batched_forward_from, chunk_size, clean_and_corrupted, split_metric
-from ._specs import all_heads
+from ._specs import HeadSpec, all_heads
 from .path_patching import VIA, _input, as_node
 
 
@@ -76,7 +77,8 @@ def _sets(model: HookedModel, sets, receiver) -> list[list]:
 
 @renamed(sets_per_forward="batch_size")
 @torch.inference_mode()
-def joint_path_patch(model: HookedModel, clean, corrupted, metric: Metric, sets: list, receiver, via: str = "k",
+def joint_path_patch(model: HookedModel, clean: TextOrTokens, corrupted: TextOrTokens, metric: Metric, sets: list,
+                     receiver: HeadSpec, via: str = "k",
                      batch_size: Optional[int] = None) -> pd.DataFrame:
     """The effect of each set of sender heads, corrupted together, on `receiver` through its `via` input.
 
@@ -129,7 +131,8 @@ def joint_path_patch(model: HookedModel, clean, corrupted, metric: Metric, sets:
     return frame
 
 
-def greedy_feeders(model: HookedModel, clean, corrupted, metric: Metric, receiver, via: str = "k", candidates=None,
+def greedy_feeders(model: HookedModel, clean: TextOrTokens, corrupted: TextOrTokens, metric: Metric, receiver: HeadSpec,
+                   via: str = "k", candidates: Optional[Sequence[HeadSpec]] = None,
                    threshold: float = 0.8, max_size: Optional[int] = None) -> pd.DataFrame:
     """The smallest set of feeders that carries most of the effect, by greedy forward selection.
 

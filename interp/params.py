@@ -1,10 +1,15 @@
 """The chapter's parameter count, part by part, for any config."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import pandas as pd
 
+if TYPE_CHECKING:
+    from sprout.config import SproutConfig
 
-def param_table(config, name: str = "") -> pd.DataFrame:
+
+def param_table(config: SproutConfig, name: str = "") -> pd.DataFrame:
     """Where the parameters of a Sprout live, counted from the config alone.
 
     Args:
@@ -38,7 +43,7 @@ def param_table(config, name: str = "") -> pd.DataFrame:
         ("norms", "2 d (two RMSNorm gains)", 2 * d, None),
         ("final_norm", "d", None, d),
     ]
-    rows = [dict(config=name, part=p, formula=f, per_block=float("nan") if pb is None else pb,
+    rows: list[dict[str, Any]] = [dict(config=name, part=p, formula=f, per_block=float("nan") if pb is None else pb,
                  count=c if pb is None else L * pb) for p, f, pb, c in parts]
     total = sum(r["count"] for r in rows)
     rows.append(dict(config=name, part="total", formula=f"V d + {L} blocks + d", per_block=float("nan"), count=total))

@@ -16,12 +16,13 @@ on both runs gets a warning and `frame.attrs["degenerate"] = True`.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence, Union
 
 import pandas as pd
 import torch
 
 from ._deprecated import renamed
+from ._inputs import TextOrTokens
 from ._metrics import Metric, check_metric
 from ._model import HookedModel
 from ._patch_engine import (
@@ -39,8 +40,8 @@ __all__ = ["SITES", "patch", "patch_tensor"]
 
 
 @renamed(patches_per_forward="batch_size")
-def patch(model: HookedModel, clean, corrupted, metric: Metric, site: str = "resid_pre", by: str = "position",
-          batch_size: Optional[int] = None, logit_positions=None) -> pd.DataFrame:
+def patch(model: HookedModel, clean: TextOrTokens, corrupted: TextOrTokens, metric: Metric, site: str = "resid_pre", by: str = "position",
+          batch_size: Optional[int] = None, logit_positions: Optional[Union[int, Sequence[int]]] = None) -> pd.DataFrame:
     """Activation patching sweep (denoising): the metric with one clean piece of `site` in the corrupted run.
 
     Args:

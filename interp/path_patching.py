@@ -19,7 +19,7 @@ forward per chunk of (sender, receiver) pairs (the batched engine, `_patch_engin
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence, Union
 
 import pandas as pd
 import torch
@@ -27,10 +27,11 @@ import torch
 from sprout.names import act_name, layer_of
 
 from ._deprecated import renamed
+from ._inputs import TextOrTokens
 from ._metrics import Metric, check_metric, degenerate
 from ._model import HookedModel, require_hooks
 from ._patch_engine import batched_forward, by_layer, chunk_size, clean_and_corrupted, masked, split_metric
-from ._specs import Component, as_component, as_components
+from ._specs import Component, ComponentSpec, ComponentSpecs, HeadSpecs, as_component, as_components
 from ._specs import all_heads as _all_heads
 
 VIA = ("q", "k", "v")
@@ -42,7 +43,7 @@ EMBED = act_name("embed")
 Node = Component
 
 
-def as_node(model: HookedModel, spec) -> Component:
+def as_node(model: HookedModel, spec: ComponentSpec) -> Component:
     """"L1H2" or (1, 2) -> a head, "MLP1" -> an MLP, "embed" -> the embedding; checked against the model."""
     return as_component(model, spec)
 
@@ -149,7 +150,8 @@ def _caches(model: HookedModel, base, source, receivers, vias, mask):
 
 @renamed(pairs_per_forward="batch_size")
 @torch.inference_mode()
-def path_patch(model: HookedModel, clean, corrupted, metric: Metric, senders, receivers, via="k",
+def path_patch(model: HookedModel, clean: TextOrTokens, corrupted: TextOrTokens, metric: Metric, senders: ComponentSpecs,
+               receivers: HeadSpecs, via: Union[str, Sequence[str]] = "k",
                direction: str = "noising", batch_size: Optional[int] = None) -> pd.DataFrame:
     """The effect of each sender on each later receiver head through its `via` input alone.
 

@@ -21,24 +21,25 @@ two snapshots that bracket a rise show that it happened between them, not that i
 from __future__ import annotations
 
 import warnings
-from typing import Optional
+from typing import Optional, Sequence
 
 import pandas as pd
 import torch
+from jaxtyping import Int
 
 from sprout.tl.text import check_tokens
 
 from ._deprecated import renamed
-from ._inputs import sequences
+from ._inputs import TextOrTokens, sequences
 from ._model import HookedModel, logits_of
-from ._specs import Head, as_heads
+from ._specs import Head, HeadSpec, as_heads
 from .composition import composition_scores
 from .heads import head_scores
 
 EARLY, LATE = range(8, 24), range(112, 128)
 
 
-def icl_tokens(model: HookedModel, tokens) -> torch.Tensor:
+def icl_tokens(model: HookedModel, tokens: TextOrTokens) -> Int[torch.Tensor, "batch 129"]:
     """The first LATE.stop + 1 = 129 ids of every row: ids [batch, 129] (the model reads the first 128; the
     last is only a target). Takes ids [batch, pos] / [pos], a text or a list of texts (each cut to 129
     tokens, so texts of unequal length need no padding); float ids and ids outside the vocabulary are
@@ -56,7 +57,7 @@ def icl_tokens(model: HookedModel, tokens) -> torch.Tensor:
 
 @renamed(tokens="data")
 @torch.inference_mode()
-def icl_score(model: HookedModel, data) -> float:
+def icl_score(model: HookedModel, data: TextOrTokens) -> float:
     """Mean loss at positions LATE minus mean loss at positions EARLY, over ids [batch, 129+] (nats);
     `data` as `icl_tokens` takes it."""
     ids = icl_tokens(model, data)
@@ -116,7 +117,7 @@ def control_pairs(model: HookedModel, heads: tuple[str, str]) -> list[tuple[str,
             + [(Head(prev.layer, h).label, ind.label) for h in range(H) if h != prev.head])
 
 
-def _composition(model: HookedModel, pairs: list[tuple[str, str]]) -> dict:
+def _composition(model: HookedModel, pairs: list[tuple[str, ...]]) -> dict:
     comp = composition_scores(model, "k").set_index(["sender", "receiver"])
     out = {}
     for i, (s, r) in enumerate(pairs):
@@ -128,7 +129,8 @@ def _composition(model: HookedModel, pairs: list[tuple[str, str]]) -> dict:
 
 
 @renamed(tokens="data")
-def phase_measures(model: HookedModel, data=None, heads: Optional[tuple[str, str]] = None, controls=None) -> dict:
+def phase_measures(model: HookedModel, data: Optional[TextOrTokens] = None, heads: Optional[tuple[str, str]] = None,
+                   controls: Optional[Sequence[Sequence[HeadSpec]]] = None) -> dict:
     """Previous-token and induction score, the K-composition of the previous-token head into the
     induction head against its random baseline, and (given held-out ids [batch, 129+]) the
     in-context-learning score.
@@ -145,8 +147,9 @@ def phase_measures(model: HookedModel, data=None, heads: Optional[tuple[str, str
     ind, ind_score = _score(head_scores(model, "induction"), ind)
     out = {"previous-token score": prev_score, "induction score": ind_score}
     if ind.layer > prev.layer:  # each snapshot's own best heads may be in any order: then there is no K-composition
-        controls = [tuple(h.label for h in as_heads(model, list(pair), "controls")) for pair in (controls or [])]
-        out.update(_composition(model, [(prev.label, ind.label)] + controls))
+        tracked: list[tuple[str, ...]] = [(prev.label, ind.label)]
+        tracked += [tuple(h.label for h in as_heads(model, list(pair), "controls")) for pair in (controls or [])]
+        out.update(_composition(model, tracked))
     if data is not None:
         out["in-context score (late - early loss)"] = icl_score(model, data)
     return out

@@ -14,6 +14,7 @@ from typing import Optional
 
 import pandas as pd
 import torch
+from jaxtyping import Float
 
 from sprout.names import act_name
 
@@ -30,13 +31,13 @@ class LogHistogram:
     outside [lo, hi] are counted in the edge bins; the exact min and max are kept and bound every answer.
     """
 
-    def __init__(self, lo: float = 1e-6, hi: float = 1e6, n_bins: int = 4800):
+    def __init__(self, lo: float = 1e-6, hi: float = 1e6, n_bins: int = 4800) -> None:
         self.log_lo, self.log_hi, self.n_bins = math.log(lo), math.log(hi), n_bins
         self.counts = torch.zeros(n_bins, dtype=torch.float64)
         self.min, self.max, self.n = math.inf, -math.inf, 0
         self.n_nan = 0  # NaN values (from NaN weights) make every quantile NaN, like the mean
 
-    def add(self, values: torch.Tensor) -> None:
+    def add(self, values: Float[torch.Tensor, "..."]) -> None:
         v = values.detach().double().reshape(-1).cpu()
         nan = v.isnan()
         self.n_nan += int(nan.sum())
@@ -61,7 +62,7 @@ class LogHistogram:
         return min(max(math.exp(log_v), self.min), self.max)
 
 
-def rms(x: torch.Tensor) -> torch.Tensor:
+def rms(x: Float[torch.Tensor, "*batch d_model"]) -> Float[torch.Tensor, "*batch"]:
     """Per-token RMS over the last dimension: [..., d_model] -> [...] (float32)."""
     return x.float().pow(2).mean(-1).sqrt()
 

@@ -1,16 +1,21 @@
 """The chapter's RoPE check: a rotated query-key score depends only on the distance m - n."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import pandas as pd
 import torch
+from jaxtyping import Float
+
+if TYPE_CHECKING:
+    from sprout.config import SproutConfig
 
 CHAPTER_POSITIONS = ((5, 2), (105, 102), (400, 397), (5, 4))
 
 
-def rope_distance_check(config=None, positions=CHAPTER_POSITIONS, seed: int = 1,
-                        q: Optional[torch.Tensor] = None, k: Optional[torch.Tensor] = None) -> pd.DataFrame:
+def rope_distance_check(config: Optional[SproutConfig] = None, positions: Sequence[tuple[int, int]] = CHAPTER_POSITIONS,
+                        seed: int = 1, q: Optional[Float[torch.Tensor, " d_head"]] = None,
+                        k: Optional[Float[torch.Tensor, " d_head"]] = None) -> pd.DataFrame:
     """Score one query and one key, rotated by Sprout's own RoPE, at several position pairs.
 
     Args:

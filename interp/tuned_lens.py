@@ -20,6 +20,7 @@ from typing import Any, Iterable, Optional, Union, cast
 import pandas as pd
 import torch
 import torch.nn as nn
+from jaxtyping import Float
 from safetensors import safe_open
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_bytes
@@ -69,7 +70,7 @@ class TunedLens(nn.Module):
         step: optimizer steps taken; optimizer_state: SGD's state, to resume training.
     """
 
-    def __init__(self, model: HookedModel):
+    def __init__(self, model: HookedModel) -> None:
         super().__init__()
         require_hooks(model, [])  # a model that is not hooked at all: say so before reading its config
         sites = lens_sites(model)
@@ -86,7 +87,7 @@ class TunedLens(nn.Module):
         self.step = 0
         self.optimizer_state: Optional[dict] = None
 
-    def forward(self, index: int, resid: torch.Tensor) -> torch.Tensor:
+    def forward(self, index: int, resid: Float[torch.Tensor, "*batch d_model"]) -> Float[torch.Tensor, "*batch d_model"]:
         """The stream at site `index` [..., d_model] as the tuned lens reads it (same shape)."""
         if index == len(self.translators):
             return resid
@@ -353,7 +354,7 @@ def lens_comparison(model: HookedModel, data: TextOrTokens, lens: TunedLens, bat
     return out.reset_index(drop=True)
 
 
-def unigram_log_probs(model: HookedModel, data: TextOrTokens, seq_len: Optional[int] = None) -> torch.Tensor:
+def unigram_log_probs(model: HookedModel, data: TextOrTokens, seq_len: Optional[int] = None) -> Float[torch.Tensor, " d_vocab"]:
     """log q [d_vocab]: the next tokens' frequencies in the text (each row's tokens after its first),
     add-1/2 smoothed."""
     V = int(model.cfg.d_vocab)

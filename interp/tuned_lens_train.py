@@ -21,6 +21,7 @@ import time
 from typing import Optional
 
 import torch
+from jaxtyping import Int
 from tqdm.auto import tqdm
 
 from . import tuned_lens_cli
@@ -62,7 +63,7 @@ def _frozen(model: HookedModel):
             p.requires_grad_(flag)
 
 
-def lens_step(model: HookedModel, lens: TunedLens, ids: torch.Tensor, scale: float = 1.0,
+def lens_step(model: HookedModel, lens: TunedLens, ids: Int[torch.Tensor, "batch pos"], scale: float = 1.0,
               scratch: Optional[Scratch] = None) -> list[float]:
     """Forward of the frozen model once, then each translator's KL(final || lens), backpropagated layer by
     layer (times `scale`). Returns the mean KL per translator (nats). `scratch` keeps the [tokens, vocab]

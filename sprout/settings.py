@@ -15,7 +15,10 @@ from __future__ import annotations
 import math
 import typing
 from dataclasses import asdict, fields
-from typing import Any, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Optional, TypeVar, Union
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 _TYPES = {
     "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
@@ -23,6 +26,12 @@ _TYPES = {
     "str": (lambda v: isinstance(v, str), "a string"),
     "bool": (lambda v: isinstance(v, bool), "true or false"),
 }
+
+
+T = TypeVar("T", bound="DataclassInstance")
+C = TypeVar("C", bound="Checked")
+# a range rule: a set of allowed values, or (low, high or None, ends) (see the module)
+Rule = Union[set, frozenset, tuple[Any, Any, str]]
 
 
 def _name(kind) -> str:
@@ -35,7 +44,7 @@ def _name(kind) -> str:
     return getattr(kind, "__name__", str(kind))
 
 
-def type_error(kind, value) -> Optional[str]:
+def type_error(kind: object, value: object) -> Optional[str]:
     """What a value of annotation `kind` ("int", "Optional[float]", or the type itself) must be, or None when
     `value` is one."""
     kind = _name(kind)
@@ -47,7 +56,7 @@ def type_error(kind, value) -> Optional[str]:
     return None if ok(value) else expected + (" or None" if optional else "")
 
 
-def range_error(rule, value) -> Optional[str]:
+def range_error(rule: Optional[Rule], value: Any) -> Optional[str]:
     """What a value under `rule` must be, or None when `value` satisfies it (None always does)."""
     if rule is None or value is None:
         return None
@@ -61,7 +70,7 @@ def range_error(rule, value) -> Optional[str]:
     return f">= {low}" if ends == "[" else f"> {low}" if ends == "(" else f"in {ends[0]}{low}, {high}{ends[-1]}"
 
 
-def strict_from_dict(cls, d: dict[str, Any], what: str):
+def strict_from_dict(cls: type[T], d: dict[str, Any], what: str) -> T:
     """Build dataclass `cls` from a dict; unknown keys are an error (a typo must not become a default)."""
     if not isinstance(d, dict):
         raise ValueError(f"{what} must be a mapping of field names to values, got {type(d).__name__}")
@@ -79,7 +88,7 @@ class Checked:
     RANGES: dict = {}
     WHAT = "settings"  # how messages and `from_dict` name the whole
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for f in fields(self):
             expected = type_error(f.type, getattr(self, f.name))
             if expected:
@@ -91,7 +100,7 @@ class Checked:
         self.check_together()
 
     @classmethod
-    def bad(cls, name: str, expected: str, value) -> ValueError:
+    def bad(cls, name: str, expected: str, value: object) -> ValueError:
         return ValueError(f"{cls.WHAT} field {name} must be {expected}, got {value!r}")
 
     def check_together(self) -> None:
@@ -101,13 +110,13 @@ class Checked:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]):
+    def from_dict(cls: type[C], d: dict[str, Any]) -> C:
         return strict_from_dict(cls, d, cls.WHAT)
 
-    def override(self, **changes):
+    def override(self: C, **changes: Any) -> C:
         return self.from_dict({**self.to_dict(), **changes})
 
-    def differences(self, other) -> list[str]:
+    def differences(self, other: Checked) -> list[str]:
         """"field: before X, now Y" for every field where `other` (the earlier settings) differs from these."""
         return [f"{f.name}: was {getattr(other, f.name)!r}, now {getattr(self, f.name)!r}"
                 for f in fields(self) if getattr(other, f.name) != getattr(self, f.name)]

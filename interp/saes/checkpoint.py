@@ -21,6 +21,7 @@ from safetensors.torch import save as save_bytes
 
 from sprout.files import write_bytes, write_folder
 
+from ..tuned_lens import PathLike
 from .files import SAEFileError, _read, read_json
 from .settings import TrainSettings
 
@@ -35,7 +36,7 @@ def _is_ours(folder: Path) -> bool:
         return False
 
 
-def write(folder, units: list, s: TrainSettings, meta: dict, step: int) -> None:
+def write(folder: PathLike, units: list, s: TrainSettings, meta: dict, step: int) -> None:
     """Write the checkpoint at `step` (rank 0; the others wait for it)."""
     if not dist.is_initialized() or dist.get_rank() == 0:
         tensors, scalars = {}, []
@@ -57,14 +58,14 @@ def write(folder, units: list, s: TrainSettings, meta: dict, step: int) -> None:
         dist.barrier()
 
 
-def refuse_existing(folder) -> None:
+def refuse_existing(folder: PathLike) -> None:
     """A new run does not overwrite another run's checkpoint (as `sprout train` refuses without --resume)."""
     if (Path(folder) / META).exists():
         raise FileExistsError(f"{folder} already holds an SAE training checkpoint: pass resume=True to continue it, "
                               "or use another checkpoint folder")
 
 
-def restore(folder, units: list, s: TrainSettings, meta: dict) -> int:
+def restore(folder: PathLike, units: list, s: TrainSettings, meta: dict) -> int:
     """Load the checkpoint in `folder` into `units`; returns its step (0 when there is none yet).
 
     Raises:

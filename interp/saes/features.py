@@ -14,16 +14,20 @@ else changes), and the change of each token's next-token log-probability beside 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import pandas as pd
 import torch
 import torch.nn.functional as F
+from jaxtyping import Bool, Int
 
 from .._batching import TextOrTokens, batches, token_rows
 from .._model import HookedModel, str_tokens
 from .files import hook_layer
 from .splice import _as_list, _spliced, is_transcoder, latent_name
+
+if TYPE_CHECKING:
+    from .sae import SAE
 
 # histogram bins of log10(activation): 1e-3 .. 1e3, 10 bins a decade (values outside go to the end bins)
 BIN_EDGES = torch.linspace(-3, 3, 61, dtype=torch.float64)
@@ -91,7 +95,7 @@ def _harvest(model: HookedModel, sae, rows: list[torch.Tensor], n: int, batch_si
     return h
 
 
-def logit_effects(model: HookedModel, sae, k: int = 10) -> pd.DataFrame:
+def logit_effects(model: HookedModel, sae: SAE, k: int = 10) -> pd.DataFrame:
     """Each latent's k most promoted and k most suppressed tokens: rows of `W_dec @ W_U` [d_sae, d_vocab].
 
     Returns:
@@ -139,7 +143,7 @@ def _summary(ctx: pd.DataFrame, effects: pd.DataFrame) -> dict:
     return {j: f"fires on {show(peaks[j])}; promotes {show(top.get(j, []))}" for j in peaks.index}
 
 
-def feature_report(model: HookedModel, sae, data: TextOrTokens, latents: Optional[Sequence[int]] = None, n_show: int = 24,
+def feature_report(model: HookedModel, sae: SAE, data: TextOrTokens, latents: Optional[Sequence[int]] = None, n_show: int = 24,
                    n_examples: int = 6, before: int = 12, after: int = 3, k: int = 8, batch_size: int = 16,
                    seq_len: Optional[int] = None) -> FeatureReport:
     """Density, activations, top contexts, activation histograms and logit effects of a dictionary's latents.
@@ -205,7 +209,7 @@ def _histograms(h: _Harvest, latents: list[int]) -> pd.DataFrame:
     return pd.DataFrame(out, columns=["latent", "lo", "hi", "count"])
 
 
-def clamp_effect(model: HookedModel, sae, latent: int, data: TextOrTokens, value: Optional[float] = None, k: int = 10,
+def clamp_effect(model: HookedModel, sae: SAE, latent: int, data: TextOrTokens, value: Optional[float] = None, k: int = 10,
                  batch_size: int = 8, seq_len: Optional[int] = None) -> pd.DataFrame:
     """The next-token log-probability change when one latent is clamped to `value` at every position.
 
@@ -245,7 +249,8 @@ def clamp_effect(model: HookedModel, sae, latent: int, data: TextOrTokens, value
                           kind="transcoder" if is_transcoder(sae) else "sae")
 
 
-def latent_selectivity(model: HookedModel, sae, rows: Sequence[torch.Tensor], masks: Sequence[torch.Tensor]) -> pd.DataFrame:
+def latent_selectivity(model: HookedModel, sae: SAE, rows: Sequence[Int[torch.Tensor, " pos"]],
+                       masks: Sequence[Bool[torch.Tensor, " pos"]]) -> pd.DataFrame:
     """How much more each latent fires on the marked tokens than on the rest.
 
     Args:

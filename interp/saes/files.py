@@ -40,7 +40,7 @@ from sprout.files import write_bytes, write_folder
 from sprout.names import layer_of
 
 from .._model import HookedModel, model_name, require_hooks
-from ..tuned_lens import fingerprint, model_config
+from ..tuned_lens import PathLike, fingerprint, model_config
 
 CFG, WEIGHTS = "cfg.json", "sae_weights.safetensors"
 FORMAT = "sprout-sae"
@@ -63,7 +63,7 @@ def hook_layer(hook_name: Optional[str]) -> Optional[int]:
     return layer_of(hook_name) if hook_name else None
 
 
-def is_transcoder(sae) -> bool:
+def is_transcoder(sae: object) -> bool:
     # by what it has, not its class: this module reads and writes dictionaries without importing sae.py,
     # which imports it (so an SAE can save and load itself)
     return getattr(sae, "hook_name_out", None) is not None
@@ -135,7 +135,7 @@ def is_ours(folder: Path) -> bool:
         return False
 
 
-def save(sae: Any, folder) -> Path:
+def save(sae: Any, folder: PathLike) -> Path:
     """Write `sae` into `folder` (created, or replaced only if it holds nothing but an SAE we wrote)."""
     text = json.dumps(cfg_dict(sae), indent=1, allow_nan=False) + "\n"
     blob = save_bytes(_tensors(sae), metadata={"format": FORMAT})
@@ -314,7 +314,7 @@ def _read_tensors(sae: Any, path: Path, spec: dict) -> dict:
     return tensors
 
 
-def load(folder, model: Optional[HookedModel], expect: type, classes: tuple) -> Any:
+def load(folder: PathLike, model: Optional[HookedModel], expect: type, classes: tuple) -> Any:
     """The SAE or transcoder in `folder` (ours or SAELens'), checked against `model` when given.
 
     Raises:
@@ -349,7 +349,7 @@ def load(folder, model: Optional[HookedModel], expect: type, classes: tuple) -> 
     return sae
 
 
-def check_model(sae: Any, model, source: str = "this SAE") -> None:
+def check_model(sae: Any, model: HookedModel, source: str = "this SAE") -> None:
     """Refuse a model this dictionary was not trained on, or one that lacks its hooks or writes another width."""
     if sae.model_fingerprint is not None:
         mine = fingerprint(model)

@@ -16,8 +16,10 @@ import hashlib
 from typing import Optional, cast
 
 import torch
+from jaxtyping import Float, Int
 
 from .._distributed import world_and_rank
+from .._inputs import TextOrTokens
 from .._inputs import stream_windows as windows
 from .._model import HookedModel, require_hooks
 from .files import hook_layer, hook_widths
@@ -35,7 +37,7 @@ def _perm(n: int, seed: int, salt: int) -> torch.Tensor:
     return _PERMS[key]
 
 
-def epoch_slice(n: int, size: int, index: int, seed: int, salt: int = 0) -> torch.Tensor:
+def epoch_slice(n: int, size: int, index: int, seed: int, salt: int = 0) -> Int[torch.Tensor, " size"]:
     """Item `index` of the sequence cut into `size`-long slices from one fresh permutation of range(n)
     per epoch (a slice may span two epochs)."""
     start, parts, got = index * size, [], 0
@@ -46,7 +48,7 @@ def epoch_slice(n: int, size: int, index: int, seed: int, salt: int = 0) -> torc
     return torch.cat(parts)
 
 
-def check_activations(x: torch.Tensor, what: str) -> None:
+def check_activations(x: Float[torch.Tensor, "*n d_in"], what: str) -> None:
     if not x.is_floating_point():
         raise TypeError(f"{what} must be floating point, got dtype {x.dtype} (token ids go with a model: "
                         "train_sae(model, data=ids, hook=...))")
@@ -61,7 +63,7 @@ def check_activations(x: torch.Tensor, what: str) -> None:
 class TensorSource:
     """Activations given as a tensor [n, d_in]; step s's batch is rows epoch_slice(n, batch, s)."""
 
-    def __init__(self, acts: torch.Tensor, hook: Optional[str], batch_size: int, seed: int):
+    def __init__(self, acts: Float[torch.Tensor, "*n d_in"], hook: Optional[str], batch_size: int, seed: int) -> None:
         if not isinstance(acts, torch.Tensor):
             raise TypeError(f"source must be a hooked model or a tensor of activations, got {type(acts).__name__}")
         if acts.dim() < 2 or acts.numel() == 0:
@@ -91,8 +93,8 @@ class TensorSource:
 class ModelSource:
     """Activations at `hooks` of `model` on `data` (text, texts or ids), harvested a block at a time."""
 
-    def __init__(self, model: HookedModel, data, hooks: list[str], batch_size: int, seed: int, seq_len: Optional[int],
-                 harvest_batch: int, buffer_tokens: int):
+    def __init__(self, model: HookedModel, data: Optional[TextOrTokens], hooks: list[str], batch_size: int, seed: int,
+                 seq_len: Optional[int], harvest_batch: int, buffer_tokens: int) -> None:
         if data is None:
             raise ValueError("training from a model needs data=: text, a list of texts or token ids")
         require_hooks(model, [])

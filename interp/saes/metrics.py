@@ -21,15 +21,19 @@ mask, and padded positions count in nothing; a list of texts is tokenized text b
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import pandas as pd
 import torch
 import torch.nn.functional as F
+from jaxtyping import Int
 
 from .._batching import TextOrTokens, batches, token_rows
 from .._model import HookedModel, require_hooks
 from .splice import _as_list, _spliced, is_transcoder, latent_name
+
+if TYPE_CHECKING:
+    from .sae import SAE
 
 
 def _chunks(model: HookedModel, data: TextOrTokens, batch_size: int, seq_len: Optional[int], attention_mask):
@@ -132,8 +136,8 @@ def _batch(model: HookedModel, sae, ids, mask, sums: _Sums) -> None:
     sums.add_logits(ids, mask, clean, spliced_logits, zero)
 
 
-def sae_metrics(model: HookedModel, sae, data: TextOrTokens, batch_size: int = 8, seq_len: Optional[int] = None,
-                attention_mask: Optional[torch.Tensor] = None, dense_threshold: float = 0.1) -> pd.DataFrame:
+def sae_metrics(model: HookedModel, sae: SAE, data: TextOrTokens, batch_size: int = 8, seq_len: Optional[int] = None,
+                attention_mask: Optional[Int[torch.Tensor, "batch pos"]] = None, dense_threshold: float = 0.1) -> pd.DataFrame:
     """Reconstruction, sparsity and spliced-model loss of an SAE or a transcoder on `data` (one row).
 
     Args:

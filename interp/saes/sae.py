@@ -15,14 +15,17 @@ Training is in `train`.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence, cast
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional, Sequence, Union, cast
 
 import torch
 import torch.nn as nn
+from jaxtyping import Float
 
 from sprout.names import act_name
 
 from .._model import HookedModel
+from ..tuned_lens import PathLike
 from . import files
 from .files import hook_layer
 from .kinds import KIND_NAMES, THRESHOLD_KINDS, TOPK_KINDS, make_kind
@@ -75,7 +78,8 @@ class SAE(nn.Module):
 
     def __init__(self, d_in: int, d_sae: int, kind: str = "topk", k: Optional[int] = None,
                  hook_name: Optional[str] = None, widths: Optional[Sequence[int]] = None, bandwidth: float = 0.05,
-                 seed: int = 0, dtype: torch.dtype = torch.float32, device=None, d_out: Optional[int] = None):
+                 seed: int = 0, dtype: torch.dtype = torch.float32, device: Optional[Union[str, torch.device]] = None,
+                 d_out: Optional[int] = None) -> None:
         super().__init__()
         self.d_in, self.d_sae = _check_dim(d_in, "d_in"), _check_dim(d_sae, "d_sae")
         self.d_out = self.d_in if d_out is None else _check_dim(d_out, "d_out")
@@ -119,25 +123,25 @@ class SAE(nn.Module):
             raise ValueError(f"this SAE reads activations of width d_in={self.d_in}{where}; got shape {list(x.shape)}")
         return x.to(self.W_enc.dtype)
 
-    def pre_acts(self, x: torch.Tensor) -> torch.Tensor:
+    def pre_acts(self, x: Float[torch.Tensor, "*batch d_in"]) -> Float[torch.Tensor, "*batch d_sae"]:
         """The pre-activations (x - b_dec) @ W_enc + b_enc (b_dec only where it is applied to the input)."""
         x = self._check_input(x)
         if self.apply_b_dec_to_input:
             x = x - self.b_dec
         return x @ self.W_enc + self.b_enc
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
+    def encode(self, x: Float[torch.Tensor, "*batch d_in"]) -> Float[torch.Tensor, "*batch d_sae"]:
         """The latents of activations x [..., d_in]: [..., d_sae], sparse (the kind's inference rule)."""
         return self.rule.encode(self.pre_acts(x), self)
 
-    def decode(self, acts: torch.Tensor) -> torch.Tensor:
+    def decode(self, acts: Float[torch.Tensor, "*batch d_sae"]) -> Float[torch.Tensor, "*batch d_out"]:
         """The reconstruction acts @ W_dec + b_dec of latents [..., d_sae]."""
         if not isinstance(acts, torch.Tensor) or acts.dim() == 0 or acts.shape[-1] != self.d_sae:
             raise ValueError(f"decode takes latents [..., d_sae={self.d_sae}], got "
                              f"{list(acts.shape) if isinstance(acts, torch.Tensor) else type(acts).__name__}")
         return acts.to(self.W_dec.dtype) @ self.W_dec + self.b_dec
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: Float[torch.Tensor, "*batch d_in"]) -> Float[torch.Tensor, "*batch d_out"]:
         """decode(encode(x)): the reconstruction of x [..., d_in]."""
         return self.decode(self.encode(x))
 
@@ -177,12 +181,12 @@ class SAE(nn.Module):
         k = f", k={self.k}" if self.k is not None else ""
         return f"kind={self.kind!r}, d_in={self.d_in}, d_sae={self.d_sae}{k}, hook_name={self.hook_name!r}"
 
-    def save(self, folder):
+    def save(self, folder: PathLike) -> Path:
         """Write SAELens' layout (cfg.json + sae_weights.safetensors) into `folder`, atomically; see `files`."""
         return files.save(self, folder)
 
     @classmethod
-    def load(cls, folder, model=None):
+    def load(cls, folder: PathLike, model: Optional[HookedModel] = None) -> SAE:
         """An SAE (or transcoder) saved by us or by SAELens at `folder`, checked against `model` if given."""
         return files.load(folder, model, expect=cls, classes=(SAE, Transcoder))
 
@@ -220,7 +224,7 @@ class Transcoder(SAE):
     def __init__(self, d_in: int, d_sae: int, d_out: Optional[int] = None, kind: str = "topk", k: Optional[int] = None,
                  skip: bool = False, layer: Optional[int] = None, hook_name: Optional[str] = None,
                  hook_name_out: Optional[str] = None, widths: Optional[Sequence[int]] = None, bandwidth: float = 0.05,
-                 seed: int = 0, dtype: torch.dtype = torch.float32, device=None):
+                 seed: int = 0, dtype: torch.dtype = torch.float32, device: Optional[Union[str, torch.device]] = None) -> None:
         if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int) or layer < 0):
             raise ValueError(f"layer must be a block number (an int >= 0), got {layer!r}")
         hook_name = hook_name or (input_hook(layer) if layer is not None else None)
@@ -236,11 +240,11 @@ class Transcoder(SAE):
     def skip(self) -> bool:
         return self.W_skip is not None
 
-    def skip_term(self, x: torch.Tensor) -> Optional[torch.Tensor]:
+    def skip_term(self, x: Float[torch.Tensor, "*batch d_in"]) -> Optional[Float[torch.Tensor, "*batch d_out"]]:
         """x @ W_skip^T [..., d_out], or None without a skip."""
         return None if self.W_skip is None else self._check_input(x) @ self.W_skip.T
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: Float[torch.Tensor, "*batch d_in"]) -> Float[torch.Tensor, "*batch d_out"]:
         """The predicted MLP output [..., d_out] of the MLP input x [..., d_in]."""
         out = self.decode(self.encode(x))
         skip = self.skip_term(x)  # None exactly without W_skip

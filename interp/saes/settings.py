@@ -73,7 +73,7 @@ class TrainSettings(Checked):
         self.check_together()
 
     @classmethod
-    def bad(cls, name: str, expected: str, value) -> SettingsError:
+    def bad(cls, name: str, expected: str, value: object) -> SettingsError:
         return SettingsError(f"{name} must be {expected}, got {value!r}")
 
     def check_together(self) -> None:

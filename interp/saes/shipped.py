@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Optional, cast
 
 from .._model import HookedModel, model_name, require_hooks
-from ..tuned_lens import fingerprint
+from ..tuned_lens import PathLike, fingerprint
 from .files import CFG, is_ours
 from .sae import SAE, Transcoder
 
 
-def shipped_folder(root, hook: Optional[str] = None, layer: Optional[int] = None) -> Path:
+def shipped_folder(root: PathLike, hook: Optional[str] = None, layer: Optional[int] = None) -> Path:
     """Where a demo ships its dictionaries: `<root>/saes/<hook>/` for an SAE, `<root>/saes/transcoder-<layer>/`
     for the transcoder of block `layer` (root: the demo's folder, e.g. sprout/demo/gpt-4)."""
     if (hook is None) == (layer is None):
@@ -38,7 +38,7 @@ def _find(model: HookedModel, root, name_of, what: str, expect: type[SAE]) -> SA
                             "interp.train_transcoder")
 
 
-def load_sae(model: HookedModel, hook: str, root=None) -> SAE:
+def load_sae(model: HookedModel, hook: str, root: Optional[PathLike] = None) -> SAE:
     """The SAE shipped for this model (found by its weights' fingerprint) at hook point `hook`.
 
     Looks in every demo folder (or in `root`, a demo-like folder) for `saes/<hook>/`.
@@ -52,7 +52,7 @@ def load_sae(model: HookedModel, hook: str, root=None) -> SAE:
     return _find(model, root, lambda r: shipped_folder(r, hook=hook), f"SAE at {hook!r}", SAE)
 
 
-def load_transcoder(model: HookedModel, layer: int, root=None) -> Transcoder:
+def load_transcoder(model: HookedModel, layer: int, root: Optional[PathLike] = None) -> Transcoder:
     """The transcoder shipped for this model's MLP in block `layer` (`saes/transcoder-<layer>/`)."""
     if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < int(model.cfg.n_layers):
         raise ValueError(f"layer must be a block of {model_name(model)} (0..{int(model.cfg.n_layers) - 1}), got {layer!r}")

@@ -28,22 +28,31 @@ splice and sees what the model receives; one added with `prepend=True` sees the 
 from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
-from typing import Callable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, Union
 
 import torch
+from jaxtyping import Float
 from transformer_lens.hook_points import HookPoint
 
-from .._inputs import token_batch
+from .._inputs import TextOrTokens, token_batch
 from .._model import HookedModel
+
+if TYPE_CHECKING:
+    from transformer_lens import ActivationCache
+
+    from .sae import SAE
+
+# one SAE or transcoder, or a list of them (one per hook)
+Dictionaries = Union["SAE", Sequence["SAE"]]
 
 POINTS = ("hook_sae_input", "hook_sae_acts_pre", "hook_sae_acts_post", "hook_sae_recons", "hook_sae_error", "hook_sae_output")
 
 
-def is_transcoder(sae) -> bool:
+def is_transcoder(sae: object) -> bool:
     return getattr(sae, "hook_name_out", None) is not None
 
 
-def latent_name(sae, point: str = "hook_sae_acts_post") -> str:
+def latent_name(sae: SAE, point: str = "hook_sae_acts_post") -> str:
     """The model's hook name of one of a spliced dictionary's points, e.g. 'blocks.1.hook_resid_post.hook_sae_acts_post'."""
     if point not in POINTS:
         raise ValueError(f"a spliced dictionary has the points {', '.join(POINTS)}; got {point!r}")
@@ -168,7 +177,7 @@ class _Splice:
 
 
 @contextmanager
-def spliced(model: HookedModel, saes, use_error_term: bool = False) -> Iterator:
+def spliced(model: HookedModel, saes: Dictionaries, use_error_term: bool = False) -> Iterator[HookedModel]:
     """Splice SAEs and transcoders into `model` for the duration of the block (see the module docstring).
 
     Args:
@@ -225,8 +234,9 @@ def _as_list(saes) -> list:
     return saes
 
 
-def run_with_saes(model: HookedModel, tokens, saes, use_error_term: bool = False,
-                  names_filter: Optional[Callable | str | Sequence[str]] = None, **kwargs):
+def run_with_saes(model: HookedModel, tokens: TextOrTokens, saes: Dictionaries, use_error_term: bool = False,
+                  names_filter: Optional[Callable | str | Sequence[str]] = None, **kwargs: Any
+                  ) -> tuple[Float[torch.Tensor, "batch pos d_vocab"], ActivationCache]:
     """Run with the dictionaries spliced in and cache activations, latents included.
 
     Returns:

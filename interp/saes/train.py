@@ -22,16 +22,18 @@ from __future__ import annotations
 import copy
 import math
 import time
-from typing import Any, Optional, Union, cast
+from typing import Any, Iterable, Optional, Union, cast
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from jaxtyping import Float, Int
 from tqdm.auto import tqdm
 
 from .._distributed import world_and_rank
+from .._inputs import TextOrTokens
 from .._model import HookedModel
-from ..tuned_lens import fingerprint, model_config
+from ..tuned_lens import PathLike, fingerprint, model_config
 from . import checkpoint as ckpt
 from .harvest import ModelSource, TensorSource
 from .kinds import TOPK_KINDS, batch_threshold
@@ -45,7 +47,7 @@ class Adam:
     """Adam (Kingma & Ba 2015) over a few tensors, written out: torch.optim's first use imports
     torch._dynamo, seconds of a short run, and its state would need flattening to be saved anyway."""
 
-    def __init__(self, params, betas=(0.9, 0.999), eps: float = 1e-8):
+    def __init__(self, params: Iterable[torch.Tensor], betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
         self.params, self.betas, self.eps = list(params), betas, eps
         self.t = 0
         self.m = [torch.zeros_like(p) for p in self.params]
@@ -57,8 +59,9 @@ class Adam:
         b1, b2 = self.betas
         c1, c2 = 1 - b1 ** self.t, 1 - b2 ** self.t
         for p, m, v in zip(self.params, self.m, self.v):
-            m.mul_(b1).add_(p.grad, alpha=1 - b1)
-            v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+            grad = cast(torch.Tensor, p.grad)  # every trained parameter has one after the backward
+            m.mul_(b1).add_(grad, alpha=1 - b1)
+            v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
             p.addcdiv_(m, (v / c2).sqrt_().add_(self.eps), value=-lr / c1)
 
 
@@ -134,7 +137,7 @@ def _aux_loss(u: _Unit, pre, acts, recon, target, s: TrainSettings) -> torch.Ten
     return s.aux_k_coefficient * scale * (sparse_decode(u.sae, idx, values.clamp_min(0)) - residual).pow(2).sum()
 
 
-def sparse_decode(sae: SAE, idx: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+def sparse_decode(sae: SAE, idx: Int[torch.Tensor, "rows k"], values: Float[torch.Tensor, "rows k"]) -> Float[torch.Tensor, "rows d_out"]:
     """sum_j values[:, j] * W_dec[idx[:, j]] [rows, d]: the decoder on k latents per row, without b_dec.
 
     What `acts @ W_dec` gives for latents zero outside idx, in rows x k x d work instead of rows x
@@ -243,10 +246,11 @@ def _hook_list(hook) -> tuple[list, bool]:
     return [hook], False
 
 
-def train_sae(source, hook: Union[str, list, None] = None, *, data=None, kind: str = "topk", d_sae: Optional[int] = None,
+def train_sae(source: Union[HookedModel, Float[torch.Tensor, "*n d_in"]], hook: Union[str, list, None] = None, *,
+              data: Optional[TextOrTokens] = None, kind: str = "topk", d_sae: Optional[int] = None,
               k: Optional[int] = None, steps: int = 2000, lr: Optional[float] = None, batch_size: int = 4096,
-              seed: int = 0, checkpoint=None, checkpoint_every: Optional[int] = None, resume: bool = False,
-              stop_at: Optional[int] = None, progress: bool = True, **options) -> Union[SAE, dict]:
+              seed: int = 0, checkpoint: Optional[PathLike] = None, checkpoint_every: Optional[int] = None, resume: bool = False,
+              stop_at: Optional[int] = None, progress: bool = True, **options: Any) -> Union[SAE, dict]:
     """Train a sparse autoencoder (or one per hook) on a model's activations or on a tensor of them.
 
     Args:
@@ -298,11 +302,11 @@ def train_sae(source, hook: Union[str, list, None] = None, *, data=None, kind: s
     return dict(zip(hooks, out)) if many else out[0]
 
 
-def train_transcoder(model: HookedModel, data, layer: Union[int, list], *, kind: str = "topk", d_sae: Optional[int] = None,
+def train_transcoder(model: HookedModel, data: TextOrTokens, layer: Union[int, list], *, kind: str = "topk", d_sae: Optional[int] = None,
                      k: Optional[int] = None, skip: bool = False, steps: int = 2000, lr: Optional[float] = None,
-                     batch_size: int = 4096, seed: int = 0, checkpoint=None, checkpoint_every: Optional[int] = None,
+                     batch_size: int = 4096, seed: int = 0, checkpoint: Optional[PathLike] = None, checkpoint_every: Optional[int] = None,
                      resume: bool = False, stop_at: Optional[int] = None, progress: bool = True,
-                     **options) -> Union[Transcoder, dict]:
+                     **options: Any) -> Union[Transcoder, dict]:
     """Train a transcoder for the MLP of block `layer` (or one per layer of a list, from one forward per batch).
 
     It reads `blocks.{l}.ln2.hook_normalized` (the stream before the MLP divided by ln2's scale, before

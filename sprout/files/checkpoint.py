@@ -241,7 +241,7 @@ def latest_checkpoint(run_dir: PathLike) -> Optional[Path]:
     return max(steps)[1] if steps else None
 
 
-def check_floating(state_dict: dict[str, torch.Tensor], source) -> None:
+def check_floating(state_dict: dict[str, torch.Tensor], source: PathLike) -> None:
     """Refuse integer or bool weights: casting them into a float model would silently change them.
 
     The walkthrough's `mask` buffers are compared by value (nonzero = attend), so they may be integers.
@@ -253,7 +253,7 @@ def check_floating(state_dict: dict[str, torch.Tensor], source) -> None:
                          "float32/bfloat16/float16 (quantized checkpoints are not supported)")
 
 
-def warn_non_finite(state_dict: dict[str, torch.Tensor], source) -> None:
+def warn_non_finite(state_dict: dict[str, torch.Tensor], source: PathLike) -> None:
     """Warn, naming the tensors, when any floating tensor holds NaN or inf (loaded as it is, but say so)."""
     bad = [n for n, t in state_dict.items() if t.is_floating_point() and not torch.isfinite(t).all()]
     if bad:

@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Union
 
 import torch
+import torch.nn as nn
 
 from ..names import block as block_prefix
+
+if TYPE_CHECKING:
+    from ..config import SproutConfig, WalkthroughConfig
 
 Shapes = dict[str, tuple[int, ...]]
 BLOCK = re.compile(r"^blocks\.0\.(.*)$")
@@ -31,8 +35,8 @@ def _same(key: str) -> str:
     return key
 
 
-def fit(model_class, config, state_dict: dict, rename: Callable[[str], str] = _same,
-        ignore: frozenset = frozenset()) -> tuple[dict, list[str]]:
+def fit(model_class: type[nn.Module], config: Union[SproutConfig, WalkthroughConfig], state_dict: dict,
+        rename: Callable[[str], str] = _same, ignore: frozenset = frozenset()) -> tuple[dict, list[str]]:
     """Match `state_dict` to the keys and shapes of `model_class(config)` without building it.
 
     Args:
@@ -88,7 +92,7 @@ def _size_problems(config, state_dict: dict, rename) -> tuple[list[str], bool]:
     return problems, gross
 
 
-def layers_present(config, state_dict: dict, rename: Callable[[str], str] = _same) -> int:
+def layers_present(config: Union[SproutConfig, WalkthroughConfig], state_dict: dict, rename: Callable[[str], str] = _same) -> int:
     """How many of the config's blocks 0, 1, ... have at least one weight in `state_dict`.
 
     Counts up to the first block with none, from one pass over the keys, so a config asking for

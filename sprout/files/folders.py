@@ -50,7 +50,7 @@ def check_replaceable(directory: Path, own: frozenset, proof: Callable[[Path], b
                            f"would delete {names}. Choose another folder, or move those files away first.")
 
 
-def write_folder(directory, fill: Callable[[Path], None], own: frozenset, proof: Callable[[Path], bool],
+def write_folder(directory: Union[str, os.PathLike], fill: Callable[[Path], None], own: frozenset, proof: Callable[[Path], bool],
                  what: str) -> Path:
     """Write a folder with `fill(tmp)` and swap it in at `directory`, replacing only a folder of ours.
 
@@ -113,7 +113,7 @@ def _glob_escape(name: str) -> str:
     return "".join(f"[{c}]" if c in "*?[" else c for c in name)
 
 
-def replace_file(path, data: Data) -> Path:
+def replace_file(path: Union[str, os.PathLike], data: Data) -> Path:
     """The one atomic write: `data` goes to a temporary sibling (`temp_sibling`), is fsynced, and is renamed
     over `path` (mode 0o666 less the umask). A crash leaves the old file or the new one, never half of one.
 

@@ -16,7 +16,7 @@ import argparse
 import json
 import os
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Optional, Sequence, Union
 
 import torch
 from safetensors import safe_open
@@ -364,7 +364,7 @@ import_ = load  # the first name of `load`, kept so code written for it runs
 
 # --- command line ---------------------------------------------------------------------------------
 
-def export_main(argv=None) -> int:
+def export_main(argv: Optional[Sequence[str]] = None) -> int:
     """`sprout export-hf CHECKPOINT OUT_DIR`: write a checkpoint as a Qwen3ForCausalLM folder."""
     ap = argparse.ArgumentParser(prog="sprout export-hf", description=export_main.__doc__)
     ap.add_argument("checkpoint", help="a Sprout checkpoint (anything sprout.load reads)")
@@ -385,7 +385,7 @@ def export_main(argv=None) -> int:
     return 0
 
 
-def import_main(argv=None) -> int:
+def import_main(argv: Optional[Sequence[str]] = None) -> int:
     """`sprout import-hf DIR OUT_CHECKPOINT`: read a Qwen3ForCausalLM folder into a Sprout checkpoint."""
     ap = argparse.ArgumentParser(prog="sprout import-hf", description=import_main.__doc__)
     ap.add_argument("hf_dir", help="a Hugging Face Qwen3ForCausalLM folder")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 import torch
+from tokenizers import Tokenizer
 
 from ..tokenizer import char_tokenizer
 from ..walkthrough import WalkthroughConfig, WalkthroughGPT
@@ -110,7 +111,7 @@ def _mask_problems(state_dict: dict, masks: frozenset, cfg: WalkthroughConfig) -
 
 
 def from_walkthrough_state_dict(state_dict: Union[dict, str, Path], config: Optional[WalkthroughConfig] = None,
-                                tokenizer=None, text: Optional[str] = None) -> WalkthroughGPT:
+                                tokenizer: Optional[Tokenizer] = None, text: Optional[str] = None) -> WalkthroughGPT:
     """Load weights saved from the walkthrough's own classes (`model.state_dict()` of its script).
 
     Args:

@@ -22,11 +22,12 @@ import stat
 import struct
 import warnings
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from safetensors import safe_open
 
+PathLike = Union[str, os.PathLike]
 CONFIG = "config.json"
 WEIGHT_KEYS = ("model", "state_dict", "model_state_dict")  # where trainers nest the weights
 CONFIG_KEYS = ("config", "cfg", "model_args")
@@ -48,7 +49,7 @@ def _kind(mode: int) -> str:
     return "a special file"
 
 
-def regular_file(path, what: str = "file") -> Path:
+def regular_file(path: PathLike, what: str = "file") -> Path:
     """`path` if it is a regular file (a symlink to one is followed), checked before anything opens it.
 
     Raises:
@@ -79,7 +80,7 @@ def _roots(folder: Path) -> list[Path]:
     return roots
 
 
-def file_in(folder, name, what: str = "file", must_exist: bool = True) -> Path:
+def file_in(folder: PathLike, name: PathLike, what: str = "file", must_exist: bool = True) -> Path:
     """`folder / name`, refused unless it is a regular file inside `folder`.
 
     Args:
@@ -112,7 +113,7 @@ def file_in(folder, name, what: str = "file", must_exist: bool = True) -> Path:
     return regular_file(path, what)
 
 
-def read_bounded(path, what: str = "file", limit: int = MAX_JSON_BYTES) -> bytes:
+def read_bounded(path: PathLike, what: str = "file", limit: int = MAX_JSON_BYTES) -> bytes:
     """The bytes of a regular file, at most `limit` of them (a longer file is refused, naming it)."""
     path = regular_file(path, what)
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a pipe swapped in after the stat must not block
@@ -132,7 +133,7 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
-def read_json(text, where) -> dict:
+def read_json(text: Union[str, bytes], where: PathLike) -> dict:
     """A JSON object from `text`, or a ValueError naming `where` (bad JSON, too deep, NaN, not an object)."""
     try:
         value = json.loads(text, parse_constant=_no_constant)
@@ -145,7 +146,7 @@ def read_json(text, where) -> dict:
     return value
 
 
-def read_json_file(path, what: Optional[str] = None, fields: Optional[dict] = None) -> dict:
+def read_json_file(path: PathLike, what: Optional[str] = None, fields: Optional[dict] = None) -> dict:
     """A JSON object from the regular file `path`, its `fields` ({key: kind}, see `check_fields`) checked."""
     path = Path(path)
     value = read_json(read_bounded(path, what or path.name), path)
@@ -167,7 +168,7 @@ _KIND_NAMES = {"int": "an integer below 2^63", "number": "a finite number", "str
                "list": "a list", "dict": "an object", "none": "null"}
 
 
-def check_fields(obj: dict, fields: dict, where) -> dict:
+def check_fields(obj: dict, fields: dict, where: PathLike) -> dict:
     """Check the types of the `fields` present in `obj`: {key: "int" | "number" | "str" | "bool" | "list" |
     "dict", or several joined by "|" ("int|none")}; a ValueError names `where`, the field and the value."""
     for key, kinds in fields.items():

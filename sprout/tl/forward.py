@@ -14,16 +14,23 @@ the model before any block runs, with the same words as token ids.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Union, cast
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
+from jaxtyping import Float, Int, Shaped
 from transformer_lens.utilities.lm_utils import lm_cross_entropy_loss
 
+if TYPE_CHECKING:
+    from ..config import SproutTransformerLensConfig
+
 RETURN_TYPES = ("logits", "loss", "both", None)
+# what the forward returns: the logits [batch, pos, d_vocab], the loss (a scalar, or per token), both, or None
+ForwardResult = Optional[Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]]
 
 
-def check_return_type(return_type, targets, loss_mask) -> None:
+def check_return_type(return_type: object, targets: object, loss_mask: object) -> None:
     """`return_type` is one of TransformerLens' four; `targets`/`loss_mask` go with a loss only."""
     if isinstance(return_type, torch.Tensor):
         raise ValueError(f"return_type must be one of {RETURN_TYPES}, got a tensor: the second positional argument "
@@ -37,7 +44,7 @@ def check_return_type(return_type, targets, loss_mask) -> None:
                          "course's `logits, loss = model(idx, targets)`, use sprout.model.GPT.from_sprout(model))")
 
 
-def check_layer(n_layers: int, value, name: str, top: int) -> int:
+def check_layer(n_layers: int, value: Any, name: str, top: int) -> int:  # anything: refused unless an integer
     """A start/stop layer as a block index in 0..top (negative: counted from the end, as TransformerLens)."""
     if isinstance(value, bool) or not hasattr(type(value), "__index__"):
         raise ValueError(f"{name} must be an integer in -{n_layers}..{top}, got {value!r}")
@@ -47,7 +54,7 @@ def check_layer(n_layers: int, value, name: str, top: int) -> int:
     return layer + n_layers if layer < 0 else layer
 
 
-def layer_range(n_layers: int, start_at_layer, stop_at_layer) -> tuple[Optional[int], Optional[int]]:
+def layer_range(n_layers: int, start_at_layer: Optional[int], stop_at_layer: Optional[int]) -> tuple[Optional[int], Optional[int]]:
     """(start, stop) as block indices, None where not given; a start after the stop is refused."""
     start = None if start_at_layer is None else check_layer(n_layers, start_at_layer, "start_at_layer", n_layers)
     stop = None if stop_at_layer is None else check_layer(n_layers, stop_at_layer, "stop_at_layer", n_layers)
@@ -57,7 +64,8 @@ def layer_range(n_layers: int, start_at_layer, stop_at_layer) -> tuple[Optional[
     return start, stop
 
 
-def blocks_in_range(blocks, start_at_layer: Optional[int], stop_at_layer: Optional[int]):
+def blocks_in_range(blocks: nn.ModuleList, start_at_layer: Optional[int], stop_at_layer: Optional[int]
+                    ) -> Iterator[tuple[int, nn.Module]]:
     """(index, block) for the blocks a forward runs: blocks[start_at_layer:stop_at_layer], each with its own
     index (the entry of a key-value cache), counted from the front also when `start_at_layer` is negative."""
     if start_at_layer is None and stop_at_layer is None:
@@ -67,7 +75,7 @@ def blocks_in_range(blocks, start_at_layer: Optional[int], stop_at_layer: Option
     return enumerate(blocks[start_at_layer:stop_at_layer], start=first)
 
 
-def check_resid(resid, cfg, start_at_layer: int) -> torch.Tensor:
+def check_resid(resid: object, cfg: SproutTransformerLensConfig, start_at_layer: int) -> Float[torch.Tensor, "batch pos d_model"]:
     """The residual stream entering block `start_at_layer`: [batch, pos, d_model] in the model's dtype and
     on its device, no longer than its context (the words of the token-id checks)."""
     d_model, n_ctx = cfg.d_model, cfg.n_ctx
@@ -89,20 +97,22 @@ def check_resid(resid, cfg, start_at_layer: int) -> torch.Tensor:
                          f"sprout.tl.text.windows(ids, {n_ctx})")
     if resid.dtype != cfg.dtype:
         raise TypeError(f"{what} in the model's dtype {cfg.dtype}, got {resid.dtype}: cast it with .to({cfg.dtype})")
-    if resid.device != torch.device(cfg.device):
+    if resid.device != torch.device(cast(str, cfg.device)):  # a built model's config names its device
         raise ValueError(f"{what} on the model's device {cfg.device}, got a tensor on {resid.device}")
     return resid
 
 
-def check_loss_tokens(tokens: torch.Tensor, resid: torch.Tensor) -> None:
+def check_loss_tokens(tokens: Int[torch.Tensor, "batch pos"], resid: Float[torch.Tensor, "batch pos d_model"]) -> None:
     """The `tokens=` of a loss from start_at_layer: one id per position of the stream."""
     if tokens.shape != resid.shape[:2]:
         raise ValueError(f"tokens has shape {tuple(tokens.shape)} but the residual stream has {tuple(resid.shape[:2])} "
                          "[batch, pos]: a loss from start_at_layer needs the ids of exactly those positions")
 
 
-def course_loss(logits: torch.Tensor, targets: torch.Tensor, loss_mask=None, attention_mask=None,
-                per_token: bool = False) -> torch.Tensor:
+def course_loss(logits: Float[torch.Tensor, "batch pos d_vocab"], targets: Int[torch.Tensor, "batch pos"],
+                loss_mask: Optional[Shaped[torch.Tensor, "batch pos"]] = None,
+                attention_mask: Optional[Int[torch.Tensor, "batch pos"]] = None, per_token: bool = False
+                ) -> Union[Float[torch.Tensor, ""], Float[torch.Tensor, "batch pos"]]:
     """model.py's loss: next-token cross-entropy against `targets` [batch, pos], averaged over the
     positions where `loss_mask` (and `attention_mask`, when given) are nonzero; per_token: [batch, pos]."""
     if not isinstance(targets, torch.Tensor) or targets.shape != logits.shape[:-1]:
@@ -121,7 +131,9 @@ def course_loss(logits: torch.Tensor, targets: torch.Tensor, loss_mask=None, att
     return (loss * mask).sum() / mask.sum().clamp(min=1)
 
 
-def tl_loss(logits: torch.Tensor, tokens: torch.Tensor, attention_mask=None, per_token: bool = False):
+def tl_loss(logits: Float[torch.Tensor, "batch pos d_vocab"], tokens: Int[torch.Tensor, "batch pos"],
+            attention_mask: Optional[Int[torch.Tensor, "batch pos"]] = None, per_token: bool = False
+            ) -> Union[Float[torch.Tensor, ""], Float[torch.Tensor, "batch pos_minus_1"]]:
     """TransformerLens' loss: position t predicts token t + 1 ([batch, pos - 1] per token); padded
     positions, and the last real token before padding, are left out."""
     if tokens.size(1) < 2:
@@ -129,8 +141,9 @@ def tl_loss(logits: torch.Tensor, tokens: torch.Tensor, attention_mask=None, per
     return lm_cross_entropy_loss(logits.float(), tokens, attention_mask, per_token=per_token)
 
 
-def finish(logits: torch.Tensor, tokens: Optional[torch.Tensor], targets, loss_mask, attention_mask,
-           return_type, loss_per_token: bool):
+def finish(logits: Float[torch.Tensor, "batch pos d_vocab"], tokens: Optional[Int[torch.Tensor, "batch pos"]],
+           targets: Optional[Int[torch.Tensor, "batch pos"]], loss_mask: Optional[Shaped[torch.Tensor, "batch pos"]],
+           attention_mask: Optional[Int[torch.Tensor, "batch pos"]], return_type: Optional[str], loss_per_token: bool) -> ForwardResult:
     """The forward's result for `return_type` (see the module docstring)."""
     if return_type == "logits":
         return logits

@@ -15,9 +15,10 @@ on the left and masked, so each gets the continuation it gets alone.
 from __future__ import annotations
 
 import math
-from typing import Optional, cast
+from typing import Any, Optional, Protocol, Sequence, Union, cast
 
 import torch
+from jaxtyping import Bool, Float, Int
 from tqdm.auto import tqdm
 from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 from transformer_lens.utilities import get_attention_mask, sample_logits
@@ -25,17 +26,42 @@ from transformers import StoppingCriteria, StoppingCriteriaList, StopStringCrite
 
 from .text import _tokenizer, bos_token_id, check_attention_mask, check_tokens, to_string, tokens_and_mask
 
+
+class LanguageModel(Protocol):
+    """What generation reads of a model (`sprout.tl.text_io.Readable` has it; named here, since text_io and
+    hooked import this module): the config and tokenizer, the forward, and the train / eval mode."""
+
+    training: bool
+
+    @property
+    def cfg(self) -> Any: ...
+    @property
+    def tokenizer(self) -> Any: ...
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+    def eval(self) -> Any: ...
+    def train(self, mode: bool = True) -> Any: ...
+
+
+class Generating(Protocol):
+    """A model with TransformerLens' `generate` (a `sprout.tl.hooked.HookedLM`), what `sample` calls."""
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+# a text, a list of texts, or token ids [batch, pos] / [pos]
+Prompt = Union[str, list, Int[torch.Tensor, "*batch pos"]]
+
 RETURN_TYPES = ("input", "str", "tokens", "embeds")
 
 
 # --- the key-value cache -------------------------------------------------------------------------
 
-def new_cache(model, batch_size: int = 1) -> TransformerLensKeyValueCache:
+def new_cache(model: LanguageModel, batch_size: int = 1) -> TransformerLensKeyValueCache:
     """An empty TransformerLens key-value cache for `model` ([batch, 0, head, d_head] per layer)."""
     return TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, batch_size)
 
 
-def cache_length(cache) -> int:
+def cache_length(cache: TransformerLensKeyValueCache) -> int:
     return int(cache[0].past_keys.size(1))
 
 
@@ -58,7 +84,9 @@ def _check_cache(model, cache, batch: int) -> int:
     return past
 
 
-def cache_masks(model, cache, attention_mask: Optional[torch.Tensor], ids: torch.Tensor):
+def cache_masks(model: LanguageModel, cache: TransformerLensKeyValueCache, attention_mask: Optional[Int[torch.Tensor, "batch _pos"]],
+                ids: Int[torch.Tensor, "batch new_pos"]) -> tuple[Int[torch.Tensor, "batch new_pos"], Int[torch.Tensor, "batch new_pos"],
+                                                                 Bool[torch.Tensor, "batch 1 new_pos all_pos"]]:
     """The new positions' mask, RoPE / learned positions and attention mask, reading and extending the cache.
 
     Args:
@@ -127,7 +155,7 @@ def _ids(name, value, vocab: int) -> list[int]:
     return out
 
 
-def check_options(model, o: dict) -> None:
+def check_options(model: LanguageModel, o: dict) -> None:
     """Every generate option, by name: a wrong type or value is an error naming it."""
     n = o["max_new_tokens"]
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
@@ -158,7 +186,9 @@ def check_options(model, o: dict) -> None:
         raise TypeError(f"stop_strings must be a str or a list of str, got {s!r}")
 
 
-def stopping_criteria_list(model, stop_strings, stopping_criteria):
+def stopping_criteria_list(model: LanguageModel, stop_strings: Optional[Union[str, Sequence[str]]],
+                           stopping_criteria: Optional[Union[StoppingCriteria, Sequence[StoppingCriteria]]]
+                           ) -> Optional[StoppingCriteriaList]:
     """stop_strings and stopping_criteria as one transformers StoppingCriteriaList (None when neither), as TL."""
     if stop_strings is None and stopping_criteria is None:
         return None
@@ -223,7 +253,10 @@ def _check_embeds(model, embeds: torch.Tensor) -> torch.Tensor:
     return embeds.to(model.embed.weight.dtype)
 
 
-def left_align(ids, embeds, mask):
+def left_align(ids: Optional[Int[torch.Tensor, "batch pos"]], embeds: Optional[Float[torch.Tensor, "batch pos d_model"]],
+               mask: Optional[Int[torch.Tensor, "batch pos"]]) -> tuple[Optional[Int[torch.Tensor, "batch pos"]],
+                                                                  Optional[Float[torch.Tensor, "batch pos d_model"]],
+                                                                  Optional[Int[torch.Tensor, "batch pos"]]]:
     """Move each row's padding to its left (a stable sort of the mask), so every row ends at its last token:
     right-padded prompts then continue from their own last token, not from their padding."""
     if mask is None:
@@ -329,7 +362,7 @@ def _text(model, row: torch.Tensor, mask_row) -> str:
     tok = _tokenizer(model)
     special = {i for i in (getattr(tok, "bos_token_id", None), getattr(tok, "eos_token_id", None)) if i is not None}
     ids = row if mask_row is None else row[mask_row.bool()]
-    return to_string(model, torch.tensor([i for i in ids.tolist() if i not in special], dtype=torch.long))
+    return cast(str, to_string(model, torch.tensor([i for i in ids.tolist() if i not in special], dtype=torch.long)))  # one row: a str
 
 
 def _result(model, kind, ids, embeds, mask, drawn, seen_logits, o):
@@ -364,13 +397,13 @@ def _with_extras(model, result, kind, ids, mask, prompt, o):
 
 
 @torch.no_grad()
-def generate(model, input, o: dict):
+def generate(model: LanguageModel, input: Union[Prompt, Float[torch.Tensor, "batch pos d_model"]], o: dict) -> Any:
     """The loop behind `HookedLM.generate` (whose docstring says what each option does); `o` holds every option."""
     check_options(model, o)
     criteria = stopping_criteria_list(model, o["stop_strings"], o["stopping_criteria"])
     kind, ids, embeds, mask = _prompt(model, input, o["prepend_bos"], o["padding_side"], o["attention_mask"])
     ids, embeds, mask = left_align(ids, embeds, mask)
-    prompt = ids if ids is not None else embeds
+    prompt = cast(torch.Tensor, ids if ids is not None else embeds)  # the prompt is one of the two
     if mask is None and prompt.size(0) > 1:
         mask = torch.ones(prompt.shape[:2], dtype=torch.long, device=prompt.device)  # rows are what they are: no guessing
     was_training = model.training
@@ -383,8 +416,8 @@ def generate(model, input, o: dict):
     return _with_extras(model, result, kind, ids, mask, prompt, o)
 
 
-def sample(model, idx, max_new: int, temperature: float = 0.8, top_k: Optional[int] = None,
-           top_p: Optional[float] = 0.95, stop=None):
+def sample(model: Generating, idx: Prompt, max_new: int, temperature: float = 0.8, top_k: Optional[int] = None,
+           top_p: Optional[float] = 0.95, stop: Optional[Union[int, Sequence[int]]] = None) -> Any:
     """model.py's sampler with model.py's defaults (temperature 0.8, top-p 0.95); text in gives text out."""
     return model.generate(idx, max_new, stop_at_eos=False, temperature=temperature, top_k=top_k, top_p=top_p, stop=stop,
                           verbose=False)

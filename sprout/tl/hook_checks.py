@@ -9,11 +9,11 @@ gradient bare or as PyTorch's one-tuple `(grad,)`, as TransformerLens allows.
 from __future__ import annotations
 
 import functools
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import torch
-from transformer_lens.hook_points import HookPoint
-from transformer_lens.utilities.slice import Slice
+from transformer_lens.hook_points import HookPoint, NamesFilter
+from transformer_lens.utilities.slice import Slice, SliceInput
 
 from .recycle import CacheRecycler
 
@@ -21,7 +21,7 @@ from .recycle import CacheRecycler
 _QUERY_AXIS = ("hook_attn_scores", "hook_pattern")
 
 
-def checked_hook(hook, dir: str):
+def checked_hook(hook: Callable, dir: str) -> Callable:
     """`hook`, wrapped so that a returned tensor of another shape or dtype raises, naming the hook."""
     @functools.wraps(hook)
     def checked(tensor, *args, hook=None, **kwargs):
@@ -35,7 +35,7 @@ def checked_hook(hook, dir: str):
     return checked
 
 
-def check_replacement(name: str, given: torch.Tensor, out, dir: str = "fwd") -> None:
+def check_replacement(name: str, given: torch.Tensor, out: object, dir: str = "fwd") -> None:
     what = "activation" if dir == "fwd" else "gradient"
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"the hook on {name!r} returned a {type(out).__name__}; a hook returns None or a tensor "
@@ -87,10 +87,10 @@ class Store:
     """A caching hook: stores the activation under its names and returns None, so it never edits the forward
     (the attention reads this to skip its edit check, `sprout.tl.pattern_attention`)."""
 
-    def __init__(self, save: Callable, names: tuple, is_backward: bool):
+    def __init__(self, save: Callable, names: tuple, is_backward: bool) -> None:
         self.save, self.names, self.is_backward = save, names, is_backward
 
-    def __call__(self, tensor, hook) -> None:
+    def __call__(self, tensor: torch.Tensor, hook: HookPoint) -> None:
         self.save(tensor, hook, self.names, self.is_backward)
 
 
@@ -101,8 +101,10 @@ def reads_only(point: HookPoint) -> bool:
         isinstance(getattr(h, "user_hook", None), Store) for h in handles)
 
 
-def cache_hooks(hook_dict: dict, names_filter=None, incl_bwd: bool = False, device=None, remove_batch_dim: bool = False,
-                cache=None, pos_slice=None, gated=None, recycler: Optional[CacheRecycler] = None):
+def cache_hooks(hook_dict: dict[str, HookPoint], names_filter: NamesFilter = None, incl_bwd: bool = False,
+                device: Optional[Union[str, torch.device]] = None, remove_batch_dim: bool = False, cache: Optional[dict] = None,
+                pos_slice: Optional[Union[Slice, SliceInput]] = None, gated: Optional[Callable[[str], object]] = None,
+                recycler: Optional[CacheRecycler] = None) -> tuple[dict, list, list]:
     """TransformerLens' get_caching_hooks, slicing every activation on its own position axis.
 
     TransformerLens decides the axis from a list of name suffixes, which does not know Sprout's
@@ -155,7 +157,7 @@ def check_buffers(hook_dict: dict, buffers: dict) -> None:
                             "would be truncated: allocate it with a floating dtype (e.g. torch.float32)")
 
 
-def copy_into_buffer(buffer: torch.Tensor, name: str):
+def copy_into_buffer(buffer: torch.Tensor, name: str) -> Callable[[torch.Tensor, HookPoint], None]:
     """A forward hook copying the activation into buffer[:batch, :pos, ...], refusing a buffer too small."""
     def copy_into(x, hook):
         if buffer.dim() != x.dim() or any(b < n for b, n in zip(buffer.shape, x.shape)):

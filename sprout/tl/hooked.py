@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Optional, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Optional, Union, cast
 
 import torch
-from transformer_lens.hook_points import HookPoint
+from jaxtyping import Bool, Float, Int, Shaped
+from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
+from transformer_lens.hook_points import HookFunction, HookPoint, NamesFilter
 from transformer_lens.HookedRootModule import HookedRootModule
+from transformer_lens.utilities.slice import Slice, SliceInput
 
 from ..hf_tokenizer import as_hf
 from . import generation, text
 from .activation_cache import SproutActivationCache
 from .caching import not_attn_result, run_with_grads, warn_of_filter
-from .forward import check_loss_tokens, check_resid, check_return_type, finish, layer_range, tl_loss
+from .forward import ForwardResult, check_loss_tokens, check_resid, check_return_type, finish, layer_range, tl_loss
 from .hook_checks import cache_hooks, check_buffers, checked_hook, copy_into_buffer, unknown_hook
 from .hook_flags import HookFlagRules
 from .recycle import CacheRecycler
@@ -41,14 +44,15 @@ def hooked(*points: HookPoint) -> bool:
     return any(p._forward_hooks or p._backward_hooks for p in points)
 
 
-def follow_weights(model):
+def follow_weights(model: HookedLM) -> HookedLM:
     """Set `model.cfg.device` and `.dtype` to the embedding's: what `_apply` (every `.to()`, `.cuda()`,
     `.half()`) calls after moving or casting the weights, so reading `cfg` never changes anything."""
     model.cfg.device, model.cfg.dtype = str(model.embed.weight.device), model.embed.weight.dtype
     return model
 
 
-def padding_masks(attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def padding_masks(attention_mask: Int[torch.Tensor, "batch pos"]
+                  ) -> tuple[Int[torch.Tensor, "batch pos"], Bool[torch.Tensor, "batch 1 pos pos"]]:
     """attention_mask [batch, pos] (1 = token, 0 = padding) -> (positions [batch, pos], attn_mask [batch, 1, pos, pos]).
 
     Each real token's position counts real tokens only, so left padding does not shift positions.
@@ -96,7 +100,7 @@ class HookedLM(HookedRootModule):
     codec: TextCodec  # the tokenizer and the text methods (`sprout.tl.text_io`)
     cache_recycler: CacheRecycler  # the last cache's memory, reused by the next (`sprout.tl.recycle`)
 
-    def __init__(self, *args):
+    def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.weights = StackedWeights(self)
         self.hook_flags = HookFlagRules(self)
@@ -104,7 +108,7 @@ class HookedLM(HookedRootModule):
         self._lock = threading.RLock()
         self.cache_recycler = CacheRecycler()
 
-    def setup(self):
+    def setup(self) -> None:
         super().setup()
         self.hook_flags.register_aliases()
 
@@ -135,10 +139,12 @@ class HookedLM(HookedRootModule):
 
     def forward(self, input: TextOrTokens, return_type: Optional[str] = "logits", loss_per_token: bool = False,
                 prepend_bos: Optional[bool] = None, padding_side: Optional[str] = None,
-                start_at_layer: Optional[int] = None, tokens: Optional[torch.Tensor] = None,
-                shortformer_pos_embed=None, attention_mask: Optional[torch.Tensor] = None,
-                stop_at_layer: Optional[int] = None, past_kv_cache=None, *,
-                targets: Optional[torch.Tensor] = None, loss_mask: Optional[torch.Tensor] = None):
+                start_at_layer: Optional[int] = None, tokens: Optional[Int[torch.Tensor, "batch pos"]] = None,
+                shortformer_pos_embed: Optional[Float[torch.Tensor, "batch pos d_model"]] = None,
+                attention_mask: Optional[Int[torch.Tensor, "batch pos"]] = None,
+                stop_at_layer: Optional[int] = None, past_kv_cache: Optional[TransformerLensKeyValueCache] = None, *,
+                targets: Optional[Int[torch.Tensor, "batch pos"]] = None,
+                loss_mask: Optional[Shaped[torch.Tensor, "batch pos"]] = None) -> ForwardResult:
         """Token ids [batch, pos] (or text, or a list of texts) through the model, as HookedTransformer.
 
         `model(tokens)` is the logits [batch, pos, vocab], a plain Tensor; `return_type` "logits",
@@ -194,7 +200,8 @@ class HookedLM(HookedRootModule):
         return finish(out, idx, targets, loss_mask, attention_mask, return_type, loss_per_token)
 
     def input_to_embed(self, input: TextOrTokens, prepend_bos: Optional[bool] = None, padding_side: Optional[str] = None,
-                       attention_mask: Optional[torch.Tensor] = None):
+                       attention_mask: Optional[Int[torch.Tensor, "batch pos"]] = None) -> tuple[
+            Float[torch.Tensor, "batch pos d_model"], Int[torch.Tensor, "batch pos"], None, Optional[Int[torch.Tensor, "batch pos"]]]:
         """TransformerLens 4.3's input_to_embed: `(residual, tokens, None, attention_mask)`, the stream
         entering block 0 [batch, pos, d_model] (the embedding; RoPE adds no positional stream, hence the
         None where a shortformer model returns one), the ids [batch, pos] and the padding mask or None.
@@ -207,8 +214,9 @@ class HookedLM(HookedRootModule):
         residual = self(tokens, stop_at_layer=0, attention_mask=attention_mask, return_type="logits")
         return residual, tokens, None, attention_mask
 
-    def loss_fn(self, logits: torch.Tensor, tokens: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                per_token: bool = False) -> torch.Tensor:
+    def loss_fn(self, logits: Float[torch.Tensor, "batch pos d_vocab"], tokens: Int[torch.Tensor, "batch pos"],
+                attention_mask: Optional[Int[torch.Tensor, "batch pos"]] = None, per_token: bool = False
+                ) -> Union[Float[torch.Tensor, ""], Float[torch.Tensor, "batch pos_minus_1"]]:
         """TransformerLens' loss: mean cross-entropy of each next token (per_token: [batch, pos - 1])."""
         tokens = text.as_ids(tokens)
         return tl_loss(logits, tokens.long(), attention_mask, per_token)
@@ -216,7 +224,9 @@ class HookedLM(HookedRootModule):
     # --- hooks ------------------------------------------------------------------------------------
 
     @contextmanager
-    def hooks(self, fwd_hooks=[], bwd_hooks=[], reset_hooks_end: bool = True, clear_contexts: bool = False):
+    def hooks(self, fwd_hooks: list[tuple[Union[str, Callable], Callable]] = [],
+              bwd_hooks: list[tuple[Union[str, Callable], Callable]] = [], reset_hooks_end: bool = True,
+              clear_contexts: bool = False) -> Iterator[HookedLM]:
         """TransformerLens' hooks() context, holding this model's lock until it exits.
 
         Hooks are active for every forward of this model in this thread until the `with` block ends,
@@ -240,25 +250,28 @@ class HookedLM(HookedRootModule):
         if name not in self.mod_dict or not isinstance(self.mod_dict[name], HookPoint):
             raise unknown_hook(name, self.hook_dict)
 
-    def add_hook(self, name, hook, dir="fwd", is_permanent=False, level=None, prepend=False):
+    def add_hook(self, name: Union[str, Callable[[str], bool]], hook: HookFunction, dir: Literal["fwd", "bwd"] = "fwd",
+                 is_permanent: bool = False, level: Optional[int] = None, prepend: bool = False) -> None:
         """TransformerLens' add_hook; a names filter skips the hook points whose flag is off (with a warning)."""
         flags = self.hook_flags
         for point_name in [name] if isinstance(name, str) else flags.points(name, "add_hook", flags.add_hook_flag):
             self._known_hook(point_name)
             super().add_hook(point_name, hook, dir=dir, is_permanent=is_permanent, level=level, prepend=prepend)
 
-    def check_hooks_to_add(self, hook_point, hook_point_name: str, hook, dir="fwd", is_permanent=False, prepend=False):
+    def check_hooks_to_add(self, hook_point: HookPoint, hook_point_name: str, hook: HookFunction, dir: Literal["fwd", "bwd"] = "fwd",
+                           is_permanent: bool = False, prepend: bool = False) -> None:
         """`model.add_hook` on a hook whose flag is off: a HookFlagError (TransformerLens' AssertionError)."""
         self.hook_flags.refuse_off(hook_point_name, self.hook_flags.add_hook_flag)
 
-    def check_and_add_hook(self, hook_point, hook_point_name, hook, dir="fwd", is_permanent=False, level=None,
-                           prepend=False):
+    def check_and_add_hook(self, hook_point: HookPoint, hook_point_name: str, hook: HookFunction, dir: Literal["fwd", "bwd"] = "fwd",
+                           is_permanent: bool = False, level: Optional[int] = None, prepend: bool = False) -> None:
         checked = checked_hook(hook, dir)
         super().check_and_add_hook(hook_point, hook_point_name, checked, dir, is_permanent, level, prepend)
         _show_user_hook([hook_point], checked, hook)
 
-    def get_caching_hooks(self, names_filter=None, incl_bwd: bool = False, device=None, remove_batch_dim: bool = False,
-                          cache: Optional[dict] = None, pos_slice=None):
+    def get_caching_hooks(self, names_filter: NamesFilter = None, incl_bwd: bool = False, device: Optional[Union[str, torch.device]] = None,
+                          remove_batch_dim: bool = False, cache: Optional[dict] = None,
+                          pos_slice: Optional[Union[Slice, SliceInput]] = None) -> tuple[dict, list, list]:
         """TransformerLens' caching hooks, except that `pos_slice` slices every hook on its position axis."""
         self.hook_flags.alias_input_hooks()  # flags set on model.cfg directly: hook_dict's aliases follow them here
         self.is_caching = True
@@ -266,7 +279,7 @@ class HookedLM(HookedRootModule):
         return cache_hooks(self.hook_dict, names_filter, incl_bwd, device, remove_batch_dim, cache, pos_slice,
                            gated=self.hook_flags.gated_flag, recycler=recycler)
 
-    def run_with_cache(self, *model_args, **kwargs):
+    def run_with_cache(self, *model_args: Any, **kwargs: Any) -> tuple[Any, SproutActivationCache]:
         """Run and cache activations: `logits, cache = model.run_with_cache(tokens_or_text)`.
 
         Returns forward's output (as `forward` documents: the logits, or what `return_type` asks for)
@@ -299,11 +312,11 @@ class HookedLM(HookedRootModule):
                     out, cache = super().run_with_cache(*model_args, **kwargs)
         return out, SproutActivationCache(cache, self, has_batch_dim=batched)
 
-    def run_with_hooks(self, *model_args, **kwargs):
+    def run_with_hooks(self, *model_args: Any, **kwargs: Any) -> Any:
         """Run with temporary hooks (removed afterwards, even if the forward raises); output as forward's."""
         return super().run_with_hooks(*model_args, **kwargs)
 
-    def run_with_cache_into(self, tokens: torch.Tensor, buffers: dict, **forward_kwargs):
+    def run_with_cache_into(self, tokens: Int[torch.Tensor, "batch pos"], buffers: dict[str, torch.Tensor], **forward_kwargs: Any) -> Any:
         """Run, copying each named activation into a preallocated buffer instead of a new tensor.
 
         For streaming analyses over many batches: `buffers` maps hook names to floating-point tensors
@@ -365,13 +378,13 @@ class HookedLM(HookedRootModule):
     # --- text in and out: `self.codec` (sprout.tl.text_io) ----------------------------------------
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Any:
         """A Hugging Face `PreTrainedTokenizerFast` (see `sprout.hf_tokenizer`), or None. Setting a
         `tokenizers.Tokenizer` wraps it; `sprout.tokenizer.raw(model.tokenizer)` gives it back."""
         return self.codec.tokenizer
 
     @tokenizer.setter
-    def tokenizer(self, tok):
+    def tokenizer(self, tok: Any) -> None:
         self.codec.tokenizer = as_hf(tok)
 
     to_tokens = delegate("codec", TextCodec.to_tokens)

@@ -12,12 +12,28 @@ blank lines), so the default is False; the README's *BOS* section measures what 
 from __future__ import annotations
 
 import warnings
-from typing import Optional
+from typing import Any, Optional, Protocol, Sequence, Union
 
 import torch
+from jaxtyping import Int
 from transformer_lens.utilities import get_attention_mask
 
 from ..tokenizer import EOT, decode, encode
+
+
+class TextModel(Protocol):
+    """What these functions read of a model: its TransformerLens config (`d_vocab`, `n_ctx`, `device`,
+    `default_prepend_bos`) and its tokenizer (a Hugging Face tokenizer, or None)."""
+
+    @property
+    def cfg(self) -> Any: ...
+    @property
+    def tokenizer(self) -> Any: ...
+
+
+# one text or a list of texts
+Texts = Union[str, Sequence[str]]
+Device = Union[str, torch.device]
 
 
 def _tokenizer(model):
@@ -39,7 +55,7 @@ def _encode(model, text: str, bos: Optional[int] = None, allow_empty: bool = Fal
     return ids
 
 
-def bos_token_id(model, prepend_bos) -> Optional[int]:
+def bos_token_id(model: TextModel, prepend_bos: Optional[bool]) -> Optional[int]:
     """The BOS id to put before each text, or None: `prepend_bos` (None = `model.cfg.default_prepend_bos`).
 
     The BOS is `<|endoftext|>`, as GPT-2's. A tokenizer without it (the character tokenizers) has
@@ -60,7 +76,7 @@ def bos_token_id(model, prepend_bos) -> Optional[int]:
     return int(bos)
 
 
-def check_prepend_bos(model, prepend_bos) -> None:
+def check_prepend_bos(model: TextModel, prepend_bos: object) -> None:
     """prepend_bos with token ids in is ignored, as in TransformerLens (it applies to text); it must still be a bool or None."""
     if prepend_bos is not None and not isinstance(prepend_bos, bool):
         raise TypeError(f"prepend_bos must be True, False or None, got {prepend_bos!r}")
@@ -77,7 +93,8 @@ def _check_texts(text) -> list[str]:
     return texts
 
 
-def pad_rows(model, ids: list[list[int]], padding_side=None, device=None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+def pad_rows(model: TextModel, ids: list[list[int]], padding_side: Optional[str] = None, device: Optional[Device] = None
+             ) -> tuple[Int[torch.Tensor, "batch pos"], Optional[Int[torch.Tensor, "batch pos"]]]:
     """Rows of ids -> (ids [batch, longest], attention_mask [batch, longest] or None when nothing was padded).
 
     Shorter rows are padded with the tokenizer's pad token on `padding_side` (default the tokenizer's,
@@ -102,7 +119,8 @@ def pad_rows(model, ids: list[list[int]], padding_side=None, device=None) -> tup
             torch.tensor(mask, dtype=torch.long, device=device))
 
 
-def tokens_and_mask(model, text, prepend_bos=None, padding_side=None):
+def tokens_and_mask(model: TextModel, text: Texts, prepend_bos: Optional[bool] = None, padding_side: Optional[str] = None
+                    ) -> tuple[Int[torch.Tensor, "batch pos"], Optional[Int[torch.Tensor, "batch pos"]]]:
     """Text or a list of texts -> (ids [batch, pos], attention_mask [batch, pos] or None), for a forward.
 
     With `prepend_bos` (None = `model.cfg.default_prepend_bos`) each text starts with `<|endoftext|>`.
@@ -115,8 +133,8 @@ def tokens_and_mask(model, text, prepend_bos=None, padding_side=None):
     return check_tokens(model, idx), mask
 
 
-def to_tokens(model, text, prepend_bos=None, padding_side=None, move_to_device: bool = True,
-              truncate: bool = True) -> torch.Tensor:
+def to_tokens(model: TextModel, text: Union[Texts, Int[torch.Tensor, "*batch pos"]], prepend_bos: Optional[bool] = None,
+              padding_side: Optional[str] = None, move_to_device: bool = True, truncate: bool = True) -> Int[torch.Tensor, "batch pos"]:
     """Text, a list of texts (padded to the longest), or ids -> ids [batch, pos] on the model's device.
 
     As TransformerLens: `truncate=True` keeps each text's first `n_ctx` tokens (its BOS included);
@@ -137,7 +155,7 @@ def to_tokens(model, text, prepend_bos=None, padding_side=None, move_to_device: 
     return idx
 
 
-def check_attention_mask(mask, ids: torch.Tensor) -> torch.Tensor:
+def check_attention_mask(mask: object, ids: Int[torch.Tensor, "batch pos"]) -> Int[torch.Tensor, "batch pos"]:
     """An attention mask [batch, pos] of 0/1 (or bool) with one entry per token and a real token in every row."""
     if not isinstance(mask, torch.Tensor):
         raise TypeError(f"attention_mask must be a torch.Tensor [batch, pos] of 0 and 1, got {type(mask).__name__}")
@@ -150,7 +168,7 @@ def check_attention_mask(mask, ids: torch.Tensor) -> torch.Tensor:
     return mask.to(ids.device)
 
 
-def as_ids(tokens) -> torch.Tensor:
+def as_ids(tokens: object) -> Int[torch.Tensor, "..."]:
     """An int, a NumPy array, a list or a tensor of token ids -> an integer tensor; floats and bools are a TypeError."""
     if isinstance(tokens, bool):
         raise TypeError("token ids must be integers, got a bool")
@@ -164,13 +182,13 @@ def as_ids(tokens) -> torch.Tensor:
     return tokens
 
 
-def check_integer_ids(idx: torch.Tensor) -> None:
+def check_integer_ids(idx: Int[torch.Tensor, "..."]) -> None:
     """Token ids are integers: a float or bool tensor is a TypeError (1.7 must not quietly become token 1)."""
     if idx.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
         raise TypeError(f"token ids must be an integer tensor, got dtype {idx.dtype} (ids are never rounded)")
 
 
-def check_tokens(model, idx) -> torch.Tensor:
+def check_tokens(model: TextModel, idx: object) -> Int[torch.Tensor, "batch pos"]:
     """Validate token ids (or tokenize text) for a forward pass; returns ids [batch, pos]."""
     if isinstance(idx, (str, list, tuple)):
         return tokens_and_mask(model, idx)[0]
@@ -197,7 +215,8 @@ def check_tokens(model, idx) -> torch.Tensor:
     return idx.long()
 
 
-def windows(ids, size: int, stride: Optional[int] = None) -> torch.Tensor:
+def windows(ids: Union[Int[torch.Tensor, "*one pos"], Sequence[int]], size: int, stride: Optional[int] = None
+            ) -> Int[torch.Tensor, "n_windows window"]:
     """Cut one long sequence into windows of `size` tokens, the explicit alternative to truncation.
 
     Windows start every `stride` tokens (default `size`: no overlap); the last one is moved back to end
@@ -228,7 +247,7 @@ def windows(ids, size: int, stride: Optional[int] = None) -> torch.Tensor:
     return torch.stack([ids[s:s + size] for s in starts])
 
 
-def to_str_tokens(model, text, prepend_bos=None, padding_side=None) -> list:
+def to_str_tokens(model: TextModel, text: object, prepend_bos: Optional[bool] = None, padding_side: Optional[str] = None) -> list:
     """Each token as the text it decodes to.
 
     A text gives one list (its first `n_ctx` tokens, as TransformerLens); a list of texts one unpadded
@@ -251,7 +270,7 @@ def to_str_tokens(model, text, prepend_bos=None, padding_side=None) -> list:
     return [decode(tok, [i]) for i in ids.reshape(-1).tolist()]
 
 
-def to_string(model, tokens):
+def to_string(model: TextModel, tokens: object) -> Union[str, list]:
     """Token ids -> text: an int, a 0-d or 1-D tensor (or list, or NumPy array) gives a str, [batch, pos] a
     list of str. Ids the tokenizer lacks read `<unk:ID>`."""
     tokens = as_ids(tokens)
@@ -262,7 +281,7 @@ def to_string(model, tokens):
     return decode(_tokenizer(model), tokens.reshape(-1).tolist())
 
 
-def leading_pads(model, idx: torch.Tensor) -> Optional[torch.Tensor]:
+def leading_pads(model: TextModel, idx: Int[torch.Tensor, "batch pos"]) -> Optional[Int[torch.Tensor, " batch"]]:
     """How many of the tokenizer's pad token begin each row [batch], or None when the pad is not also the
     BOS or EOS (`<|endoftext|>` is all three).
 
@@ -276,7 +295,7 @@ def leading_pads(model, idx: torch.Tensor) -> Optional[torch.Tensor]:
     return (idx == pad).long().cumprod(1).sum(1)
 
 
-def warn_if_left_padded(model, idx: torch.Tensor) -> None:
+def warn_if_left_padded(model: TextModel, idx: Int[torch.Tensor, "batch pos"]) -> None:
     """Warn when rows of ids [batch, pos] look left-padded and came without their attention_mask.
 
     The sign: rows begin with different numbers of the pad token (`<|endoftext|>`, which is also the
@@ -297,7 +316,8 @@ def warn_if_left_padded(model, idx: torch.Tensor) -> None:
         "tokens are real, pass attention_mask=torch.ones_like(tokens) to say so", stacklevel=2)
 
 
-def mask_from_padding(model, idx: torch.Tensor, padding_side, prepend_bos=None) -> Optional[torch.Tensor]:
+def mask_from_padding(model: TextModel, idx: Int[torch.Tensor, "batch pos"], padding_side: Optional[str],
+                      prepend_bos: Optional[bool] = None) -> Optional[Int[torch.Tensor, "batch pos"]]:
     """TransformerLens' reading of the padding off the pad token (`utilities.get_attention_mask`): the
     leading (left) or trailing (right) run of pad tokens of each row is masked, a BOS that is also the
     pad kept. None when nothing is padded, or when the pad is a real character (`leading_pads`)."""

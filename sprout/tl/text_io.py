@@ -6,38 +6,49 @@ A model holds a `TextCodec` as `model.codec`, and `HookedLM` delegates each meth
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any, Optional, Protocol, Union
+from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence, Union
 
 import torch
+from jaxtyping import Float, Int
 
 from . import generation, text
 
 if TYPE_CHECKING:
+    from transformer_lens.hook_points import NamesFilter
+    from transformers import StoppingCriteria
+
     from ..config import SproutTransformerLensConfig
 
 TextOrTokens = Union[str, list, torch.Tensor]
 
 
 class Readable(Protocol):
-    """What `TextCodec` reads of its model: the config, the unembedding and the forward."""
+    """What `TextCodec` reads of its model: the config, the unembedding, the tokenizer and the forward (and, for
+    `generate`, its train / eval mode)."""
+
+    training: bool
 
     @property
     def cfg(self) -> SproutTransformerLensConfig: ...
     @property
-    def W_U(self) -> torch.Tensor: ...
+    def W_U(self) -> Float[torch.Tensor, "d_model d_vocab"]: ...
+    @property
+    def tokenizer(self) -> Any: ...
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+    def eval(self) -> Any: ...
+    def train(self, mode: bool = True) -> Any: ...
 
 
 class TextCodec:
     """The tokenizer of one model (a Hugging Face `PreTrainedTokenizerFast`, or None; `model.tokenizer`
     sets it) and TransformerLens' methods that read or write text through it."""
 
-    def __init__(self, model: Readable):
+    def __init__(self, model: Readable) -> None:
         self.model = model
         self.tokenizer: Any = None
 
     def to_tokens(self, input: TextOrTokens, prepend_bos: Optional[bool] = None, padding_side: Optional[str] = None,
-                  move_to_device: bool = True, truncate: bool = True) -> torch.Tensor:
+                  move_to_device: bool = True, truncate: bool = True) -> Int[torch.Tensor, "batch pos"]:
         """Text (or a list of texts, padded to the longest on `padding_side`) -> token ids [batch, pos].
 
         As TransformerLens: `prepend_bos` (default `model.cfg.default_prepend_bos`) puts `<|endoftext|>`
@@ -46,12 +57,12 @@ class TextCodec:
         """
         return text.to_tokens(self.model, input, prepend_bos, padding_side, move_to_device, truncate)
 
-    def to_str_tokens(self, input, prepend_bos: Optional[bool] = None, padding_side: Optional[str] = None) -> list:
+    def to_str_tokens(self, input: object, prepend_bos: Optional[bool] = None, padding_side: Optional[str] = None) -> list:
         """Each token as the piece of text it decodes to; a list of texts gives one unpadded list per text
         (TransformerLens' convention), ids [batch, pos] a list per row."""
         return text.to_str_tokens(self.model, input, prepend_bos, padding_side)
 
-    def to_string(self, tokens) -> Union[str, list]:
+    def to_string(self, tokens: object) -> Union[str, list]:
         """Token ids (int, 0-d/1-D tensor, list, NumPy array) -> text; [batch, pos] -> a list of texts."""
         return text.to_string(self.model, tokens)
 
@@ -62,8 +73,8 @@ class TextCodec:
             raise ValueError(f"{string!r} is {ids.numel()} tokens, not one")
         return int(ids[0])
 
-    def get_token_position(self, single_token, input, mode: str = "first", prepend_bos: Optional[bool] = None,
-                           padding_side: Optional[str] = None) -> int:
+    def get_token_position(self, single_token: Union[str, int, Int[torch.Tensor, ""]], input: object, mode: str = "first",
+                           prepend_bos: Optional[bool] = None, padding_side: Optional[str] = None) -> int:
         """The position of `single_token` (a one-token string or an id) in `input` (text or ids [pos] / [1, pos])."""
         tokens = self.to_tokens(input, prepend_bos, padding_side) if isinstance(input, str) else text.as_ids(input)
         if tokens.dim() == 2:
@@ -79,14 +90,16 @@ class TextCodec:
         return int(where[0] if mode == "first" else where[-1])
 
     def generate(self, input: TextOrTokens = "", max_new_tokens: int = 10, stop_at_eos: bool = True,
-                 eos_token_id=None, do_sample: bool = True, top_k: Optional[int] = None,
+                 eos_token_id: Optional[Union[int, Sequence[int]]] = None, do_sample: bool = True, top_k: Optional[int] = None,
                  top_p: Optional[float] = None, temperature: float = 1.0, freq_penalty: float = 0.0,
                  repetition_penalty: float = 1.0, use_past_kv_cache: bool = True, prepend_bos: Optional[bool] = None,
                  padding_side: Optional[str] = None, return_type: str = "input", verbose: bool = True,
                  output_logits: bool = False, return_cache: bool = False, return_input_tokens: bool = False,
-                 names_filter=None, device=None, pixel_values=None, stop_strings=None, stopping_criteria=None,
-                 attention_mask: Optional[torch.Tensor] = None, forced_bos_token_id=None,
-                 max_new: Optional[int] = None, stop=None, **generation_kwargs):
+                 names_filter: NamesFilter = None, device: Optional[Union[str, torch.device]] = None, pixel_values: object = None,
+                 stop_strings: Optional[Union[str, Sequence[str]]] = None,
+                 stopping_criteria: Optional[Union[StoppingCriteria, Sequence[StoppingCriteria]]] = None,
+                 attention_mask: Optional[Int[torch.Tensor, "batch pos"]] = None, forced_bos_token_id: object = None,
+                 max_new: Optional[int] = None, stop: Optional[Union[int, Sequence[int]]] = None, **generation_kwargs: Any) -> Any:
         """TransformerLens 4.3's generate (its arguments, defaults and results), on this model.
 
         `input`: a text, a list of texts (padded on the left and masked, so each prompt gets the
@@ -134,7 +147,7 @@ class TextCodec:
                        stopping_criteria=stopping_criteria, attention_mask=attention_mask, stop=stop)
         return generation.generate(self.model, input, options)
 
-    def tokens_to_residual_directions(self, tokens) -> torch.Tensor:
+    def tokens_to_residual_directions(self, tokens: Union[str, int, Int[torch.Tensor, "..."]]) -> Float[torch.Tensor, "... d_model"]:
         """The residual direction whose dot product with the normalised stream is each token's logit, in
         TransformerLens' shapes: one token (a string, an int, a tensor of one element) -> [d_model];
         ids of shape [...] -> [..., d_model].

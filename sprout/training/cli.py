@@ -9,6 +9,7 @@ import argparse
 import os
 import sys
 from dataclasses import fields
+from typing import Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -25,7 +26,7 @@ checkpoint, refusing a different recipe, changed data or another tokenizer. A ru
 `sprout train` on it stops at once. --grad-clip 0 means no clipping (as in nanoGPT)."""
 
 
-def parse_args(argv=None):
+def parse_args(argv: Optional[Sequence[str]] = None) -> tuple[argparse.Namespace, Recipe]:
     """`--recipe NAME --out DIR` plus one flag per recipe field; unknown flags and out-of-range values are
     an error (exit status 2) before any work."""
     p = argparse.ArgumentParser(prog="sprout train", description=DESCRIPTION,
@@ -62,7 +63,7 @@ def _last(out) -> str:
         return "unknown"
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     args, recipe = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

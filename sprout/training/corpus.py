@@ -19,6 +19,7 @@ from typing import Optional, Union
 
 import numpy as np
 import torch
+from jaxtyping import Int
 from tokenizers import Tokenizer
 
 from ..files import file_in, latest_checkpoint, load_tokenizer, regular_file, remove_ours, save_tokenizer
@@ -302,7 +303,7 @@ def _write_tokens(text: str, tok, path: Path, chunk_chars: int) -> None:
                 np.asarray(enc.ids, dtype=np.uint16).tofile(f)
 
 
-def build_token_files(text: str, tokenizer, out_dir: Union[str, Path], val_fraction: float = 0.1,
+def build_token_files(text: str, tokenizer: Tokenizer, out_dir: Union[str, Path], val_fraction: float = 0.1,
                       chunk_chars: int = 1 << 20) -> tuple[Path, Path]:
     """Tokenises `text` once into `out_dir/train.bin` and `out_dir/val.bin` (flat np.uint16).
 
@@ -347,7 +348,7 @@ def check_windows(data: np.ndarray, context: int) -> None:
 
 
 def get_batch(data: np.ndarray, batch_size: int, context: int,
-              generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+              generator: torch.Generator) -> tuple[Int[torch.Tensor, "batch pos"], Int[torch.Tensor, "batch pos"]]:
     """Random windows of a token array: inputs and the next-token targets.
 
     Args:
@@ -373,7 +374,7 @@ class TokenDataset:
         context: T, the window length of the batches.
     """
 
-    def __init__(self, path: Union[str, Path], context: int):
+    def __init__(self, path: Union[str, Path], context: int) -> None:
         self.path, self.context = Path(path), context
         if not os.path.lexists(self.path):
             raise ValueError(f"no token file at {self.path}")
@@ -384,7 +385,7 @@ class TokenDataset:
     def __len__(self) -> int:
         return len(self.data)
 
-    def batch(self, batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(self, batch_size: int, generator: torch.Generator) -> tuple[Int[torch.Tensor, "batch pos"], Int[torch.Tensor, "batch pos"]]:
         """(x, y), int64 [batch_size, context]; see `get_batch`."""
         return get_batch(self.data, batch_size, self.context, generator)
 

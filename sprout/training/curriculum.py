@@ -11,6 +11,7 @@ from typing import Optional
 
 import numpy as np
 import torch
+from jaxtyping import Int
 
 from ..material import repeated_random_tokens
 from .corpus import get_batch
@@ -18,7 +19,8 @@ from .recipes import Recipe
 
 
 def repeat_rows(n: int, context: int, vocab_size: int, lo: int, hi: int, generator: torch.Generator,
-                corpus: Optional[np.ndarray] = None, unigram: float = 0.0):
+                corpus: Optional[np.ndarray] = None, unigram: float = 0.0
+                ) -> tuple[Int[torch.Tensor, "n context"], Int[torch.Tensor, "n context"], Int[torch.Tensor, "n context"]]:
     """Rows of random segments each followed by its exact repeat (the induction curriculum).
 
     Args:
@@ -59,7 +61,7 @@ def uses_mask(recipe: Recipe, step: int) -> bool:
 
 
 def get_train_batch(recipe: Recipe, train: np.ndarray, vocab_size: int, generator: torch.Generator,
-                    step: int = 0):
+                    step: int = 0) -> tuple[Int[torch.Tensor, "batch pos"], Int[torch.Tensor, "batch pos"], Int[torch.Tensor, "batch pos"]]:
     """One training batch: story windows and repeat-curriculum rows. Returns (x, y, loss_mask) [B, T]."""
     n_rep = round(recipe.batch_size * (1.0 if step < recipe.curriculum_steps else recipe.repeat_fraction))
     n_story = recipe.batch_size - n_rep

@@ -29,6 +29,7 @@ import re
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Sequence
 
 from ..material import generate_corpus
 
@@ -216,7 +217,7 @@ def _bible(files: list[SourceFile]) -> list[Document]:
 _READERS = {"shakespeare": _shakespeare, "britannica": _britannica, "bible": _bible}
 
 
-def english_documents(sources=ENGLISH_SOURCES) -> tuple[list[Document], list[SourceFile]]:
+def english_documents(sources: Sequence[str] = ENGLISH_SOURCES) -> tuple[list[Document], list[SourceFile]]:
     """The cleaned documents of the given sources, and every installed file they were read from."""
     docs, files = [], []
     for source in sources:
@@ -283,7 +284,7 @@ def _cut(docs: list[str], val_fraction: float) -> tuple[list[str], list[str]]:
     return train, val
 
 
-def english_corpus(sources=ENGLISH_SOURCES, story_fraction: float = 0.0, val_fraction: float = 0.05,
+def english_corpus(sources: Sequence[str] = ENGLISH_SOURCES, story_fraction: float = 0.0, val_fraction: float = 0.05,
                    seed: int = 0) -> EnglishCorpus:
     """Every source cut into train and held-out text, with generated stories as `story_fraction` of the chars.
 
@@ -312,6 +313,6 @@ def english_corpus(sources=ENGLISH_SOURCES, story_fraction: float = 0.0, val_fra
     return EnglishCorpus("\n\n".join(train), val, files)
 
 
-def english_stamp(sources) -> list[dict]:
+def english_stamp(sources: Sequence[str]) -> list[dict]:
     """Each source file's name, size and SHA-256 (what a run's token files depend on)."""
     return [{"name": f.name, "size": f.size, "sha256": f.sha256} for s in sources for f in package_files(s)]

@@ -20,10 +20,12 @@ from typing import Optional, Union
 import numpy as np
 import torch
 import torch.distributed as dist
+from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from ..config import SproutConfig
 from ..files import load, save
+from ..files.checkpoint import PathLike
 from ..material import repeated_random_tokens
 from ..model import Sprout
 from ..tl.hooked import HookedLM
@@ -43,7 +45,7 @@ class NonFiniteLoss(FloatingPointError):
 
 # ----------------------------------------------------------------------------- model and optimiser
 
-def build_model(recipe: Recipe, vocab_size: int, tokenizer=None) -> Union[Sprout, WalkthroughGPT]:
+def build_model(recipe: Recipe, vocab_size: int, tokenizer: Optional[Tokenizer] = None) -> Union[Sprout, WalkthroughGPT]:
     """A fresh model for the recipe (weights drawn from torch's global RNG)."""
     if recipe.model == "walkthrough":
         # the final script's architecture at the recipe's size; no dropout: a short run underfits
@@ -83,7 +85,7 @@ def snapshot_steps(max_steps: int) -> set[int]:
 
 
 @torch.no_grad()
-def evaluate(model, recipe: Recipe, val: np.ndarray, vocab_size: int) -> dict[str, float]:
+def evaluate(model: HookedLM, recipe: Recipe, val: np.ndarray, vocab_size: int) -> dict[str, float]:
     """Held-out loss on fixed windows, and the repeated-random-tokens probe (first vs second half)."""
     was_training = model.training
     model.eval()
@@ -212,7 +214,7 @@ def _prepare_main(recipe: Recipe, run_dir: RunDir, cache: Path, resume: bool) ->
     return data
 
 
-def prepare(recipe: Recipe, run_dir: RunDir, data_cache, resume: bool, world: int, rank: int) -> TokenData:
+def prepare(recipe: Recipe, run_dir: RunDir, data_cache: Optional[PathLike], resume: bool, world: int, rank: int) -> TokenData:
     """The run's data: rank 0 locks the run directory and builds it; the other ranks then read it."""
     cache = Path(data_cache) if data_cache else run_dir.path / "data"
     if rank == 0:
@@ -364,7 +366,8 @@ def steps(run: Run, show_progress: bool) -> None:
         checkpoint(run)
 
 
-def train(recipe: Recipe, out, data_cache=None, resume: bool = False, progress: bool = True) -> torch.nn.Module:
+def train(recipe: Recipe, out: PathLike, data_cache: Optional[PathLike] = None, resume: bool = False,
+          progress: bool = True) -> torch.nn.Module:
     """Run a recipe; returns the trained model (in eval mode; also in `out`'s last checkpoint).
 
     Args:

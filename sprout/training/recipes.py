@@ -83,7 +83,7 @@ class Recipe(Checked):
     WHAT = "recipe"
 
     @classmethod
-    def bad(cls, name: str, expected: str, value) -> ValueError:
+    def bad(cls, name: str, expected: str, value: object) -> ValueError:
         return _bad(name, expected, value)
 
     def check_together(self) -> None:

@@ -23,9 +23,10 @@ import os
 import shutil
 import warnings
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 import torch
+from tokenizers import Tokenizer
 
 from ..files import is_temp_sibling, latest_checkpoint, load_tokenizer, read_json_file, regular_file, replace_file, write_bytes
 from .recipes import Recipe
@@ -64,7 +65,7 @@ class RunDir:
         path: the `--out` folder.
     """
 
-    def __init__(self, path):
+    def __init__(self, path: Union[str, os.PathLike]) -> None:
         if str(path).strip() == "":
             raise RunDirError("--out is empty: name a folder for the run (e.g. runs/gpt-4)")
         self.path = Path(path)
@@ -248,7 +249,7 @@ def read_trainer_state(step: Path) -> dict:
                           f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
 
-def checkpoint_tokenizer(step: Path):
+def checkpoint_tokenizer(step: Path) -> Optional[Tokenizer]:
     path = step / "tokenizer.json"
     return load_tokenizer(path) if path.is_file() else None
 

@@ -7,9 +7,11 @@ tokenizer.json, via `sprout.files.checkpoint.save`) plus its recipe.json and tra
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Union
 
 from ..files import demo_dir, latest_checkpoint, load, save
 from .recipes import Recipe
@@ -17,7 +19,7 @@ from .recipes import Recipe
 MAX_BYTES = 15 * 2**20  # what one demo may add to the repository
 
 
-def ship(run_dir, name: str) -> Path:
+def ship(run_dir: Union[str, os.PathLike], name: str) -> Path:
     run_dir = Path(run_dir)
     last = latest_checkpoint(run_dir)
     if last is None:

@@ -59,7 +59,7 @@ def make_kind(name: str, k: Optional[int], d_sae: int, widths: Optional[Sequence
     return Matryoshka(k, check_widths(widths, d_sae))
 
 
-def check_k(k, d_sae: int) -> None:
+def check_k(k: object, d_sae: int) -> None:
     if isinstance(k, bool) or not isinstance(k, int):
         raise TypeError(f"k must be an int (latents per row), got {k!r} ({type(k).__name__})")
     if not 1 <= k <= d_sae:
@@ -73,7 +73,7 @@ def default_widths(d_sae: int) -> list[int]:
     return sorted({max(1, d_sae // 4), max(1, d_sae // 2), d_sae})
 
 
-def check_widths(widths, d_sae: int) -> list[int]:
+def check_widths(widths: Optional[Sequence[int]], d_sae: int) -> list[int]:
     if widths is None:
         return default_widths(d_sae)
     widths = list(widths)

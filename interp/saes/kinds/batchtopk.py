@@ -4,25 +4,27 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from jaxtyping import Float
 
-from .base import Kind
+from .base import Dictionary, Kind, threshold_of
 
 
 class BatchTopK(Kind):
     name = "batchtopk"
 
-    def __init__(self, k: int):
+    def __init__(self, k: int) -> None:
         self.k = k
 
-    def encode(self, pre, sae):
-        return pre * (pre > sae.threshold).to(pre.dtype) * (pre > 0).to(pre.dtype)
+    def encode(self, pre: Float[torch.Tensor, "*batch d_sae"], sae: Dictionary) -> Float[torch.Tensor, "*batch d_sae"]:
+        return pre * (pre > threshold_of(sae)).to(pre.dtype) * (pre > 0).to(pre.dtype)
 
-    def train_acts(self, pre, sae, global_rows):
+    def train_acts(self, pre: Float[torch.Tensor, "rows d_sae"], sae: Dictionary,
+                   global_rows: int) -> Float[torch.Tensor, "rows d_sae"]:
         act = pre.relu()
         cut = batch_threshold(act.detach(), self.k * global_rows)
         return act * (act >= cut).to(act.dtype) * (act > 0).to(act.dtype)
 
-    def after_step(self, acts, sae, threshold_lr):
+    def after_step(self, acts: Float[torch.Tensor, "rows d_sae"], sae: Dictionary, threshold_lr: float) -> None:
         """threshold <- (1 - lr) threshold + lr * (the smallest positive latent of the batch, over all
         processes): the running estimate of the cut BatchTopK makes, used alone at inference."""
         a = acts.detach()
@@ -30,13 +32,14 @@ class BatchTopK(Kind):
         if dist.is_initialized():
             dist.all_reduce(smallest, op=dist.ReduceOp.MIN)
         if torch.isfinite(smallest):
-            if not sae.threshold.any():  # the first update: start at the first batch's value
+            threshold = threshold_of(sae)
+            if not threshold.any():  # the first update: start at the first batch's value
                 threshold_lr = 1.0
             with torch.no_grad():
-                sae.threshold.mul_(1 - threshold_lr).add_(threshold_lr * smallest.to(sae.threshold.dtype))
+                threshold.mul_(1 - threshold_lr).add_(threshold_lr * smallest.to(threshold.dtype))
 
 
-def batch_threshold(act: torch.Tensor, n_keep: int) -> torch.Tensor:
+def batch_threshold(act: Float[torch.Tensor, "rows d_sae"], n_keep: int) -> Float[torch.Tensor, ""]:
     """The n_keep-th largest value of act [rows, d_sae] over the batch of every process (0 if fewer)."""
     flat = act.reshape(-1)
     local = flat.topk(min(n_keep, flat.numel()), sorted=False).values

@@ -4,8 +4,9 @@ with JumpReLU Sparse Autoencoders")."""
 from __future__ import annotations
 
 import torch
+from jaxtyping import Float
 
-from .base import Kind
+from .base import Dictionary, Kind, threshold_of
 
 
 def _rectangle(u: torch.Tensor) -> torch.Tensor:
@@ -48,14 +49,16 @@ class JumpReLU(Kind):
     name = "jumprelu"
     has_penalty = True
 
-    def __init__(self, bandwidth: float = 0.05):
+    def __init__(self, bandwidth: float = 0.05) -> None:
         self.bandwidth = bandwidth
 
-    def encode(self, pre, sae):
-        return pre * (pre > sae.threshold).to(pre.dtype) * (pre > 0).to(pre.dtype)
+    def encode(self, pre: Float[torch.Tensor, "*batch d_sae"], sae: Dictionary) -> Float[torch.Tensor, "*batch d_sae"]:
+        return pre * (pre > threshold_of(sae)).to(pre.dtype) * (pre > 0).to(pre.dtype)
 
-    def train_acts(self, pre, sae, global_rows):
+    def train_acts(self, pre: Float[torch.Tensor, "rows d_sae"], sae: Dictionary,
+                   global_rows: int) -> Float[torch.Tensor, "rows d_sae"]:
         return _JumpReLUFn.apply(pre, sae.threshold, self.bandwidth)
 
-    def penalty(self, pre, acts, sae):
+    def penalty(self, pre: Float[torch.Tensor, "rows d_sae"], acts: Float[torch.Tensor, "rows d_sae"],
+                sae: Dictionary) -> Float[torch.Tensor, " rows"]:
         return _StepFn.apply(pre, sae.threshold, self.bandwidth).sum(-1)  # L0

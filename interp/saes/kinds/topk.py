@@ -3,16 +3,17 @@ evaluating sparse autoencoders"; dead latents are handled by AuxK in training)."
 from __future__ import annotations
 
 import torch
+from jaxtyping import Float
 
-from .base import Kind
+from .base import Dictionary, Kind
 
 
 class TopK(Kind):
     name = "topk"
 
-    def __init__(self, k: int):
+    def __init__(self, k: int) -> None:
         self.k = k
 
-    def encode(self, pre, sae):
+    def encode(self, pre: Float[torch.Tensor, "*batch d_sae"], sae: Dictionary) -> Float[torch.Tensor, "*batch d_sae"]:
         values, indices = pre.topk(self.k, dim=-1, sorted=False)
         return torch.zeros_like(pre).scatter_(-1, indices, values.relu())
