@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Union
 
 from transformer_lens.config import TransformerLensConfig
 
@@ -48,7 +48,7 @@ class SproutConfig:
         return strict_from_dict(cls, d, "SproutConfig")
 
     @classmethod
-    def preset(cls, name: str, **overrides) -> "SproutConfig":
+    def preset(cls, name: str, **overrides: Union[int, float]) -> "SproutConfig":
         """The course's models: "gpt-1", "gpt-4" (chapter 8's small models) and "sprout" (17.31M)."""
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
@@ -162,7 +162,7 @@ STEPS: dict[str, dict[str, Any]] = {
 }
 
 
-def step_config(step: str, vocab_size: int = 65, **overrides) -> WalkthroughConfig:
+def step_config(step: str, vocab_size: int = 65, **overrides: Union[int, float, bool]) -> WalkthroughConfig:
     """The config of one walkthrough step ("4.2" ... "4.10", "final"); overrides change any field."""
     if step not in STEPS:
         raise ValueError(f"unknown walkthrough step {step!r}; choose one of {list(STEPS)}")

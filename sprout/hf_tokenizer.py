@@ -12,19 +12,20 @@ is id 0's character (padded positions are masked, never read), BOS and EOS are N
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Iterable, Optional, Union, cast
 
 from tokenizers import Encoding, Tokenizer
+from tokenizers.models import Model
 from transformers import PreTrainedTokenizerFast
 
 from .tokenizer import EOT, decode
 
 
-class Ids(list):
+class Ids(list[int]):
     """Hugging Face's `encode` result (a list of ids) that also reads as the raw tokenizer's `Encoding`
     (`.ids`, `.offsets`, `.tokens`), so code written against `tokenizers.Tokenizer.encode` keeps working."""
 
-    def __init__(self, ids, encoding: Encoding):
+    def __init__(self, ids: Iterable[int], encoding: Encoding) -> None:
         super().__init__(ids)
         self.encoding = encoding
 
@@ -61,7 +62,8 @@ class SproutTokenizer(PreTrainedTokenizerFast):
             special = dict(pad_token=tok.id_to_token(0))
         return cls(tokenizer_object=tok, clean_up_tokenization_spaces=False, padding_side="right", **special)
 
-    def encode(self, text, *args, **kwargs) -> Ids:
+    def encode(self, text: Union[str, list[str], list[int]], *args: Any, **kwargs: Any) -> list[int]:
+        # an `Ids` (also `.ids`, `.offsets`, `.tokens`) when text is a str; the base's list otherwise
         ids = super().encode(text, *args, **kwargs)
         if not isinstance(text, str):
             return ids
@@ -70,10 +72,10 @@ class SproutTokenizer(PreTrainedTokenizerFast):
     def get_vocab_size(self, with_added_tokens: bool = True) -> int:
         return self.backend_tokenizer.get_vocab_size(with_added_tokens)
 
-    def token_to_id(self, token: str):
+    def token_to_id(self, token: str) -> Optional[int]:
         return self.backend_tokenizer.token_to_id(token)
 
-    def id_to_token(self, i: int):
+    def id_to_token(self, i: int) -> Optional[str]:
         return self.backend_tokenizer.id_to_token(i)
 
     def to_str(self, pretty: bool = False) -> str:
@@ -83,7 +85,7 @@ class SproutTokenizer(PreTrainedTokenizerFast):
         self.backend_tokenizer.save(str(path), pretty)
 
     @property
-    def model(self):  # type: ignore[override]  # transformers' class attribute `model` (None) is read-only here
+    def model(self) -> Model:  # type: ignore[override]  # transformers' class attribute `model` (None) is read-only here
         return self.backend_tokenizer.model
 
     def _decode(self, token_ids, skip_special_tokens: bool = False, clean_up_tokenization_spaces=None, **kwargs) -> str:
@@ -91,11 +93,11 @@ class SproutTokenizer(PreTrainedTokenizerFast):
         return decode(self.backend_tokenizer, ids, skip_special_tokens=skip_special_tokens)
 
 
-def as_hf(tok):
+def as_hf(tok: Union[Tokenizer, PreTrainedTokenizerFast, None]) -> Optional[PreTrainedTokenizerFast]:
     """A tokenizer as `model.tokenizer` holds it: a `SproutTokenizer` (Hugging Face's fast tokenizer)
     over a `tokenizers.Tokenizer`. None stays None; a Hugging Face tokenizer is kept as it is."""
     if tok is None or hasattr(tok, "backend_tokenizer"):
-        return tok
+        return cast(Optional[PreTrainedTokenizerFast], tok)
     if not isinstance(tok, Tokenizer):
         raise TypeError(f"expected a tokenizers.Tokenizer or a transformers fast tokenizer, got {type(tok).__name__}")
     return SproutTokenizer.wrap(tok)

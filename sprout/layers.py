@@ -21,7 +21,7 @@ from .tl.weights import Ref, sprout_b_in, sprout_b_out, sprout_b_U, sprout_W_gat
 class NormHooks(nn.Module):
     """The hook points of one norm (`ln1`, `ln2`, `ln_final`); the gain lives in the RMSNorm `norm` refers to."""
 
-    def __init__(self, norm: "RMSNorm"):
+    def __init__(self, norm: "RMSNorm") -> None:
         super().__init__()
         self.norm: Ref[RMSNorm] = Ref(norm)
         self.hook_scale = HookPoint()  # [batch, pos, 1]: sqrt(mean(x^2) + eps)
@@ -43,7 +43,7 @@ class NormHooks(nn.Module):
 class RMSNorm(nn.Module):
     """Rescale a vector to unit root-mean-square, then apply a learned gain (computed in float32)."""
 
-    def __init__(self, dim: int, eps: float = 1e-6):
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
@@ -93,7 +93,7 @@ class MLPHooks(nn.Module):
     b_in = ReadOnly(sprout_b_in, "[d_mlp]: zeros (Sprout has no biases).")
     b_out = ReadOnly(sprout_b_out, "[d_model]: zeros (Sprout has no biases).")
 
-    def __init__(self, norm: RMSNorm, ffn: "FeedForward"):
+    def __init__(self, norm: RMSNorm, ffn: "FeedForward") -> None:
         super().__init__()
         self.norm: Ref[RMSNorm] = Ref(norm)  # ln2's RMSNorm, whose gain W_in/W_gate fold in
         self.ffn: Ref[FeedForward] = Ref(ffn)
@@ -109,7 +109,7 @@ class MLPHooks(nn.Module):
 class FeedForward(nn.Module):
     """SwiGLU: silu(x W1) * (x W3), projected back with W2."""
 
-    def __init__(self, cfg: SproutConfig):
+    def __init__(self, cfg: SproutConfig) -> None:
         super().__init__()
         self.w1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
         self.w3 = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
@@ -129,7 +129,7 @@ class UnembedHooks(nn.Module):
     W_U = ReadOnly(sprout_W_U, "[d_model, vocab]: the tied embedding `head`, transposed, the final norm's gain folded in.")
     b_U = ReadOnly(sprout_b_U, "[vocab]: zeros (Sprout has no biases).")
 
-    def __init__(self, norm: RMSNorm, head: nn.Linear):
+    def __init__(self, norm: RMSNorm, head: nn.Linear) -> None:
         super().__init__()
         self.norm: Ref[RMSNorm] = Ref(norm)  # the final RMSNorm, whose gain W_U folds in
         self.head: Ref[nn.Linear] = Ref(head)  # the output layer, tied to the embedding

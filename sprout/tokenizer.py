@@ -9,9 +9,12 @@ every text `s` a tokenizer can represent.
 """
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Union
+from typing import TYPE_CHECKING, Iterable, Iterator, Union, cast
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 EOT = "<|endoftext|>"
 # WordLevel needs the name of an unknown token; it is deliberately not in the vocabulary, so an
@@ -98,10 +101,10 @@ def char_tokenizer(text_or_chars: Union[str, Iterable[str]]) -> Tokenizer:
     return tok
 
 
-def raw(tok) -> Tokenizer:
+def raw(tok: Union[Tokenizer, PreTrainedTokenizerFast]) -> Tokenizer:
     """The `tokenizers.Tokenizer` behind a tokenizer: itself, or a Hugging Face fast tokenizer's backend
     (`model.tokenizer` is a `transformers.PreTrainedTokenizerFast` over one)."""
-    return getattr(tok, "backend_tokenizer", tok)
+    return cast(Tokenizer, getattr(tok, "backend_tokenizer", tok))
 
 
 def is_char_level(tok: Tokenizer) -> bool:
