@@ -10,11 +10,12 @@ still pairs with `W_U`, as `ln_final.hook_normalized` and the cached-scale paths
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import torch
+from jaxtyping import Float
 from transformer_lens.ActivationCache import ActivationCache
-from transformer_lens.utilities.slice import Slice
+from transformer_lens.utilities.slice import Slice, SliceInput
 
 
 class SproutActivationCache(ActivationCache):
@@ -26,9 +27,10 @@ class SproutActivationCache(ActivationCache):
                            "blocks.{l}.attn.hook_rot_q / hook_rot_k (README, 'Where Sprout differs from TransformerLens')")
         return super().__getitem__(key)
 
-    def apply_ln_to_stack(self, residual_stack: torch.Tensor, layer: Optional[int] = None, mlp_input: bool = False,
-                          pos_slice=None, batch_slice=None, has_batch_dim: bool = True,
-                          recompute_ln: bool = False) -> torch.Tensor:
+    def apply_ln_to_stack(self, residual_stack: Float[torch.Tensor, "num_components *batch_and_pos_dims d_model"],
+                          layer: Optional[int] = None, mlp_input: bool = False, pos_slice: Union[Slice, SliceInput] = None,
+                          batch_slice: Union[Slice, SliceInput] = None, has_batch_dim: bool = True,
+                          recompute_ln: bool = False) -> Float[torch.Tensor, "num_components *batch_and_pos_dims_out d_model"]:
         n_layers = self.model.cfg.n_layers
         final = layer is None or layer == -1 or layer == n_layers
         normalize = getattr(getattr(self.model, "ln_final", None), "normalize", None)

@@ -3,9 +3,12 @@ nothing, or a hook point whose flag is off), and the cache with gradients (`incl
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Any, Callable, Optional, Union
 
 import torch
+
+# what `selects` reads: TransformerLens' NamesFilter, its sequences as lists
+Filter = Union[str, list[str], Callable[[str], bool]]
 
 
 def not_attn_result(name: str) -> bool:
@@ -13,7 +16,7 @@ def not_attn_result(name: str) -> bool:
     return not name.endswith("attn.hook_result")
 
 
-def selects(names_filter, name: str) -> bool:
+def selects(names_filter: Filter, name: str) -> bool:
     """Whether TransformerLens' names_filter (a name, a list of names or a predicate) selects `name`."""
     if isinstance(names_filter, str):
         return name == names_filter
@@ -22,7 +25,7 @@ def selects(names_filter, name: str) -> bool:
     return bool(names_filter(name))
 
 
-def warn_of_filter(model: Any, names_filter) -> None:
+def warn_of_filter(model: Any, names_filter: Optional[Filter]) -> None:
     """Warn (at run_with_cache's caller) when `names_filter` selects no hook point, or names one whose flag is off."""
     if names_filter is not None and not any(selects(names_filter, name) for name in model.hook_dict):
         shown = "" if callable(names_filter) else f" {names_filter!r}"

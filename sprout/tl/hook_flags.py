@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 import torch
 import torch.nn as nn
+from jaxtyping import Float
 from transformer_lens.hook_points import HookPoint
 
 from ..names import block
@@ -51,7 +52,7 @@ class HookFlagError(ValueError, AssertionError):
     """A hook named on a hook point whose flag is off (an AssertionError too, as TransformerLens raises)."""
 
 
-def gated_flag(cfg, name: str) -> Optional[str]:
+def gated_flag(cfg: SproutTransformerLensConfig, name: str) -> Optional[str]:
     """The flag that is off and without which the hook point `name` never fires, or None."""
     flag = _FLAG_OF.get(name.rsplit(".", 1)[-1])
     return flag if flag is not None and not getattr(cfg, flag, False) else None
@@ -68,7 +69,17 @@ def editable(x: torch.Tensor, point: HookPoint) -> torch.Tensor:
     return x.clone() if point._forward_hooks and x.requires_grad and not reads_only(point) else x
 
 
-def per_head_inputs(block, x: torch.Tensor, n_head: int, shared: bool, norm: Callable) -> tuple:
+class InputHooks(Protocol):
+    """What `per_head_inputs` reads of a block: its input hook points."""
+
+    hook_q_input: HookPoint
+    hook_k_input: HookPoint
+    hook_v_input: HookPoint
+    hook_attn_in: HookPoint
+
+
+def per_head_inputs(block: InputHooks, x: Float[torch.Tensor, "batch pos d_model"], n_head: int, shared: bool,
+                    norm: Callable[[torch.Tensor], torch.Tensor]) -> tuple[Float[torch.Tensor, "batch pos head d_model"], ...]:
     """Each head's own copy of resid_pre x [batch, pos, d_model], through the block's input hooks and
     then the norm copy by copy: the (q, k, v) inputs of its attention, each [batch, pos, head, d_model]."""
     def copies():
@@ -98,7 +109,7 @@ class HookFlagRules:
     `use_hook_mlp_in`: the `set_use_*` methods, which hook points fire only with a flag on, and
     TransformerLens 4's aliases of the input hooks. `HookedLM` holds one as `model.hook_flags`."""
 
-    def __init__(self, model: Flagged):
+    def __init__(self, model: Flagged) -> None:
         self.model = model
 
     def register_aliases(self) -> None:
@@ -137,19 +148,19 @@ class HookFlagRules:
         if flag is not None:
             raise flag_error(name, flag)
 
-    def set_use_attn_result(self, use_attn_result: bool):
+    def set_use_attn_result(self, use_attn_result: bool) -> None:
         """Cache each head's write (`attn.hook_result`) when caching everything (it is computed whenever hooked)."""
         self.model.cfg.use_attn_result = bool(use_attn_result)
         self.alias_input_hooks()
 
-    def set_use_split_qkv_input(self, use_split_qkv_input: bool):
+    def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
         """Give each head its own copy of the stream for Q, K and V (`hook_q_input` ...); off: one shared ln1."""
         if use_split_qkv_input and self.model.cfg.use_attn_in:
             raise ValueError("use_split_qkv_input and use_attn_in are mutually exclusive: call set_use_attn_in(False) first")
         self.model.cfg.use_split_qkv_input = bool(use_split_qkv_input)
         self.alias_input_hooks()
 
-    def set_use_attn_in(self, use_attn_in: bool):
+    def set_use_attn_in(self, use_attn_in: bool) -> None:
         """Give each head one copy of the stream for Q, K and V together (`hook_attn_in`)."""
         if use_attn_in and self.model.cfg.use_split_qkv_input:
             raise ValueError("use_attn_in and use_split_qkv_input are mutually exclusive: "
@@ -157,7 +168,7 @@ class HookFlagRules:
         self.model.cfg.use_attn_in = bool(use_attn_in)
         self.alias_input_hooks()
 
-    def set_use_hook_mlp_in(self, use_hook_mlp_in: bool):
+    def set_use_hook_mlp_in(self, use_hook_mlp_in: bool) -> None:
         """Expose the MLP's input before ln2 as `hook_mlp_in`."""
         self.model.cfg.use_hook_mlp_in = bool(use_hook_mlp_in)
         self.alias_input_hooks()

@@ -34,7 +34,7 @@ RETAIN_BYTES = 2**30  # at most this much of a dropped cache is held between cal
 class CacheRecycler:
     """The last caches' tensors, released one by one as the next cache is filled (see the module docstring)."""
 
-    def __init__(self, max_bytes: int = RETAIN_BYTES):
+    def __init__(self, max_bytes: int = RETAIN_BYTES) -> None:
         self.max_bytes = max_bytes
         self._generations: list[list[torch.Tensor]] = []  # the last calls' tensors, oldest first
         self._recycling: list[Optional[torch.Tensor]] = []  # a dropped cache, let go of during a call

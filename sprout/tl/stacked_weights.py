@@ -52,7 +52,7 @@ class StackedWeights:
     has them; nothing is stored, every read computes from the modules' parameters. A plain object, not a
     module: it adds no state-dict key and no second path to the model's hooks."""
 
-    def __init__(self, model: Layered):
+    def __init__(self, model: Layered) -> None:
         self.model = model
 
     def stack(self, module: str, name: str) -> torch.Tensor:

@@ -18,7 +18,7 @@ P = ParamSpec("P")
 class ReadOnly(Generic[T]):
     """A read-only attribute computed on each read from the model, as a property without a setter."""
 
-    def __init__(self, get: Callable[[Any], T], doc: str):
+    def __init__(self, get: Callable[[Any], T], doc: str) -> None:
         self.get = get
         self.__doc__ = doc
         self.name = ""

@@ -41,7 +41,7 @@ class Ref(Generic[M]):
     __slots__ = ("module",)
 
     # Ref() is only made where M includes None (walkthrough.Block fills it later); mypy cannot tie a default to M.
-    def __init__(self, module: M = None):  # type: ignore[assignment]
+    def __init__(self, module: M = None) -> None:  # type: ignore[assignment]
         self.module = module
 
     def __repr__(self) -> str:
