@@ -17,12 +17,17 @@ modules) are in `sprout.layers`; here are the attention, the block and the model
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from jaxtyping import Float
+from tokenizers import Tokenizer
+from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
+from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
 from transformer_lens.hook_points import HookPoint
+from transformers import PreTrainedTokenizerFast
 
 from .config import SproutConfig, SproutTransformerLensConfig
 from .layers import FeedForward, MLPHooks, NormHooks, RMSNorm, UnembedHooks, rope_rows, rope_tables, rotate
@@ -34,6 +39,8 @@ from .tl.hooked import HookedLM, follow_weights, hooked, padding_masks
 from .tl.pattern_attention import hooked_attention
 from .tl.surface import ReadOnly
 from .tl.weights import Embed, Ref, sprout_b_O, sprout_b_qkv, sprout_W_K, sprout_W_O, sprout_W_Q, sprout_W_V
+
+AnyTokenizer = Union[Tokenizer, PreTrainedTokenizerFast]  # what `model.tokenizer` takes (it holds the latter)
 
 
 class Attention(nn.Module):
@@ -53,7 +60,7 @@ class Attention(nn.Module):
     b_V = ReadOnly(sprout_b_qkv, "[head, d_head]: zeros (Sprout has no biases).")
     b_O = ReadOnly(sprout_b_O, "[d_model]: zeros (Sprout has no biases).")
 
-    def __init__(self, cfg: SproutConfig, norm: Optional[RMSNorm] = None):
+    def __init__(self, cfg: SproutConfig, norm: Optional[RMSNorm] = None) -> None:
         super().__init__()
         self.n_head = cfg.n_head
         self.d_head = cfg.d_head
@@ -75,8 +82,9 @@ class Attention(nn.Module):
         self.hook_z = HookPoint()  # [batch, pos, head, d_head]
         self.hook_result = HookPoint()  # [batch, pos, head, d_model]: each head's write to the stream
 
-    def attend(self, x, cos: torch.Tensor, sin: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
-               kv=None) -> torch.Tensor:
+    def attend(self, x: Union[Float[torch.Tensor, "batch pos d_model"], tuple[Float[torch.Tensor, "batch pos head d_model"], ...]],
+               cos: torch.Tensor, sin: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
+               kv: Optional[TransformerLensKeyValueCacheEntry] = None) -> torch.Tensor:
         """The block's call. x [batch, pos, d_model], or with split inputs a tuple of each head's own (normalised) copy
         for Q, K and V, each [batch, pos, head, d_model]; cos/sin the whole-row tables of `rope_rows`,
         [pos, 1, d_head] (or [batch, pos, 1, d_head] per row); attn_mask None (causal) or bool
@@ -114,9 +122,9 @@ class Attention(nn.Module):
         return self.proj(z.reshape(B, T, C))
 
     def forward(self, query_input: torch.Tensor, key_input: Optional[torch.Tensor] = None,
-                value_input: Optional[torch.Tensor] = None, past_kv_cache_entry=None,
+                value_input: Optional[torch.Tensor] = None, past_kv_cache_entry: Optional[TransformerLensKeyValueCacheEntry] = None,
                 additive_attention_mask: Optional[torch.Tensor] = None, attention_mask: Optional[torch.Tensor] = None,
-                position_bias=None) -> torch.Tensor:
+                position_bias: Optional[Float[torch.Tensor, "1 head pos key_pos"]] = None) -> torch.Tensor:
         """TransformerLens' Attention call: the attention's output [batch, pos, d_model] from ln1's output.
 
         query_input, key_input, value_input: [batch, pos, d_model] (key and value default to the query's),
@@ -150,7 +158,8 @@ class Attention(nn.Module):
         B, T, C = x.shape
         return tuple(t.view(B, T, self.n_head, self.d_head) for t in self.qkv(x).split(C, dim=-1))
 
-    def project_per_head(self, xq: torch.Tensor, xk: torch.Tensor, xv: torch.Tensor):
+    def project_per_head(self, xq: torch.Tensor, xk: torch.Tensor, xv: torch.Tensor
+                         ) -> tuple[Float[torch.Tensor, "batch pos head d_head"], ...]:
         """Each head's q, k, v [batch, pos, head, d_head] from its own input [batch, pos, head, d_model]."""
         W = self.qkv.weight.view(3, self.n_head, self.d_head, -1)
         return tuple(torch.einsum("bphm,hdm->bphd", x, W[i]) for i, x in enumerate((xq, xk, xv)))
@@ -161,7 +170,7 @@ class Block(nn.Module):
 
     hook_out_is_single_residual_stream = True  # TransformerLens' logit_lens asks
 
-    def __init__(self, cfg: SproutConfig, flags: SproutTransformerLensConfig):
+    def __init__(self, cfg: SproutConfig, flags: SproutTransformerLensConfig) -> None:
         super().__init__()
         # Registration order matches model.py's, so the same seed gives the same initial weights.
         self.norm1 = RMSNorm(cfg.d_model)
@@ -183,7 +192,7 @@ class Block(nn.Module):
         self.hook_mlp_in = HookPoint()  # [batch, pos, d_model]: the MLP's input before ln2, a copy
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                attn_mask: Optional[torch.Tensor] = None, kv=None) -> torch.Tensor:
+                attn_mask: Optional[torch.Tensor] = None, kv: Optional[TransformerLensKeyValueCacheEntry] = None) -> torch.Tensor:
         x = self.hook_resid_pre(x)
         flags = self.flags
         if flags.use_split_qkv_input or flags.use_attn_in:
@@ -213,7 +222,7 @@ class SproutTransformer(nn.Module):
     cos: torch.Tensor  # buffers [context, d_head] (rope_tables)
     sin: torch.Tensor
 
-    def __init__(self, cfg: SproutConfig, *, share: Optional["SproutTransformer"] = None):
+    def __init__(self, cfg: SproutConfig, *, share: Optional["SproutTransformer"] = None) -> None:
         super().__init__()
         if share is not None:
             if share.config != cfg:
@@ -253,7 +262,7 @@ class SproutTransformer(nn.Module):
 
     def run_layers(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
                    positions: Optional[torch.Tensor] = None, start_at_layer: Optional[int] = None,
-                   stop_at_layer: Optional[int] = None, past_kv_cache=None) -> torch.Tensor:
+                   stop_at_layer: Optional[int] = None, past_kv_cache: Optional[TransformerLensKeyValueCache] = None) -> torch.Tensor:
         """Token ids [batch, pos] -> logits [batch, pos, vocab].
 
         With padding, `attn_mask` [batch, 1, pos, pos] and each token's RoPE position [batch, pos] (see
@@ -288,13 +297,14 @@ class Sprout(SproutTransformer, HookedLM):
     The course's `logits, loss = model(idx, targets)` is `GPT`'s: `GPT.from_sprout(model)` shares these
     weights."""
 
-    def __init__(self, cfg: SproutConfig, tokenizer=None, *, share: Optional[SproutTransformer] = None):
+    def __init__(self, cfg: SproutConfig, tokenizer: Optional[AnyTokenizer] = None, *,
+                 share: Optional[SproutTransformer] = None) -> None:
         super().__init__(cfg, share=share)
         self.tokenizer = tokenizer  # optional; held as a Hugging Face PreTrainedTokenizerFast
         self.setup()
 
     @classmethod
-    def from_gpt(cls, gpt: "GPT", tokenizer=None) -> "Sprout":
+    def from_gpt(cls, gpt: "GPT", tokenizer: Optional[AnyTokenizer] = None) -> "Sprout":
         """The TransformerLens-contract model over a course model's modules (the same parameters)."""
         return cls(gpt.config, tokenizer, share=gpt)
 
@@ -308,7 +318,7 @@ class GPT(SproutTransformer):
     Sprout's, so hooks added through a Sprout fire here too.
     """
 
-    def __init__(self, cfg: SproutConfig, *, share: Optional[SproutTransformer] = None):
+    def __init__(self, cfg: SproutConfig, *, share: Optional[SproutTransformer] = None) -> None:
         super().__init__(cfg, share=share)
 
     @classmethod
@@ -327,7 +337,7 @@ class GPT(SproutTransformer):
         return logits, course_loss(logits, targets, loss_mask)
 
     def generate(self, idx: torch.Tensor, max_new: int, temperature: float = 0.8, top_k: Optional[int] = None,
-                 top_p: Optional[float] = 0.95, stop=None) -> torch.Tensor:
+                 top_p: Optional[float] = 0.95, stop: Optional[Union[int, Sequence[int]]] = None) -> torch.Tensor:
         """model.py's sampler: `max_new` tokens after idx [batch, pos], at its defaults (temperature 0.8,
         top-p 0.95); ids in an optional `stop` end a row. Returns ids [batch, pos + new]."""
         return sample(Sprout.from_gpt(self), idx, max_new, temperature, top_k, top_p, stop)
