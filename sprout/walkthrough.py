@@ -26,7 +26,10 @@ from typing import Any, Iterable, Optional, Union
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from jaxtyping import Float
 from tokenizers import Tokenizer
+from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
+from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
 from transformer_lens.hook_points import HookPoint
 
 from .config import SproutTransformerLensConfig, WalkthroughConfig, step_config
@@ -67,7 +70,7 @@ def missing_hooks(model: HookedLM, names: Union[str, Iterable[str]]) -> list[str
 class LayerNorm(nn.Module):
     """LayerNorm over the last dimension (eps 1e-5, as nn.LayerNorm), with TransformerLens' hooks."""
 
-    def __init__(self, dim: int, eps: float = 1e-5):
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
@@ -94,7 +97,7 @@ class LayerNorm(nn.Module):
 class Head(nn.Module):
     """One attention head's projections, as the walkthrough keeps them: C -> head_size, no bias."""
 
-    def __init__(self, d_model: int, d_head: int):
+    def __init__(self, d_model: int, d_head: int) -> None:
         super().__init__()
         self.query = nn.Linear(d_model, d_head, bias=False)
         self.key = nn.Linear(d_model, d_head, bias=False)
@@ -118,7 +121,7 @@ class Attention(nn.Module):
     b_V = ReadOnly(weights.walkthrough_b_V, "[head, d_head]: ln1's bias through the heads' `value` (zero without ln1).")
     b_O = ReadOnly(weights.walkthrough_b_O, "[d_model]: `projection`'s bias (4.8's extra projection folded in).")
 
-    def __init__(self, cfg: WalkthroughConfig, norm: Ref, after: Ref):
+    def __init__(self, cfg: WalkthroughConfig, norm: Ref, after: Ref) -> None:
         super().__init__()
         self.n_head, self.d_head = cfg.n_head, cfg.d_head
         self.norm = norm  # ln1 (nn.Identity without one), folded into W_Q/W_K/W_V and b_Q/b_K/b_V
@@ -143,9 +146,9 @@ class Attention(nn.Module):
         return F.linear(x, W).view(*x.shape[:2], self.n_head, self.d_head)
 
     def forward(self, query_input: torch.Tensor, key_input: Optional[torch.Tensor] = None,
-                value_input: Optional[torch.Tensor] = None, past_kv_cache_entry=None,
+                value_input: Optional[torch.Tensor] = None, past_kv_cache_entry: Optional[TransformerLensKeyValueCacheEntry] = None,
                 additive_attention_mask: Optional[torch.Tensor] = None, attention_mask: Optional[torch.Tensor] = None,
-                position_bias=None) -> torch.Tensor:
+                position_bias: Optional[Float[torch.Tensor, "1 head pos key_pos"]] = None) -> torch.Tensor:
         """TransformerLens' Attention call on ln1's output ([batch, pos, C] each, or each head's own
         [batch, pos, head, C]; key and value default to the query's); attention_mask [batch, pos] of 1 and
         0, or the additive [batch, 1, 1, pos]. Positions are already in the stream (learned)."""
@@ -162,7 +165,8 @@ class Attention(nn.Module):
             mask = padding_masks(attention_mask.to(query_input.device))[1]
         return self.attend(x, mask)
 
-    def attend(self, x, attn_mask: Optional[torch.Tensor] = None, kv=None) -> torch.Tensor:
+    def attend(self, x: Union[Float[torch.Tensor, "batch pos d_model"], tuple[Float[torch.Tensor, "batch pos head d_model"], ...]],
+               attn_mask: Optional[torch.Tensor] = None, kv: Optional[TransformerLensKeyValueCacheEntry] = None) -> torch.Tensor:
         """The block's call. x [batch, pos, C], or a tuple of each head's own input for Q, K and V, each
         [batch, pos, head, C]; attn_mask None (causal) or bool [batch, 1, query, key], True = may attend;
         `kv` a TransformerLens key-value cache entry holding the earlier positions' keys and values (the
@@ -206,7 +210,7 @@ class MLP(nn.Module):
     W_out = ReadOnly(weights.walkthrough_W_out, "[d_mlp, d_model]: `fc2` (4.8's extra projection folded in).")
     b_out = ReadOnly(weights.walkthrough_b_out, "[d_model]: fc2's bias (4.8's extra projection folded in).")
 
-    def __init__(self, cfg: WalkthroughConfig, norm: Ref, after: Ref):
+    def __init__(self, cfg: WalkthroughConfig, norm: Ref, after: Ref) -> None:
         super().__init__()
         self.norm = norm  # ln2, folded into W_in/b_in
         self.after = after  # step 4.8's extra projection, folded into W_out/b_out
@@ -225,7 +229,7 @@ class Block(nn.Module):
     """One block of a step: [ln1 ->] attention [-> extra projection], added to x if residual; then the
     same for the feed-forward layer. Hooks exist only for what the step computes."""
 
-    def __init__(self, cfg: WalkthroughConfig, flags: SproutTransformerLensConfig):
+    def __init__(self, cfg: WalkthroughConfig, flags: SproutTransformerLensConfig) -> None:
         super().__init__()
         self.residual = cfg.residual
         self.flags = flags  # the model's cfg: TransformerLens' hook flags are read from it (sprout/tl/hook_flags.py)
@@ -264,7 +268,8 @@ class Block(nn.Module):
         if self.mlp is not None:
             self.hook_mlp_in = HookPoint()  # [batch, pos, C]: the feed-forward layer's input before ln2, a copy
 
-    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, kv=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
+                kv: Optional[TransformerLensKeyValueCacheEntry] = None) -> torch.Tensor:
         if self.residual:
             x = self.hook_resid_pre(x)
         flags = self.flags
@@ -293,7 +298,7 @@ class Unembed(nn.Linear):
     W_U = ReadOnly(weights.walkthrough_W_U, "[d_model, vocab]: the weight, transposed, the final LayerNorm folded in.")
     b_U = ReadOnly(weights.walkthrough_b_U, "[vocab]: the bias plus the final LayerNorm's bias through the weight.")
 
-    def __init__(self, d_model: int, vocab_size: int, norm: nn.Module):
+    def __init__(self, d_model: int, vocab_size: int, norm: nn.Module) -> None:
         super().__init__(d_model, vocab_size)
         self.norm = Ref(norm)  # the final LayerNorm (nn.Identity without one), folded into W_U and b_U
         self.hook_out = HookPoint()  # [batch, pos, vocab]: the logits
@@ -308,7 +313,7 @@ class WalkthroughGPT(HookedLM):
 
     family = "walkthrough"
 
-    def __init__(self, cfg: WalkthroughConfig, tokenizer: Optional[Tokenizer] = None):
+    def __init__(self, cfg: WalkthroughConfig, tokenizer: Optional[Tokenizer] = None) -> None:
         super().__init__()
         if tokenizer is not None and tokenizer.get_vocab_size() != cfg.vocab_size:
             raise ValueError(f"the tokenizer has {tokenizer.get_vocab_size()} tokens but the config's "
@@ -327,7 +332,7 @@ class WalkthroughGPT(HookedLM):
 
     def run_layers(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
                    positions: Optional[torch.Tensor] = None, start_at_layer: Optional[int] = None,
-                   stop_at_layer: Optional[int] = None, past_kv_cache=None) -> torch.Tensor:
+                   stop_at_layer: Optional[int] = None, past_kv_cache: Optional[TransformerLensKeyValueCache] = None) -> torch.Tensor:
         """Token ids [batch, pos] -> logits [batch, pos, vocab] (the calling conventions: HookedLM.forward).
 
         With padding, `attn_mask` [batch, 1, pos, pos] and each token's position [batch, pos], so left

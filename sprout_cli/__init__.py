@@ -6,6 +6,7 @@ training and the Hugging Face bridge from `sprout`, the printed analyses from `i
 from __future__ import annotations
 
 import sys
+from typing import Optional, Sequence
 
 from interp.cli import heads_main, lens_main, rms_main
 from sprout import keep_freed_memory
@@ -29,7 +30,7 @@ def usage() -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
