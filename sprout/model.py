@@ -268,7 +268,7 @@ class SproutTransformer(nn.Module):
         With padding, `attn_mask` [batch, 1, pos, pos] and each token's RoPE position [batch, pos] (see
         `hooked.padding_masks`). With `past_kv_cache`, the positions come after the cached ones:
         `attn_mask` [batch, 1, pos, past + pos] and `positions` count from the cache's (see
-        `generation.cache_masks`), and each block appends its keys and values to its entry.
+        `kv_cache.cache_masks`), and each block appends its keys and values to its entry.
         With `start_at_layer=S`, x is the residual stream entering block S.
         With `stop_at_layer=L` only blocks 0..L-1 run and the stream they leave [batch, pos, d_model]
         is returned, no `blocks.L.*` hook firing (as TransformerLens): a probe of an early layer does

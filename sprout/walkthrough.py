@@ -337,7 +337,7 @@ class WalkthroughGPT(HookedLM):
 
         With padding, `attn_mask` [batch, 1, pos, pos] and each token's position [batch, pos], so left
         padding does not shift the learned positions. With `past_kv_cache` the positions continue from
-        the cache's (`generation.cache_masks`) and each block appends its keys and values to its entry.
+        the cache's (`kv_cache.cache_masks`) and each block appends its keys and values to its entry.
         With `start_at_layer=S`, x is the stream entering block S. With `stop_at_layer=L` only blocks
         0..L-1 run and their output [batch, pos, d_model] is returned, no `blocks.L.*` hook firing (as
         TransformerLens).

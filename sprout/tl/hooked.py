@@ -21,7 +21,7 @@ from transformer_lens.HookedRootModule import HookedRootModule
 from transformer_lens.utilities.slice import Slice, SliceInput
 
 from ..hf_tokenizer import as_hf
-from . import generation, text
+from . import kv_cache, text
 from .activation_cache import SproutActivationCache
 from .caching import not_attn_result, run_with_grads, warn_of_filter
 from .forward import ForwardResult, check_loss_tokens, check_resid, check_return_type, finish, layer_range, tl_loss
@@ -153,7 +153,7 @@ class HookedLM(HookedRootModule):
         `loss_per_token`; `attention_mask` [batch, pos] (1 token, 0 padding; texts of unequal length
         are padded and masked on their own); `prepend_bos` (text only, as in TransformerLens:
         `<|endoftext|>` first; default `model.cfg.default_prepend_bos`); `padding_side`;
-        `past_kv_cache` (a `TransformerLensKeyValueCache`, `sprout.tl.generation`: the input is the
+        `past_kv_cache` (a `TransformerLensKeyValueCache`, `sprout.tl.kv_cache`: the input is the
         positions after the cached ones, and is appended to it); `start_at_layer=S` (input is then the
         stream entering block S [batch, pos, d_model], checked; `tokens=` its ids for a loss);
         `stop_at_layer=L` returns the stream leaving block L-1 [batch, pos, d_model], firing no
@@ -185,7 +185,7 @@ class HookedLM(HookedRootModule):
             attention_mask = text.mask_from_padding(self, idx, padding_side, prepend_bos)
         positions = attn_mask = None
         if past_kv_cache is not None:
-            attention_mask, positions, attn_mask = generation.cache_masks(
+            attention_mask, positions, attn_mask = kv_cache.cache_masks(
                 self, past_kv_cache, attention_mask, x[..., 0] if start_at_layer is not None else cast(torch.Tensor, idx))
         elif attention_mask is None and targets is None and idx is not None:
             text.warn_if_left_padded(self, idx)

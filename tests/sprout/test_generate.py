@@ -8,7 +8,7 @@ from transformer_lens.utilities import sample_logits
 from transformers import StoppingCriteria
 
 from sprout import Sprout, SproutConfig, build_step
-from sprout.tl.generation import new_cache
+from sprout.tl.kv_cache import new_cache
 from sprout.tokenizer import char_tokenizer, train_bpe
 from tests.conftest import TINY, randomize_gains
 

@@ -1,0 +1,91 @@
+"""The key-value cache of generation: TransformerLens' own `TransformerLensKeyValueCache` on our models.
+
+Per layer the keys and values of every position seen so far, [batch, pos_so_far, head, d_head], and the
+attention mask over them (`new_cache` makes one). `cache_masks` reads and extends it for the new positions
+of a forward: their mask, their positions counting real tokens, and the attention mask over the whole
+sequence.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Protocol
+
+import torch
+from jaxtyping import Bool, Int
+from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
+
+from .text import check_attention_mask
+
+
+class Configured(Protocol):
+    """What the cache reads of a model: its TransformerLens config (layers, heads, d_head, n_ctx, device)."""
+
+    @property
+    def cfg(self) -> Any: ...
+
+
+def new_cache(model: Configured, batch_size: int = 1) -> TransformerLensKeyValueCache:
+    """An empty TransformerLens key-value cache for `model` ([batch, 0, head, d_head] per layer)."""
+    return TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, batch_size)
+
+
+def cache_length(cache: TransformerLensKeyValueCache) -> int:
+    return int(cache[0].past_keys.size(1))
+
+
+def _check_cache(model, cache, batch: int) -> int:
+    entries = getattr(cache, "entries", None)
+    if entries is None or not hasattr(cache, "append_attention_mask"):
+        raise TypeError(f"past_kv_cache must be a TransformerLensKeyValueCache (sprout.tl.kv_cache.new_cache(model, "
+                        f"batch_size)), got {type(cache).__name__}")
+    if len(entries) != model.cfg.n_layers:
+        raise ValueError(f"past_kv_cache has {len(entries)} layers but the model has {model.cfg.n_layers}")
+    keys = entries[0].past_keys
+    want = (batch, model.cfg.n_heads, model.cfg.d_head)
+    if (keys.size(0), keys.size(2), keys.size(3)) != want:
+        raise ValueError(f"past_kv_cache holds keys of shape {tuple(keys.shape)}, but this input needs "
+                         f"[{batch}, pos, {want[1]}, {want[2]}] (batch, pos, head, d_head)")
+    past = keys.size(1)
+    if cache.previous_attention_mask.shape != (batch, past):
+        raise ValueError(f"past_kv_cache's attention mask has shape {tuple(cache.previous_attention_mask.shape)} "
+                         f"but it holds {past} positions of a batch of {batch}")
+    return past
+
+
+def cache_masks(model: Configured, cache: TransformerLensKeyValueCache, attention_mask: Optional[Int[torch.Tensor, "batch _pos"]],
+                ids: Int[torch.Tensor, "batch new_pos"]) -> tuple[Int[torch.Tensor, "batch new_pos"], Int[torch.Tensor, "batch new_pos"],
+                                                                 Bool[torch.Tensor, "batch 1 new_pos all_pos"]]:
+    """The new positions' mask, RoPE / learned positions and attention mask, reading and extending the cache.
+
+    Args:
+        ids: the new positions [batch, new_pos] (token ids, or the stream's first channel).
+        attention_mask: the new positions' mask [batch, new_pos] (1 token, 0 padding), or the whole
+            sequence's [batch, past + new_pos] (TransformerLens' input_to_embed returns that), or None.
+
+    Returns:
+        (mask [batch, new_pos], positions [batch, new_pos] counting real tokens of the whole sequence,
+        attn_mask [batch, 1, new_pos, past + new_pos], True = may attend).
+    """
+    B, T = ids.shape
+    past = _check_cache(model, cache, B)
+    n_ctx = model.cfg.n_ctx
+    if past + T > n_ctx:
+        raise ValueError(f"past_kv_cache holds {past} positions and {T} more would make {past + T}, longer than the "
+                         f"model's context of {n_ctx} tokens")
+    if attention_mask is None:
+        attention_mask = torch.ones(B, T, dtype=torch.long, device=ids.device)
+    if past and attention_mask.dim() == 2 and attention_mask.shape == (B, past + T):
+        # TransformerLens' input_to_embed hands back the whole mask, cached positions included
+        full = check_attention_mask(attention_mask, torch.empty(B, past + T, device=ids.device))
+        if not getattr(cache, "frozen", False):
+            cache.previous_attention_mask = full.to(cache.previous_attention_mask)
+        attention_mask = full[:, past:]
+    else:
+        attention_mask = check_attention_mask(attention_mask, ids)
+        full = cache.append_attention_mask(attention_mask)
+    keep = full.to(ids.device).bool()  # [batch, past + new]
+    positions = (keep.long().cumsum(1) - 1).clamp(min=0)[:, past:]
+    query = torch.arange(past, past + T, device=ids.device)[:, None]
+    key = torch.arange(past + T, device=ids.device)[None, :]
+    # As `hooked.padding_masks`: earlier real keys, and always itself, so no softmax row is empty.
+    attn_mask = (key <= query) & (keep[:, None, :] | (key == query))
+    return attention_mask, positions, attn_mask[:, None]
