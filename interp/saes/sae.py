@@ -53,7 +53,7 @@ class SAE(nn.Module):
         kind: "relu", "topk", "batchtopk", "jumprelu" or "matryoshka" (see `interp.saes.kinds` for the
             papers: Bricken et al. 2023 / Conerly et al. 2024; Gao et al. 2024; Bussmann et al. 2024;
             Rajamanoharan et al. 2024; Bussmann, Nabeshima et al. 2025).
-        k: latents per row, for the TopK kinds (an int in 1..d_sae); None for the others.
+        k: latents per row, for the TopK kinds (an int in 1..d_sae; None: min(32, d_sae)); None for the others.
         hook_name: the hook point it reads, e.g. "blocks.2.hook_resid_post" (None: not yet known).
         widths: Matryoshka's nested prefix sizes, increasing to d_sae (default d_sae/4, d_sae/2, d_sae).
         bandwidth: JumpReLU's kernel width for the straight-through estimator.
@@ -86,7 +86,7 @@ class SAE(nn.Module):
         if not isinstance(kind, str):
             raise TypeError(f"kind must be one of {', '.join(KIND_NAMES)}, got {kind!r}")
         self.rule = make_kind(kind, k, self.d_sae, widths, bandwidth)
-        self.kind, self.k = kind, (k if kind in TOPK_KINDS else None)
+        self.kind, self.k = kind, (getattr(self.rule, "k") if kind in TOPK_KINDS else None)
         self.hook_name = hook_name
         g = torch.Generator().manual_seed(int(seed))
         w_dec = torch.randn(self.d_sae, self.d_out, generator=g, dtype=torch.float64)

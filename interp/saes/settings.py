@@ -16,7 +16,7 @@ from typing import Optional
 
 from sprout.settings import Checked, range_error, type_error
 
-from .kinds import KIND_NAMES, TOPK_KINDS, check_widths
+from .kinds import KIND_NAMES, TOPK_KINDS, check_widths, default_k
 
 B_DEC_INITS = ("geometric_median", "mean", "zeros")
 _POSITIVE, _NON_NEGATIVE = (1, None, "["), (0, None, "[")
@@ -30,7 +30,7 @@ class SettingsError(ValueError, TypeError):
 class TrainSettings(Checked):
     kind: str = "topk"                      # relu | topk | batchtopk | jumprelu | matryoshka
     d_sae: int = 512                        # latents
-    k: Optional[int] = None                 # latents per row, for the TopK kinds
+    k: Optional[int] = None                 # latents per row, for the TopK kinds; None: min(32, d_sae)
     target_l0: Optional[float] = None       # relu / jumprelu: steer the sparsity coefficient to this L0
     steps: int = 2000                       # optimizer steps
     lr: Optional[float] = None              # Adam's peak learning rate; None: 2e-4 / sqrt(d_sae / 2^14)
@@ -79,7 +79,7 @@ class TrainSettings(Checked):
     def check_together(self) -> None:
         if self.kind in TOPK_KINDS:
             if self.k is None:
-                raise self.bad("k", f"an integer in 1..d_sae={self.d_sae} for kind {self.kind!r}", None)
+                object.__setattr__(self, "k", default_k(self.d_sae))  # frozen: resolved once, as it is stored
             if self.k > self.d_sae:
                 raise self.bad("k", f"in 1..d_sae={self.d_sae}", self.k)
         elif self.k is not None:

@@ -36,6 +36,13 @@ from .topk import TopK
 KIND_NAMES = ("relu", "topk", "batchtopk", "jumprelu", "matryoshka")
 TOPK_KINDS = ("topk", "batchtopk", "matryoshka")
 THRESHOLD_KINDS = ("jumprelu", "batchtopk", "matryoshka")
+# k when none is given: the L0 the shipped dictionaries are held to (SAELens' TopK default, 100, is more
+# latents per row than a d_model of 192 can use), or every latent of a smaller dictionary
+DEFAULT_K = 32
+
+
+def default_k(d_sae: int) -> int:
+    return min(DEFAULT_K, d_sae)
 
 
 def make_kind(name: str, k: Optional[int], d_sae: int, widths: Optional[Sequence[int]] = None,
@@ -44,6 +51,7 @@ def make_kind(name: str, k: Optional[int], d_sae: int, widths: Optional[Sequence
     if name not in KIND_NAMES:
         raise ValueError(f"kind must be one of {', '.join(KIND_NAMES)}, got {name!r}")
     if name in TOPK_KINDS:
+        k = default_k(d_sae) if k is None else k
         check_k(k, d_sae)
     elif k is not None:
         raise ValueError(f"k is for the TopK kinds ({', '.join(TOPK_KINDS)}); kind {name!r} takes none, got k={k!r}")

@@ -156,13 +156,21 @@ def test_transcoder_with_skip_equals_hand_written():
 
 @pytest.mark.parametrize("kw, err", [
     (dict(kind="topk", k=D_SAE + 1), ValueError), (dict(kind="topk", k=2.0), TypeError),
-    (dict(kind="topk", k=None), TypeError), (dict(kind="topk", k=True), TypeError),
+    (dict(kind="topk", k="4"), TypeError), (dict(kind="topk", k=True), TypeError),
     (dict(kind="relu", k=3), ValueError), (dict(kind="gated"), ValueError),
     (dict(kind="matryoshka", k=2, widths=[10, 5, D_SAE]), ValueError),
 ])
 def test_bad_arguments_are_refused_by_name(kw, err):
     with pytest.raises(err, match="k|kind|widths"):
         interp.SAE(D_IN, D_SAE, **kw)
+
+
+@pytest.mark.parametrize("kind", ["topk", "batchtopk", "matryoshka"])
+def test_k_defaults_to_32_or_every_latent_of_a_smaller_dictionary(kind):
+    assert interp.SAE(D_IN, 64, kind=kind).k == 32 and interp.SAE(D_IN, 20, kind=kind).k == 20
+    if kind == "topk":
+        assert int((interp.SAE(D_IN, 64, kind=kind).encode(torch.randn(5, D_IN)) > 0).sum(-1).max()) <= 32
+    assert interp.train_sae(torch.randn(300, D_IN), kind=kind, d_sae=40, steps=2, batch_size=100).k == 32
 
 
 def test_wrong_width_is_refused_naming_the_hook():
