@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from transformer_lens.hook_points import HookPoint
 
 from .config import SproutConfig
+from .tl.hook_checks import through
 from .tl.hook_flags import editable
 from .tl.hooked import hooked
 from .tl.surface import ReadOnly
@@ -37,7 +38,7 @@ class NormHooks(nn.Module):
         """x / rms(x) [..., d_model], without the gain and without firing hooks: `hook_normalized` for any x,
         what pairs with the folded `W_U` (TransformerLens' gainless ln_final under fold_ln)."""
         xf = x.float()
-        return (xf / (xf.pow(2).mean(-1, keepdim=True) + self.norm.module.eps).sqrt()).type_as(x)
+        return (xf * (xf.pow(2).mean(-1, keepdim=True) + self.norm.module.eps).rsqrt()).type_as(x)
 
 
 class RMSNorm(nn.Module):
@@ -52,8 +53,18 @@ class RMSNorm(nn.Module):
         if hooks is None or not hooked(hooks.hook_scale, hooks.hook_normalized):
             return F.rms_norm(x.float(), (x.size(-1),), self.weight.float(), self.eps).type_as(x)
         xf = x.float()
-        scale = hooks.hook_scale(editable((xf.pow(2).mean(-1, keepdim=True) + self.eps).sqrt(), hooks.hook_scale))
-        return (hooks.hook_normalized(xf / scale) * self.weight.float()).type_as(x)
+        ms = xf.pow(2).mean(-1, keepdim=True) + self.eps
+        scale, same = through(hooks.hook_scale, editable(ms.sqrt(), hooks.hook_scale))
+        if not same:
+            normalized = xf / scale
+        else:
+            # x * rsqrt, as F.rms_norm computes it: a hook that edits nothing leaves the unhooked forward's
+            # numbers bit for bit (x / sqrt differs by a rounding, ~1e-5 in the logits); the zero-valued term
+            # keeps the scale in the graph, so backward hooks on hook_scale fire and gradients are unchanged
+            normalized = xf * ms.rsqrt()
+            if scale.requires_grad and torch.is_grad_enabled():
+                normalized = normalized.detach() + (xf / scale - (xf / scale).detach())
+        return (hooks.hook_normalized(normalized) * self.weight.float()).type_as(x)
 
 
 def rope_tables(d_head: int, context: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -78,10 +78,10 @@ class TrainSettings(Checked):
 
     def check_together(self) -> None:
         if self.kind in TOPK_KINDS:
-            if self.k is None:
-                object.__setattr__(self, "k", default_k(self.d_sae))  # frozen: resolved once, as it is stored
-            if self.k > self.d_sae:
-                raise self.bad("k", f"in 1..d_sae={self.d_sae}", self.k)
+            k = default_k(self.d_sae) if self.k is None else self.k
+            object.__setattr__(self, "k", k)  # frozen: a default k is resolved once, as it is stored
+            if k > self.d_sae:
+                raise self.bad("k", f"in 1..d_sae={self.d_sae}", k)
         elif self.k is not None:
             raise SettingsError(f"k is for the TopK kinds; kind {self.kind!r} takes target_l0, got k={self.k!r}")
         if self.target_l0 is not None and self.kind in TOPK_KINDS:

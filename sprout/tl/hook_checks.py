@@ -166,3 +166,22 @@ def copy_into_buffer(buffer: torch.Tensor, name: str) -> Callable[[torch.Tensor,
         buffer[tuple(slice(0, n) for n in x.shape)].copy_(x)
 
     return copy_into
+
+
+def through(point: HookPoint, x: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """point(x), and whether its hooks left x's values as they were.
+
+    An in-place edit bumps x's version counter, so a hook that returns x (or None) untouched costs no
+    copy; a returned tensor is compared with x. Inference-mode tensors keep no version counter: there
+    a copy of x is compared instead."""
+    if not point._forward_hooks or reads_only(point):
+        return point(x), True
+    if x.is_inference():
+        before = x.clone()
+        out = point(x)
+        return out, torch.equal(out, before)
+    version = x._version
+    out = point(x)
+    if x._version != version:
+        return out, False
+    return out, out is x or torch.equal(out, x)

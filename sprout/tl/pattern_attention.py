@@ -23,26 +23,7 @@ import torch
 import torch.nn.functional as F
 from transformer_lens.hook_points import HookPoint
 
-from .hook_checks import reads_only
-
-
-def _through(point: HookPoint, x: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """point(x), and whether its hooks left x's values as they were.
-
-    An in-place edit bumps x's version counter, so a hook that returns x (or None) untouched costs no
-    copy; a returned tensor is compared with x. Inference-mode tensors keep no version counter: there
-    a copy of x is compared instead."""
-    if not point._forward_hooks or reads_only(point):
-        return point(x), True
-    if x.is_inference():
-        before = x.clone()
-        out = point(x)
-        return out, torch.equal(out, before)
-    version = x._version
-    out = point(x)
-    if x._version != version:
-        return out, False
-    return out, out is x or torch.equal(out, x)
+from .hook_checks import through
 
 
 def hooked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scores: torch.Tensor,
@@ -51,9 +32,9 @@ def hooked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scores: 
     """z [batch, head, pos, d_head] from q, k, v [batch, head, pos, d_head] and the masked scores
     [batch, head, query, key], firing both hooks. `attn_mask`: None (causal) or bool [batch, 1, query,
     key], True = may attend, as the fused call takes it; `dropout`: on the pattern while training."""
-    scores, same_scores = _through(hook_scores, scores)
+    scores, same_scores = through(hook_scores, scores)
     pattern = editable(F.softmax(scores, dim=-1), hook_pattern)  # softmax keeps its output for backward
-    pattern, same_pattern = _through(hook_pattern, pattern)
+    pattern, same_pattern = through(hook_pattern, pattern)
     if dropout is not None or not (same_scores and same_pattern):
         return (pattern if dropout is None else dropout(pattern)) @ v
     with torch.no_grad():

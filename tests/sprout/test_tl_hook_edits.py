@@ -103,3 +103,32 @@ def test_hooked_pattern_path_is_as_accurate_as_sdpa(build):
     sdpa_error, hooked_error = (sdpa - exact).abs().max(), (hooked - exact).abs().max()
     assert hooked_error <= 2 * sdpa_error + 1e-7
     assert (hooked - sdpa).abs().max() <= 1e-5 * sdpa.abs().max()
+
+
+def test_hooks_that_edit_nothing_leave_sprouts_logits_and_gradients_as_unhooked():
+    """Sprout's norms and attention give the unhooked forward's numbers bit for bit when hooks only read:
+    a full `run_with_cache`, an identity hook on every norm's scale and normalized output, backward hooks
+    on the scales. (The walkthrough's LayerNorm is F.layer_norm's own kernel unhooked: not bit for bit.)"""
+    model = sprout_model()
+    tokens = torch.randint(0, model.cfg.d_vocab, (3, model.cfg.n_ctx), generator=torch.Generator().manual_seed(4))
+    norms = lambda n: n.endswith(("hook_scale", "hook_normalized"))  # noqa: E731
+    with torch.no_grad():
+        plain = model(tokens)
+        assert torch.equal(model.run_with_cache(tokens)[0], plain)
+        assert torch.equal(model.run_with_hooks(tokens, fwd_hooks=[(norms, identity)]), plain)
+        assert not torch.equal(model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.ln1.hook_scale", scale_out_of_place)]),
+                               plain)
+
+    def embed_grad(bwd_hooks):
+        model.zero_grad()
+        for name, hook in bwd_hooks:
+            model.add_hook(name, hook, dir="bwd")
+        model(tokens).logsumexp(-1).sum().backward()
+        model.reset_hooks()
+        return model.embed.weight.grad.clone()
+
+    seen = set()
+    plain_grad = embed_grad([])
+    hooked_grad = embed_grad([(lambda n: n.endswith("hook_scale"), lambda g, hook: seen.add(hook.name))])
+    assert len(seen) == 2 * model.cfg.n_layers + 1  # every norm's scale is still in the graph
+    torch.testing.assert_close(hooked_grad, plain_grad, rtol=1e-5, atol=1e-6)
