@@ -57,7 +57,7 @@ def check_activations(x: Float[torch.Tensor, "*n d_in"], what: str) -> None:
     bad = ~torch.isfinite(x)
     if bad.any():
         row = int(bad.reshape(-1, x.shape[-1]).any(-1).nonzero()[0])
-        raise ValueError(f"{what} holds NaN or infinite values (first in row {row}); an SAE cannot learn from them")
+        raise ValueError(f"{what}: NaN or infinite values (first in row {row}); an SAE cannot learn from them")
 
 
 class TensorSource:

@@ -111,7 +111,7 @@ def _target_name(sae) -> str:
 
 def _check_finite(t: torch.Tensor, what: str) -> None:
     if not torch.isfinite(t).all():
-        raise ValueError(f"{what} holds NaN or infinite values; the metrics would be meaningless")
+        raise ValueError(f"{what}: NaN or infinite values; the metrics would be meaningless")
 
 
 @torch.inference_mode()
