@@ -28,7 +28,7 @@ from ._metrics import Metric, metric_value
 from ._model import HookedModel, require_hooks
 from ._patch_engine import batched_forward_from, chunk_size, clean_and_corrupted, split_metric
 from ._specs import HeadSpec, all_heads
-from .path_patching import VIA, _input, as_node
+from .path_patching import VIA, _input, _Recorded, as_node
 
 
 def _result(l: int) -> str:
@@ -59,8 +59,12 @@ def _recorded_input(model: HookedModel, resid, delta, sets, receiver, via) -> to
 
     def keep(act, hook):
         recorded["x"] = act.clone()
-    model.run_with_hooks(stream, start_at_layer=receiver.layer, stop_at_layer=receiver.layer + 1,
-                         fwd_hooks=[(_input(receiver.layer, via), keep)])
+        raise _Recorded  # the rest of the block is not needed
+    try:
+        model.run_with_hooks(stream, start_at_layer=receiver.layer, stop_at_layer=receiver.layer + 1,
+                             fwd_hooks=[(_input(receiver.layer, via), keep)])
+    except _Recorded:
+        pass
     return recorded["x"]
 
 
