@@ -8,7 +8,7 @@ less than `min_delta` is flagged `no_effect`: its pattern looks right and nothin
 """
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 import pandas as pd
 import torch
@@ -49,6 +49,15 @@ def _ablate_hook(heads_in_layer: list[int], value: Optional[torch.Tensor]):
             z[:, :, h] = 0.0 if value is None else value[h]
         return z
     return hook
+
+
+def _ablation_hooks(group: Sequence[tuple[int, int]], means: Optional[dict[int, torch.Tensor]] = None) -> list:
+    """The (hook name, hook) pairs that ablate every (layer, head) of `group` at once: z set to 0, or to
+    `means[layer]` [head, d_head] where given."""
+    by_layer: dict[int, list[int]] = {}
+    for l, h in group:
+        by_layer.setdefault(l, []).append(h)
+    return [(act_name("z", l), _ablate_hook(hs, (means or {}).get(l))) for l, hs in by_layer.items()]
 
 
 @torch.inference_mode()
@@ -124,10 +133,7 @@ def ablate_heads(model: HookedModel, heads: Union[list, pd.DataFrame], data: Opt
     means = _mean_z(model, rows, layers, batch_size) if method == "mean" else {}
 
     def hooks_for(group):
-        by_layer: dict[int, list[int]] = {}
-        for l, h in group:
-            by_layer.setdefault(l, []).append(h)
-        return [(act_name("z", l), _ablate_hook(hs, means.get(l))) for l, hs in by_layer.items()]
+        return _ablation_hooks(group, means)
 
     clean = _loss(model, rows, batch_size, loss_from, [])
     groups = [[lh] for lh in heads] + ([heads] if together and len(heads) > 1 else [])

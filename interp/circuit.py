@@ -41,12 +41,12 @@ from sprout.material import generate_story
 from sprout.names import act_name
 from sprout.tokenizer import encode
 
-from ._inputs import TextOrTokens, TokenBatch
+from ._inputs import TextOrTokens, TokenBatch, token_rows
 from ._metrics import Metric
 from ._model import HookedModel, require_hooks
 from ._patch_engine import clean_and_corrupted
 from ._specs import Head, all_heads, as_head
-from .ablation import ablate_heads
+from .ablation import _ablation_hooks, _loss, ablate_heads
 from .composition import composition_scores
 from .heads import head_scores, repeated_tokens, target_mask
 from .joint import GREEDY_COLUMNS, greedy_feeders
@@ -198,7 +198,7 @@ def add_joint(model: HookedModel, frame: pd.DataFrame, pair: IdPair, threshold: 
     frame["marginal_share"] = [float(members["marginal_share"].get(k, float("nan"))) for k in key]
     groups = joint.groupby(["receiver", "via"])
     half = min(24, int(model.cfg.n_ctx) // 2)
-    ablation = {g: _joint_ablation(model, list(rows["sender"]), half) for g, rows in groups}
+    ablation = _joint_ablations(model, {g: list(rows["sender"]) for g, rows in groups}, half)
     per_group = groups[["joint_share", "all_share"]].first()
     pairs = list(zip(frame["receiver"], frame["via"]))
     frame["joint_share"] = [float(per_group["joint_share"].get(k, float("nan"))) for k in pairs]
@@ -207,10 +207,22 @@ def add_joint(model: HookedModel, frame: pd.DataFrame, pair: IdPair, threshold: 
     return frame
 
 
-def _joint_ablation(model: HookedModel, senders: list[str], half_len: int) -> float:
-    heads = [as_head(model, s) for s in senders]
-    rows = ablate_heads(model, heads, together=True, n_seqs=4, half_len=half_len)
-    return float(rows["delta"].iloc[-1])
+def _joint_ablations(model: HookedModel, sets: dict, half_len: int) -> dict:
+    """{key: loss rise with every sender of sets[key] zeroed at once}: `ablate_heads`' joint delta (the
+    same data and loss), with the clean loss computed once and without its per-head rows."""
+    if not sets:
+        return {}
+    rows = token_rows(model, repeated_tokens(model, half_len, ABLATION_SEQS))
+    clean = _loss(model, rows, ABLATION_BATCH, half_len, [])
+    ablated: dict[frozenset, float] = {}  # inputs often share a set: each set of heads is zeroed once
+    for senders in sets.values():
+        if frozenset(senders) not in ablated:
+            hooks = _ablation_hooks([as_head(model, s) for s in senders])
+            ablated[frozenset(senders)] = _loss(model, rows, ABLATION_BATCH, half_len, hooks)
+    return {key: ablated[frozenset(senders)] - clean for key, senders in sets.items()}
+
+
+ABLATION_SEQS, ABLATION_BATCH = 4, 8  # the ablation columns' data: n_seqs, and ablate_heads' default batch size
 
 
 def _edge_rows(model: HookedModel, inductions: pd.DataFrame, pair, story) -> pd.DataFrame:
@@ -240,7 +252,8 @@ def _add_weights_and_ablation(model: HookedModel, frame: pd.DataFrame) -> pd.Dat
     else:
         frame["composition"], frame["baseline"], frame["composition_percentile"] = (float("nan"),) * 3
     senders = sorted({as_head(model, s) for s in frame["sender"]})
-    ablation = ablate_heads(model, senders, together=False, n_seqs=4, half_len=min(24, int(model.cfg.n_ctx) // 2))
+    ablation = ablate_heads(model, senders, together=False, n_seqs=ABLATION_SEQS, half_len=min(24, int(model.cfg.n_ctx) // 2),
+                            batch_size=ABLATION_BATCH)
     per_head = {r.label: r.delta for r in ablation.itertuples() if r.label in set(frame["sender"])}
     frame["ablation_delta"] = frame["sender"].map(per_head)
     return frame

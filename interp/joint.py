@@ -28,7 +28,7 @@ from ._metrics import Metric, metric_value
 from ._model import HookedModel, require_hooks
 from ._patch_engine import batched_forward_from, chunk_size, clean_and_corrupted, split_metric
 from ._specs import HeadSpec, all_heads
-from .path_patching import VIA, _input, as_node
+from .path_patching import VIA, _input, _Recorded, as_node
 
 
 def _result(l: int) -> str:
@@ -59,8 +59,12 @@ def _recorded_input(model: HookedModel, resid, delta, sets, receiver, via) -> to
 
     def keep(act, hook):
         recorded["x"] = act.clone()
-    model.run_with_hooks(stream, start_at_layer=receiver.layer, stop_at_layer=receiver.layer + 1,
-                         fwd_hooks=[(_input(receiver.layer, via), keep)])
+        raise _Recorded  # the rest of the block is not needed
+    try:
+        model.run_with_hooks(stream, start_at_layer=receiver.layer, stop_at_layer=receiver.layer + 1,
+                             fwd_hooks=[(_input(receiver.layer, via), keep)])
+    except _Recorded:
+        pass
     return recorded["x"]
 
 
@@ -99,36 +103,56 @@ def joint_path_patch(model: HookedModel, clean: TextOrTokens, corrupted: TextOrT
     Example:
         >>> interp.joint.joint_path_patch(model, clean, corrupted, metric, [["L1H2"], ["L1H2", "L2H2"]], "L3H1")
     """
-    if via not in VIA:
-        raise ValueError(f"via must be one of {list(VIA)}, got {via!r}")
-    receiver = as_node(model, receiver)
-    if receiver.kind != "head":
-        raise ValueError(f"the receiver must be an attention head ('L{{layer}}H{{head}}'), got {receiver.label}")
-    clean, corrupted, mask = clean_and_corrupted(model, clean, corrupted)
-    if mask is not None:  # the recorded inputs are replayed from the stream without a mask
-        raise ValueError("joint_path_patch needs clean and corrupted rows of equal length (no padding); "
-                         "patch texts of one length, or one text at a time")
-    groups = _sets(model, sets, receiver)
-    resid, delta = _streams(model, clean, corrupted, receiver)
-    base, source = metric_value(metric, model.run_with_hooks(clean)), metric_value(metric, model.run_with_hooks(corrupted))
-    n_max, values = chunk_size(model, clean, batch_size), []
-    for a in range(0, len(groups), n_max):
-        chunk = groups[a:a + n_max]
-        recorded = _recorded_input(model, resid, delta, chunk, receiver, via)
+    return _Runs(model, clean, corrupted, metric, receiver, via).frame(sets, batch_size)
 
-        def replace(act, hook, recorded=recorded):
-            act = act.clone()
-            act[:, :, receiver.head] = recorded[:, :, receiver.head]
-            return act
-        logits = batched_forward_from(model, resid, receiver.layer, [(_input(receiver.layer, via), replace)], len(chunk))
-        values += split_metric(metric, logits, len(chunk))
-    frame = pd.DataFrame({"set": ["+".join(n.label for n in g) for g in groups], "size": [len(g) for g in groups],
-                          "receiver": receiver.label, "receiver_layer": receiver.layer, "receiver_head": receiver.head,
-                          "via": via, "metric": values})
-    frame["base"], frame["source"] = base, source
-    frame["effect"] = frame["metric"] - base
-    frame["share"] = frame["effect"] / (source - base) if source != base else float("nan")
-    return frame
+
+class _Runs:
+    """One (clean, corrupted, metric, receiver, via) checked, with the runs every set shares (the clean
+    stream into the receiver's block, the earlier heads' writes, the clean and corrupted metric) done
+    once: `greedy_feeders` measures many lists of sets on them."""
+
+    def __init__(self, model: HookedModel, clean: TextOrTokens, corrupted: TextOrTokens, metric: Metric,
+                 receiver: HeadSpec, via: str) -> None:
+        if via not in VIA:
+            raise ValueError(f"via must be one of {list(VIA)}, got {via!r}")
+        receiver = as_node(model, receiver)
+        if receiver.kind != "head":
+            raise ValueError(f"the receiver must be an attention head ('L{{layer}}H{{head}}'), got {receiver.label}")
+        clean, corrupted, mask = clean_and_corrupted(model, clean, corrupted)
+        if mask is not None:  # the recorded inputs are replayed from the stream without a mask
+            raise ValueError("joint_path_patch needs clean and corrupted rows of equal length (no padding); "
+                             "patch texts of one length, or one text at a time")
+        self.model, self.clean, self.corrupted, self.metric, self.receiver, self.via = model, clean, corrupted, metric, receiver, via
+        self._shared: Optional[tuple] = None
+
+    @torch.inference_mode()
+    def frame(self, sets: list, batch_size: Optional[int] = None) -> pd.DataFrame:
+        model, clean, corrupted, metric, receiver, via = (self.model, self.clean, self.corrupted, self.metric,
+                                                          self.receiver, self.via)
+        groups = _sets(model, sets, receiver)
+        if self._shared is None:
+            resid, delta = _streams(model, clean, corrupted, receiver)
+            self._shared = (resid, delta, metric_value(metric, model.run_with_hooks(clean)),
+                            metric_value(metric, model.run_with_hooks(corrupted)))
+        resid, delta, base, source = self._shared
+        n_max, values = chunk_size(model, clean, batch_size), []
+        for a in range(0, len(groups), n_max):
+            chunk = groups[a:a + n_max]
+            recorded = _recorded_input(model, resid, delta, chunk, receiver, via)
+
+            def replace(act, hook, recorded=recorded):
+                act = act.clone()
+                act[:, :, receiver.head] = recorded[:, :, receiver.head]
+                return act
+            logits = batched_forward_from(model, resid, receiver.layer, [(_input(receiver.layer, via), replace)], len(chunk))
+            values += split_metric(metric, logits, len(chunk))
+        frame = pd.DataFrame({"set": ["+".join(n.label for n in g) for g in groups], "size": [len(g) for g in groups],
+                              "receiver": receiver.label, "receiver_layer": receiver.layer, "receiver_head": receiver.head,
+                              "via": via, "metric": values})
+        frame["base"], frame["source"] = base, source
+        frame["effect"] = frame["metric"] - base
+        frame["share"] = frame["effect"] / (source - base) if source != base else float("nan")
+        return frame
 
 
 def greedy_feeders(model: HookedModel, clean: TextOrTokens, corrupted: TextOrTokens, metric: Metric, receiver: HeadSpec,
@@ -160,8 +184,13 @@ def greedy_feeders(model: HookedModel, clean: TextOrTokens, corrupted: TextOrTok
     pool = [as_node(model, c).label for c in candidates] if candidates is not None else \
         [h.label for h in all_heads(model, below=receiver.layer)]
 
-    def shares(sets):
-        return joint_path_patch(model, clean, corrupted, metric, sets, receiver, via)["share"].tolist()
+    runs = None
+
+    def shares(sets):  # joint_path_patch's shares; the runs all sets share are done on the first call only
+        nonlocal runs
+        if runs is None:
+            runs = _Runs(model, clean, corrupted, metric, receiver, via)
+        return runs.frame(sets)["share"].tolist()
     first = shares([[c] for c in pool] + [pool])
     own, all_share = dict(zip(pool, first[:-1])), first[-1]
     if not all_share > 0:

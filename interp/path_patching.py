@@ -30,7 +30,7 @@ from ._deprecated import renamed
 from ._inputs import TextOrTokens
 from ._metrics import Metric, check_metric, degenerate
 from ._model import HookedModel, require_hooks
-from ._patch_engine import batched_forward, by_layer, chunk_size, clean_and_corrupted, masked, split_metric
+from ._patch_engine import batched_forward, batched_forward_from, by_layer, chunk_size, clean_and_corrupted, masked, split_metric
 from ._specs import Component, ComponentSpec, ComponentSpecs, HeadSpecs, as_component, as_components
 from ._specs import all_heads as _all_heads
 
@@ -143,7 +143,9 @@ def _caches(model: HookedModel, base, source, receivers, vias, mask):
     last = max(r.layer for r in receivers)
     names = [n for l in range(last) for n in (_z(l), _mlp(l))] + [EMBED]
     require_hooks(model, names + [_input(r.layer, via) for r in receivers for via in vias])
-    _, base_cache = model.run_with_cache(base, names_filter=names, **masked(mask))
+    # the base run's stream into each receiver layer: the patched runs start there (nothing below it changes)
+    starts = [n for n in dict.fromkeys(act_name("resid_pre", r.layer) for r in receivers) if n in model.hook_dict]
+    _, base_cache = model.run_with_cache(base, names_filter=names + starts, **masked(mask))
     _, source_cache = model.run_with_cache(source, names_filter=names, **masked(mask))
     return base_cache, source_cache
 
@@ -197,14 +199,14 @@ def path_patch(model: HookedModel, clean: TextOrTokens, corrupted: TextOrTokens,
     recorded = _record(model, base, senders, base_cache, source_cache, layers, vias, mask)
     base_value, source_value = (split_metric(metric, model.run_with_hooks(ids, **masked(mask)), 1, mask)[0]
                                 for ids in (base, source))
-    frames = [_frame(pairs, _patched_values(model, base, metric, pairs, recorded, senders, v, batch_size, mask),
+    frames = [_frame(pairs, _patched_values(model, base, base_cache, metric, pairs, recorded, senders, v, batch_size, mask),
                      v, direction, base_value, source_value) for v in vias]
     frame = pd.concat(frames, ignore_index=True)
     frame.attrs["degenerate"] = degenerate(base_value, source_value, "base and source")
     return frame
 
 
-def _patched_values(model: HookedModel, base, metric, pairs, recorded, senders, via, limit, mask) -> list[float]:
+def _patched_values(model: HookedModel, base, base_cache, metric, pairs, recorded, senders, via, limit, mask) -> list[float]:
     sender_index = {s: i for i, s in enumerate(senders)}
     n_max, B = chunk_size(model, base, limit), base.shape[0]
     values: dict[tuple, float] = {}  # (sender, receiver) -> metric
@@ -213,7 +215,10 @@ def _patched_values(model: HookedModel, base, metric, pairs, recorded, senders, 
         for start in range(0, len(group), n_max):
             chunk = [(p.sender, p.receiver) for p in group[start:start + n_max]]
             hook = _replace_hook(chunk, recorded[layer, via], sender_index, B)
-            logits = batched_forward(model, base, [(_input(layer, via), hook)], len(chunk), mask)
+            hooks, start = [(_input(layer, via), hook)], act_name("resid_pre", layer)
+            # every copy runs the unpatched base below the receiver's layer: those layers run once, in `base_cache`
+            logits = (batched_forward_from(model, base_cache[start], layer, hooks, len(chunk), mask) if start in base_cache
+                      else batched_forward(model, base, hooks, len(chunk), mask))
             values.update(zip(chunk, split_metric(metric, logits, len(chunk), mask)))
     return [values[p] for p in pairs]
 

@@ -47,16 +47,20 @@ def test_positional_qk_finds_the_positional_heads(planted):
     assert pos["L1H0"] < 0.5  # the induction head attends by content
 
 
-def key_only_effects(model, clean, corrupted, receiver):
-    """Independent check: for each earlier head s, the clean run with only the receiver's key computed from
-    resid_pre + (s's corrupted write - its clean write), through the block's own norm1 and qkv."""
-    rl, rh = receiver
+def reference_runs(model, clean, corrupted):
+    """The clean and corrupted caches and metrics every receiver's `key_only_effects` starts from."""
     metric = induction_metric(clean)
     _, cc = model.run_with_cache(clean)
     _, rc = model.run_with_cache(corrupted)
+    return metric, cc, rc, metric(model.run_with_hooks(clean)).item(), metric(model.run_with_hooks(corrupted)).item()
+
+
+def key_only_effects(model, clean, corrupted, receiver, runs=None):
+    """Independent check: for each earlier head s, the clean run with only the receiver's key computed from
+    resid_pre + (s's corrupted write - its clean write), through the block's own norm1 and qkv."""
+    rl, rh = receiver
+    metric, cc, rc, base, full = runs or reference_runs(model, clean, corrupted)
     block, d = model.blocks[rl], model.cfg.d_model
-    base = metric(model.run_with_hooks(clean)).item()
-    full = metric(model.run_with_hooks(corrupted)).item()
     effects = {}
     for sl in range(rl):
         for sh in range(model.cfg.n_heads):
@@ -78,11 +82,12 @@ def key_only_effects(model, clean, corrupted, receiver):
 @pytest.mark.parametrize("name", ["gpt-4", "sprout-mini"])
 def test_induction_circuit_agrees_with_key_only_patching_on_the_demos(name):
     model = sprout.load(name).eval()
-    pair = repeated_pair(model, half_len=20, n_seqs=4)
+    pair = repeated_pair(model, half_len=20, n_seqs=2)  # 2 sequences: sprout-mini has 4 receivers x 24 senders
     frame, summary = interp.induction_circuit(model, data=pair, stories=False)
     assert not frame.empty, summary
+    runs = reference_runs(model, *pair)
     for receiver, rows in frame[frame.via == "k"].groupby("receiver"):
-        effects = key_only_effects(model, *pair, tuple(int(x) for x in receiver[1:].split("H")))
+        effects = key_only_effects(model, *pair, tuple(int(x) for x in receiver[1:].split("H")), runs)
         ours = rows.set_index("sender")["share_repeated"]
         for sender, share in effects.items():
             assert ours[sender] == pytest.approx(share, abs=1e-3), (receiver, sender)
