@@ -215,9 +215,9 @@ def _patched_values(model: HookedModel, base, base_cache, metric, pairs, recorde
         for start in range(0, len(group), n_max):
             chunk = [(p.sender, p.receiver) for p in group[start:start + n_max]]
             hook = _replace_hook(chunk, recorded[layer, via], sender_index, B)
-            hooks, start = [(_input(layer, via), hook)], act_name("resid_pre", layer)
+            hooks, resid = [(_input(layer, via), hook)], act_name("resid_pre", layer)
             # every copy runs the unpatched base below the receiver's layer: those layers run once, in `base_cache`
-            logits = (batched_forward_from(model, base_cache[start], layer, hooks, len(chunk), mask) if start in base_cache
+            logits = (batched_forward_from(model, base_cache[resid], layer, hooks, len(chunk), mask) if resid in base_cache
                       else batched_forward(model, base, hooks, len(chunk), mask))
             values.update(zip(chunk, split_metric(metric, logits, len(chunk), mask)))
     return [values[p] for p in pairs]
