@@ -175,6 +175,7 @@ def induction_circuit(model: HookedModel, data: Optional[tuple[TextOrTokens, Tex
     return frame[COLUMNS], summarize(frame, joint_threshold)
 
 
+ABLATION_SEQS, ABLATION_BATCH = 4, 8  # the ablation columns' data: n_seqs, and ablate_heads' default batch size
 COLUMNS = ["receiver", "induction_score", "sender", "via", "share_repeated", "share_stories", "composition",
            "baseline", "composition_percentile", "ablation_delta", "feeds", "joint_order", "marginal_share", "joint_share",
            "all_share", "joint_ablation_delta", "receiver_layer", "receiver_head", "sender_layer", "sender_head"]
@@ -220,9 +221,6 @@ def _joint_ablations(model: HookedModel, sets: dict, half_len: int) -> dict:
             hooks = _ablation_hooks([as_head(model, s) for s in senders])
             ablated[frozenset(senders)] = _loss(model, rows, ABLATION_BATCH, half_len, hooks)
     return {key: ablated[frozenset(senders)] - clean for key, senders in sets.items()}
-
-
-ABLATION_SEQS, ABLATION_BATCH = 4, 8  # the ablation columns' data: n_seqs, and ablate_heads' default batch size
 
 
 def _edge_rows(model: HookedModel, inductions: pd.DataFrame, pair, story) -> pd.DataFrame:
