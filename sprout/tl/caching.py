@@ -3,12 +3,12 @@ nothing, or a hook point whose flag is off), and the cache with gradients (`incl
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Collection, Optional, Union, cast
 
 import torch
 
-# what `selects` reads: TransformerLens' NamesFilter, its sequences as lists
-Filter = Union[str, list[str], Callable[[str], bool]]
+# what `selects` reads: TransformerLens' NamesFilter (a name, names, or a predicate)
+Filter = Union[str, Collection[str], Callable[[str], bool]]
 
 
 def not_attn_result(name: str) -> bool:
@@ -17,12 +17,12 @@ def not_attn_result(name: str) -> bool:
 
 
 def selects(names_filter: Filter, name: str) -> bool:
-    """Whether TransformerLens' names_filter (a name, a list of names or a predicate) selects `name`."""
+    """Whether TransformerLens' names_filter (a name, a list, tuple or set of names, or a predicate) selects `name`."""
     if isinstance(names_filter, str):
         return name == names_filter
-    if isinstance(names_filter, list):
+    if isinstance(names_filter, (list, tuple, set, frozenset)):
         return name in names_filter
-    return bool(names_filter(name))
+    return bool(cast(Callable[[str], bool], names_filter)(name))
 
 
 def warn_of_filter(model: Any, names_filter: Optional[Filter]) -> None:
@@ -32,7 +32,7 @@ def warn_of_filter(model: Any, names_filter: Optional[Filter]) -> None:
         warnings.warn(f"names_filter{shown} matched none of the model's {len(model.hook_dict)} hook points, "
                       "so the cache will be empty (names look like 'blocks.0.hook_resid_post'; "
                       "model.hook_dict lists them all)", stacklevel=3)
-    if isinstance(names_filter, (str, list, tuple, set)):
+    if isinstance(names_filter, (str, list, tuple, set, frozenset)):
         named = [names_filter] if isinstance(names_filter, str) else list(names_filter)
         gated = model.hook_flags.gated_flag
         off = [(n, gated(n)) for n in named if isinstance(n, str) and gated(n)]

@@ -75,7 +75,7 @@ def _filter(names_filter):
         return lambda name: True
     if isinstance(names_filter, str):
         return lambda name: name == names_filter
-    if isinstance(names_filter, (list, tuple, set)):
+    if isinstance(names_filter, (list, tuple, set, frozenset)):
         names = set(names_filter)
         return lambda name: name in names
     if callable(names_filter):

@@ -320,3 +320,13 @@ def test_generate_stops_at_eos_and_fills_finished_rows(bpe_model):
     out = bpe_model.generate(ids, max_new_tokens=5, do_sample=False, eos_token_id=first)
     assert out.shape[1] == ids.size(1) + 1 and int(out[0, -1]) == first
     assert eos == bpe_model.tokenizer.convert_tokens_to_ids("<|endoftext|>")
+
+
+def test_names_filter_takes_a_name_list_tuple_set_or_predicate_alike(tiny_model):
+    names = ["blocks.0.hook_resid_post", "blocks.1.attn.hook_pattern"]
+    ids = torch.randint(0, tiny_model.cfg.d_vocab, (2, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for names_filter in (names, tuple(names), set(names), frozenset(names), lambda n: n in names):
+            _, cache = tiny_model.run_with_cache(ids, names_filter=names_filter)
+            assert sorted(cache.keys()) == sorted(names), names_filter
+        assert list(tiny_model.run_with_cache(ids, names_filter=names[0])[1].keys()) == names[:1]
