@@ -131,15 +131,11 @@ def ablate_heads(model: HookedModel, heads: Union[list, pd.DataFrame], data: Opt
     else:
         rows, loss_from = token_rows(model, data), 0
     means = _mean_z(model, rows, layers, batch_size) if method == "mean" else {}
-
-    def hooks_for(group):
-        return _ablation_hooks(group, means)
-
     clean = _loss(model, rows, batch_size, loss_from, [])
     groups = [[lh] for lh in heads] + ([heads] if together and len(heads) > 1 else [])
     out = []
     for group in groups:
-        ablated = _loss(model, rows, batch_size, loss_from, hooks_for(group))
+        ablated = _loss(model, rows, batch_size, loss_from, _ablation_hooks(group, means))
         single = len(group) == 1
         out.append(dict(
             layer=group[0][0] if single else -1, head=group[0][1] if single else -1,

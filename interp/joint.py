@@ -184,12 +184,9 @@ def greedy_feeders(model: HookedModel, clean: TextOrTokens, corrupted: TextOrTok
     pool = [as_node(model, c).label for c in candidates] if candidates is not None else \
         [h.label for h in all_heads(model, below=receiver.layer)]
 
-    runs = None
+    runs = _Runs(model, clean, corrupted, metric, receiver, via)  # the runs every list of sets shares, done once
 
-    def shares(sets):  # joint_path_patch's shares; the runs all sets share are done on the first call only
-        nonlocal runs
-        if runs is None:
-            runs = _Runs(model, clean, corrupted, metric, receiver, via)
+    def shares(sets):  # joint_path_patch's shares
         return runs.frame(sets)["share"].tolist()
     first = shares([[c] for c in pool] + [pool])
     own, all_share = dict(zip(pool, first[:-1])), first[-1]
