@@ -13,7 +13,8 @@ has, in this order:
   never its held-out text; each one's metrics on held-out text (`interp.sae_metrics`: EV, L0, CE
   recovered; the dead fraction counted over `dead_chars` of other held-out text, about 40k tokens) are
   recorded in its cfg.json (metadata.sprout.info.held_out) and must meet TARGETS, or nothing is written.
-- `phase` (with `--run RUN`, the training run the weights came from, its log-spaced snapshots kept):
+- `phase` (with `--run RUN`, the training run the weights came from, its log-spaced snapshots kept, or
+  the tables `experiments.gpu_train` measured from them where the run trained, stamped with its weights):
   induction_snapshots.csv (every head's induction score at each snapshot, `experiments.training_dynamics`)
   and phase_snapshots.csv (`interp.phase_measures` of the last snapshot's circuit and its control pairs,
   `experiments.circuits.measure_phase`), refused unless the run's last checkpoint is the demo's weights or
@@ -54,7 +55,7 @@ from sprout.training.recipes import recipe_corpus
 
 from . import readme, run_all
 from .circuits import SHIPPED_PHASE, measure_phase
-from .stamps import stamp_tables
+from .stamps import read_shipped_table, stamp_tables
 from .training_dynamics import induction_snapshots, snapshot_dirs
 
 # Held-out targets of the shipped dictionaries (issue 25): (explained variance, CE loss recovered).
@@ -149,12 +150,15 @@ def ship_phase(name: str, model, run: Path, max_snapshots: int = 24) -> None:
     if last is None or (fingerprint(sprout.load(last)) != fingerprint(model) and run.resolve() not in earlier):
         raise SystemExit(f"{run}: its last checkpoint ({last}) is not {name}'s weights, nor a stage they were "
                          "trained from (recipe field init); give the run they came from")
-    snaps = snapshot_dirs(run)
-    if len(snaps) < 2:
-        raise SystemExit(f"{run} keeps {len(snaps)} snapshot(s): train with --snapshots to measure the phase change")
     t0 = time.perf_counter()
-    heads = induction_snapshots(run, pd.read_csv(run / "train_log.csv"), max_snapshots, model)
-    phase = measure_phase(run, snaps, max_snapshots)
+    if (run / SHIPPED_PHASE).is_file():  # measured where the run trained (experiments.gpu_train), stamped there
+        heads, phase = (read_shipped_table(run, f, model) for f in ("induction_snapshots.csv", SHIPPED_PHASE))
+    else:
+        snaps = snapshot_dirs(run)
+        if len(snaps) < 2:
+            raise SystemExit(f"{run} keeps {len(snaps)} snapshot(s): train with --snapshots to measure the phase change")
+        heads = induction_snapshots(run, pd.read_csv(run / "train_log.csv"), max_snapshots, model)
+        phase = measure_phase(run, snaps, max_snapshots)
     for table, file in ((heads, "induction_snapshots.csv"), (phase, SHIPPED_PHASE)):
         replace_file(demo_dir() / name / file, table.to_csv(index=False).encode())
     stamp_tables(demo_dir() / name, ["induction_snapshots.csv", SHIPPED_PHASE], model)

@@ -107,7 +107,7 @@ def _untie(state_dict: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor]
             tied[name] = seen[key]
         else:
             seen[key] = name
-            kept[name] = t.detach().contiguous()
+            kept[name] = t.detach().cpu().contiguous()  # a model trained on a GPU too
     return kept, tied
 
 

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ..files import latest_checkpoint
-from .loop import NonFiniteLoss, train
+from .loop import NonFiniteLoss, check_device, train
 from .recipes import RECIPES, Recipe, flag, get_recipe
 
 DESCRIPTION = """Train a model from a recipe: sprout train --recipe gpt-4 --out runs/gpt-4.
@@ -37,6 +37,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> tuple[argparse.Namespace
     p.add_argument("--data-cache", default=None, help="where tokenised corpora are cached (default OUT/data)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads, >= 1 (default: torch's choice)")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N: where the model trains")
     over = p.add_argument_group("recipe overrides (default: the recipe's value)")
     for f in fields(Recipe):
         if f.type == "bool":
@@ -48,6 +49,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> tuple[argparse.Namespace
     args = p.parse_args(argv)
     if args.threads is not None and args.threads < 1:
         p.error(f"argument --threads: must be >= 1, got {args.threads}")
+    try:
+        check_device(args.device)
+    except ValueError as e:
+        p.error(str(e))
     changes = {f.name: getattr(args, f.name) for f in fields(Recipe) if getattr(args, f.name) is not None}
     try:
         recipe = get_recipe(args.recipe).override(**changes)
@@ -68,7 +73,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        train(recipe, args.out, data_cache=args.data_cache, resume=args.resume, progress=not args.no_progress)
+        train(recipe, args.out, data_cache=args.data_cache, resume=args.resume, progress=not args.no_progress,
+              device=args.device)
     except (NonFiniteLoss, ValueError) as e:
         print(f"sprout train: error: {e}", file=sys.stderr)
         return 1

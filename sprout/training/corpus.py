@@ -143,6 +143,18 @@ def _sha256(path: Path) -> str:
 def data_stamp(recipe: Recipe) -> dict:
     """What a run's token files depend on: the tokenizer settings, and every input file's name (relative to
     `--data`), size and SHA-256, or the story generator's settings."""
+    stamp = settings_stamp(recipe)
+    if is_english(recipe.data):
+        stamp["files"] = english_stamp(parse_data(recipe.data))
+    elif recipe.data:
+        root = Path(recipe.data)
+        stamp["files"] = [{"name": str(f.relative_to(root)) if root.is_dir() else f.name,
+                           "size": f.stat().st_size, "sha256": _sha256(f)} for f in input_files(root)]
+    return stamp
+
+
+def settings_stamp(recipe: Recipe) -> dict:
+    """`data_stamp` without the input files: the recipe's data and tokenizer settings."""
     stamp = {k: getattr(recipe, k) for k in ("data", "tokenizer", "corpus_chars", "corpus_seed", "val_fraction")}
     if recipe.tokenizer == "bpe":
         stamp["vocab_size"] = recipe.vocab_size
@@ -151,12 +163,8 @@ def data_stamp(recipe: Recipe) -> dict:
     if is_english(recipe.data):  # the stories' size follows from story_fraction; the seed also shuffles
         del stamp["corpus_chars"]
         stamp["story_fraction"] = recipe.story_fraction
-        stamp["files"] = english_stamp(parse_data(recipe.data))
     elif recipe.data:
-        root = Path(recipe.data)
         del stamp["corpus_chars"], stamp["corpus_seed"]
-        stamp["files"] = [{"name": str(f.relative_to(root)) if root.is_dir() else f.name,
-                           "size": f.stat().st_size, "sha256": _sha256(f)} for f in input_files(root)]
     return stamp
 
 

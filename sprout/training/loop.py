@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-import random
+import re
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -31,8 +31,9 @@ from ..model import Sprout
 from ..tl.hooked import HookedLM
 from ..walkthrough import WalkthroughGPT, build_step
 from . import rundir
-from .corpus import TokenData, check_data, check_windows, data_stamp, get_batch, init_checkpoint, prepare_data, stamp_changes
+from .corpus import TokenData, check_windows, get_batch, init_checkpoint, prepare_data, stamp_changes
 from .curriculum import get_train_batch, uses_mask
+from .prepared import stamp_for
 from .recipes import Recipe
 from .rundir import RunDir, RunDirError
 
@@ -89,13 +90,14 @@ def evaluate(model: HookedLM, recipe: Recipe, val: np.ndarray, vocab_size: int) 
     """Held-out loss on fixed windows, and the repeated-random-tokens probe (first vs second half)."""
     was_training = model.training
     model.eval()
-    g = torch.Generator().manual_seed(1234)  # the same windows at every evaluation
+    g = torch.Generator().manual_seed(1234)  # the same windows at every evaluation (drawn on the CPU)
+    dev = _device_of(model)
     losses = []
     for _ in range(recipe.eval_batches):
         x, y = get_batch(val, recipe.batch_size, recipe.context, g)
-        losses.append(model(x, return_type="loss", targets=y).item())
+        losses.append(model(x.to(dev), return_type="loss", targets=y.to(dev)).item())
     half = min(REP_HALF, recipe.context // 2)
-    seq = repeated_random_tokens(16, half, vocab_size, g)
+    seq = repeated_random_tokens(16, half, vocab_size, g).to(dev)
     logits = model(seq[:, :-1])
     nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), seq[:, 1:], reduction="none")
     model.train(was_training)
@@ -104,26 +106,19 @@ def evaluate(model: HookedLM, recipe: Recipe, val: np.ndarray, vocab_size: int) 
             "rep_second": nll[:, half:].mean().item()}
 
 
-# ----------------------------------------------------------------------------- RNG state
-
-def _rng_state(batch_gen: torch.Generator) -> dict:
-    np_state = np.random.get_state()
-    assert isinstance(np_state, tuple)  # numpy's legacy form, the default
-    return {
-        "torch": torch.get_rng_state(),
-        "batch": batch_gen.get_state(),
-        "python": random.getstate(),
-        # numpy's state holds an ndarray, which weights_only refuses; keep it as a tensor
-        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
-    }
+def _device_of(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
 
 
-def _set_rng_state(state: dict, batch_gen: torch.Generator) -> None:
-    torch.set_rng_state(state["torch"])
-    batch_gen.set_state(state["batch"])
-    random.setstate(state["python"])
-    name, keys, *rest = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+def check_device(device: str) -> torch.device:
+    """The torch device a run trains on: "cpu", "cuda" or "cuda:N" (one that exists), else a ValueError."""
+    dev = torch.device(device) if isinstance(device, str) and re.fullmatch(r"cpu|cuda(:\d+)?", device) else None
+    if dev is None:
+        raise ValueError(f"--device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    if dev.type == "cuda" and not (torch.cuda.is_available() and (dev.index or 0) < torch.cuda.device_count()):
+        raise ValueError(f"--device {device}: no such CUDA device here ({torch.cuda.device_count()} visible); "
+                         "train with --device cpu")
+    return dev
 
 
 # ----------------------------------------------------------------------------- the run
@@ -192,11 +187,9 @@ def _check_same_tokenizer(data: TokenData, last: Path, what: str = "--resume") -
 
 def _prepare_main(recipe: Recipe, run_dir: RunDir, cache: Path, resume: bool) -> TokenData:
     """Rank 0: check and lock the run directory, check a resume against the run, build the data cache."""
-    check_data(recipe)  # a missing, endless or huge --data, or a missing package, fails before the run directory
-    if recipe.init:
-        init_checkpoint(recipe)
+    # a missing, endless or huge --data, or a missing package (and no cache prepared elsewhere), fails first
+    stamp = stamp_for(recipe, cache)
     run_dir.open(resume)
-    stamp = data_stamp(recipe)
     if resume:
         _check_same_recipe(run_dir, recipe)
         _check_same_data(run_dir, stamp)
@@ -232,11 +225,12 @@ def prepare(recipe: Recipe, run_dir: RunDir, data_cache: Optional[PathLike], res
     return data
 
 
-def start(recipe: Recipe, run_dir: RunDir, data: TokenData, world: int, rank: int) -> Run:
+def start(recipe: Recipe, run_dir: RunDir, data: TokenData, world: int, rank: int, device: str = "cpu") -> Run:
     torch.manual_seed(recipe.seed)  # the same init on every rank
     model = build_model(recipe, data.tokenizer.get_vocab_size(), data.tokenizer)
     if recipe.init:
         _warm_start(model, recipe, data)
+    model.to(device)  # built on the CPU from the CPU's RNG: the same initial weights on any device
     batch_gen = torch.Generator().manual_seed(recipe.seed * 1000 + rank + 1)  # different windows on every rank
     return Run(recipe, run_dir, data, model, make_optimizer(model, recipe), batch_gen, world, rank)
 
@@ -252,17 +246,17 @@ def _warm_start(model: torch.nn.Module, recipe: Recipe, data: TokenData) -> None
         raise ValueError(f"--init {recipe.init}: its weights do not fit the recipe's model ({e})") from None
 
 
-def resume_from(recipe: Recipe, run_dir: RunDir, data: TokenData, world: int, rank: int) -> Run:
+def resume_from(recipe: Recipe, run_dir: RunDir, data: TokenData, world: int, rank: int, device: str = "cpu") -> Run:
     last = run_dir.check_resume()
-    model = load(last)
+    model = load(last).to(device)
     state = rundir.read_trainer_state(last)
     if len(state["rng"]) != world:
         raise RunDirError(f"--resume: the checkpoint was written by {len(state['rng'])} process(es), "
                           f"now there are {world}; resume with the same number")
     optimizer = make_optimizer(model, recipe)
-    optimizer.load_state_dict(state["optimizer"])
+    optimizer.load_state_dict(state["optimizer"])  # its state moves to the parameters' device
     batch_gen = torch.Generator()
-    _set_rng_state(state["rng"][rank], batch_gen)
+    rundir.set_rng_state(state["rng"][rank], batch_gen)
     loss_sum, loss_n = state["loss_sum"]
     return Run(recipe, run_dir, data, model, optimizer, batch_gen, world, rank, step=state["step"],
                log_rows=rundir.read_log(run_dir.log_path, upto=state["step"]), loss_sum=loss_sum, loss_n=loss_n,
@@ -275,7 +269,9 @@ def train_step(run: Run, net: torch.nn.Module, step: int) -> tuple[float, float]
     lr = lr_at(step, recipe)
     for group in run.optimizer.param_groups:
         group["lr"] = lr
-    x, y, mask = get_train_batch(recipe, run.data.train, run.vocab_size, run.batch_gen, step)
+    dev = _device_of(run.model)  # batches are drawn on the CPU (its generator's state is what resumes)
+    x, y, mask = (t.to(dev, non_blocking=True) for t in get_train_batch(recipe, run.data.train, run.vocab_size,
+                                                                         run.batch_gen, step))
     loss = net(x, return_type="loss", targets=y, loss_mask=mask if uses_mask(recipe, step) else None)
     run.optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -312,7 +308,7 @@ def evaluate_and_log(run: Run, lr: float, elapsed: float, bar: tqdm) -> None:
 def checkpoint(run: Run) -> Path:
     """`OUT/checkpoints/step_XXXXXXXX/`, complete or absent: written under a temporary name, renamed."""
     states: list[Optional[dict]] = [None] * run.world
-    mine = _rng_state(run.batch_gen)
+    mine = rundir.rng_state(run.batch_gen)
     if run.world > 1:
         dist.all_gather_object(states, mine)
     else:
@@ -367,7 +363,7 @@ def steps(run: Run, show_progress: bool) -> None:
 
 
 def train(recipe: Recipe, out: PathLike, data_cache: Optional[PathLike] = None, resume: bool = False,
-          progress: bool = True) -> torch.nn.Module:
+          progress: bool = True, device: str = "cpu") -> torch.nn.Module:
     """Run a recipe; returns the trained model (in eval mode; also in `out`'s last checkpoint).
 
     Args:
@@ -377,6 +373,7 @@ def train(recipe: Recipe, out: PathLike, data_cache: Optional[PathLike] = None, 
         data_cache: where tokenised corpora are cached; default `out/data`.
         resume: continue from the latest checkpoint in `out` (the recipe and the data must be the run's).
         progress: show a tqdm bar (rank 0 only).
+        device: "cpu" or "cuda[:N]" (batches drawn on the CPU, as always; on a GPU matmuls may use TF32).
 
     Raises:
         NonFiniteLoss: the loss or gradient norm became NaN/inf; the last checkpoint is kept.
@@ -384,11 +381,14 @@ def train(recipe: Recipe, out: PathLike, data_cache: Optional[PathLike] = None, 
             process, a different recipe or data on resume, nothing to resume from).
         ValueError: a corpus too small or unreadable.
     """
+    dev = check_device(device)
+    if dev.type == "cuda":
+        torch.set_float32_matmul_precision("high")  # TF32 matmuls: the tiny models are launch-bound anyway
     world, rank = _distributed()
     run_dir = RunDir(out)
     try:  # the run directory stays locked until the end
         data = prepare(recipe, run_dir, data_cache, resume, world, rank)
-        run = (resume_from if resume else start)(recipe, run_dir, data, world, rank)
+        run = (resume_from if resume else start)(recipe, run_dir, data, world, rank, str(dev))
         run.model.train()
         steps(run, progress)
         if world > 1:

@@ -20,11 +20,13 @@ import fcntl
 import io
 import json
 import os
+import random
 import shutil
 import warnings
 from pathlib import Path
 from typing import Optional, Union
 
+import numpy as np
 import torch
 from tokenizers import Tokenizer
 
@@ -270,3 +272,25 @@ def write_log(path: Path, rows: list[dict]) -> None:
     w.writeheader()
     w.writerows(rows)
     replace_file(path, text.getvalue().encode())
+
+
+def rng_state(batch_gen: torch.Generator) -> dict:
+    """Every random state a run draws from (torch, its batch generator, Python, numpy), for a checkpoint."""
+    np_state = np.random.get_state()
+    assert isinstance(np_state, tuple)  # numpy's legacy form, the default
+    return {
+        "torch": torch.get_rng_state(),
+        "batch": batch_gen.get_state(),
+        "python": random.getstate(),
+        # numpy's state holds an ndarray, which weights_only refuses; keep it as a tensor
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
+    }
+
+
+def set_rng_state(state: dict, batch_gen: torch.Generator) -> None:
+    """Restore what `rng_state` saved, so a resumed run draws what the uninterrupted one would have."""
+    torch.set_rng_state(state["torch"])
+    batch_gen.set_state(state["batch"])
+    random.setstate(state["python"])
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
