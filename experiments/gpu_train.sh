@@ -23,7 +23,7 @@ if [ "$step" = prepare ]; then
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
         -d "$carry/whl" transformer-lens==4.3.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
-    printf '"""Stand-in for `datasets` where the real one does not import: transformer_lens imports these names."""\n%s\n' \
+    printf '%s\n' '"""Stand-in for `datasets` where the real one does not import: transformer_lens imports these names."""' \
         "from .arrow_dataset import Dataset  # noqa: F401" "from .iterable_dataset import IterableDataset  # noqa: F401" \
         "from .load import load_dataset  # noqa: F401" > "$carry/stubs/datasets/__init__.py"
     printf 'class Dataset:\n    pass\n' > "$carry/stubs/datasets/arrow_dataset.py"
