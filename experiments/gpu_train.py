@@ -271,7 +271,7 @@ def train_all(args: argparse.Namespace) -> int:
     phase: list[subprocess.Popen] = []
 
     def on_done(name: str, code: int) -> None:  # gpt-4's phase tables, while the others still train
-        if args.phase and name == PHASE_RUN and code == 0:
+        if args.phase and name == PHASE_RUN and code in (0, 130):  # finished, or stopped at the deadline
             phase.append(start_phase(args.runs, args.threads))
 
     codes = wait_all(started, t0 + args.deadline, on_done)
