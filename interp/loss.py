@@ -22,6 +22,7 @@ from ._batching import TextOrTokens, batches, token_rows
 from ._deprecated import renamed
 from ._model import HookedModel
 from .heads import repeated_tokens
+from .ngram import KneserNey
 
 
 @torch.inference_mode()
@@ -97,21 +98,25 @@ def unigram_log_probs(model: HookedModel, train: TextOrTokens, smoothing: float 
 
 def loss_table(model: HookedModel, texts: Mapping[str, TextOrTokens], train: TextOrTokens, *, smoothing: float = 1.0,
                batch_size: int = 8) -> pd.DataFrame:
-    """The model's loss on each text beside two baselines that know nothing of context.
+    """The model's loss on each text beside baselines that know no or little context.
 
     Args:
         model: a hooked model with a tokenizer (or give ids).
         texts: source name -> text (or ids); each is cut into windows of the model's context, and each
             window predicts its tokens 2..T, as in `mean_loss`.
         train: text (or ids) from the model's training distribution, on which the unigram baseline's
-            token frequencies are fitted (e.g. its training corpus, regenerated from its recipe).
+            token frequencies and the n-gram baselines are fitted (e.g. its training corpus, regenerated
+            from its recipe).
         smoothing: added to every id's count (`unigram_log_probs`).
 
     Returns:
         One row per source: `source`, `loss` (the model's nats per token), `uniform` (ln d_vocab, a uniform
         guess), `unigram` (the nats per token of predicting every target from the training frequencies
-        alone, on the same targets) and `n` (targets). A model that has learned anything of a text's
-        language costs less than `unigram` on it.
+        alone, on the same targets), `bigram` and `trigram` (the nats per token of interpolated Kneser-Ney
+        bigram and trigram models fitted on `train`, `interp.ngram.KneserNey`, predicting each target from
+        the one or two tokens before it in its window; a window's first target has one: the trigram's
+        bigram) and `n` (targets). A model that has learned anything of a text's language costs less than
+        `unigram` on it; one that uses more than the last token or two, less than `bigram` and `trigram`.
 
     Example:
         >>> import torch, interp
@@ -121,7 +126,9 @@ def loss_table(model: HookedModel, texts: Mapping[str, TextOrTokens], train: Tex
         >>> round(float(t.loc[0, "unigram"]), 4) == round(math.log(64), 4)  # every id once: the uniform guess
         True
     """
-    log_p = unigram_log_probs(model, train, smoothing)
+    ids = torch.cat(token_rows(model, train))
+    log_p = unigram_log_probs(model, ids, smoothing)
+    ngram = KneserNey(ids, int(model.cfg.d_vocab), order=3)
     out = []
     for source, text in texts.items():
         rows = [r for r in token_rows(model, text) if len(r) > 1]
@@ -129,6 +136,8 @@ def loss_table(model: HookedModel, texts: Mapping[str, TextOrTokens], train: Tex
             raise ValueError(f"texts[{source!r}]: no window has two tokens: nothing to predict")
         (total, n), = _nll_sums(model, rows, batch_size, {"all": (0, None)}).values()
         targets = torch.cat([r[1:] for r in rows])
+        ngrams = {f"{name}gram": -torch.cat([ngram.log_probs(r, order) for r in rows]).mean().item()
+                  for name, order in (("bi", 2), ("tri", 3))}
         out.append(dict(source=source, loss=total / n, uniform=math.log(int(model.cfg.d_vocab)),
-                        unigram=-log_p[targets].mean().item(), n=n))
-    return pd.DataFrame(out, columns=["source", "loss", "uniform", "unigram", "n"])
+                        unigram=-log_p[targets].mean().item(), **ngrams, n=n))
+    return pd.DataFrame(out, columns=["source", "loss", "uniform", "unigram", "bigram", "trigram", "n"])
