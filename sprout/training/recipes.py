@@ -211,6 +211,19 @@ RECIPES.update({
 })
 
 
+# A second GPU stage for the two induction demos (issue 41): in the first, the curriculum's share fell to a
+# quarter once the text came in, and copying on 50-token repeats of random tokens faded (gpt-4's second
+# copy rose from 0.6 to 4.2 nats, sprout-mini's from 0.1 to 0.9) while the text loss still fell. Half the rows
+# curriculum again, segments up to 64 tokens, at a tenth of the first stage's peak rate, from its weights.
+_LONG_INDUCTION = replace(_LONG, curriculum_steps=0, repeat_fraction=0.5, repeat_max=64, max_steps=1000,
+                          lr=1e-3, min_lr=1e-4, warmup_steps=50, snapshots=False, seed=2)
+RECIPES.update({
+    "gpt-4-english-long-induction": replace(_LONG_INDUCTION, n_layer=4, init="runs/gpt-4-english-long"),
+    "sprout-mini-english-long-induction": replace(_LONG_INDUCTION, n_layer=8, n_head=4, d_model=128, d_ff=352,
+                                                  init="runs/sprout-mini-english-long"),
+})
+
+
 def recipe_corpus(recipe: Recipe) -> EnglishCorpus:
     """The packaged English a recipe trains on: its sources, story share, held-out share and corpus seed."""
     if not is_english(recipe.data):
