@@ -1,6 +1,7 @@
 """Training curves, and induction heads forming during training (Olsson et al. 2022's phase change)."""
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import pandas as pd
 
 import figures
 import interp
+from sprout.training.recipes import Recipe
 
 from .common import SETTINGS, folder_of, half_len, held_out_text, number, positive, standalone
 from .stamps import read_shipped_table
@@ -40,6 +42,48 @@ def run_dirs(models, extra) -> dict[str, Path]:
             if cand is not None and (cand / "train_log.csv").is_file() and label not in found:
                 found[label] = cand
     return found
+
+
+def _recipe(folder: Path) -> Optional[Recipe]:
+    path = folder / "recipe.json"
+    return Recipe.from_dict(json.loads(path.read_text())) if path.is_file() else None
+
+
+def stage_chain(folder: Path, limit: int = 16) -> list[tuple[Path, Optional[Recipe], pd.DataFrame]]:
+    """The run in `folder` and the runs it was trained from (its recipe's `init`, followed back while
+    their train_log.csv is there), earliest first: (folder, recipe, log) each."""
+    chain: list = []
+    d: Optional[Path] = folder
+    while d is not None and (d / "train_log.csv").is_file() and len(chain) < limit:
+        recipe = _recipe(d)
+        chain.insert(0, (d, recipe, pd.read_csv(d / "train_log.csv")))
+        d = Path(recipe.init) if recipe is not None and recipe.init else None
+    return chain
+
+
+def stage_logs(label: str, folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A run's log with the logs of the stages it was trained from before it, on one axis of tokens seen,
+    and the stretches to mark on it (columns `model`, `stage`, `start`, `end`, in tokens): each stage of
+    a run trained in stages, each stage's pure induction curriculum (no text trained: the held-out loss on
+    text rises there, by 7-8 nats in the demos), and an earlier stage whose log is not here."""
+    chain = stage_chain(folder)
+    logs, stages, offset = [], [], 0.0
+    first_recipe = chain[0][1] if chain else None
+    if first_recipe is not None and first_recipe.init:  # an earlier stage that is not here
+        stages.append(dict(model=label, stage=f"continues {first_recipe.init} (its log is not here)", start=0.0, end=0.0))
+    for k, (d, recipe, log) in enumerate(chain):
+        tokens = log["tokens"].astype(float)
+        end = offset + (float(tokens.iloc[-1]) if len(log) else 0.0)
+        if len(chain) > 1:
+            stages.append(dict(model=label, stage=f"stage {k + 1}: {d.name}", start=offset, end=end))
+        if recipe is not None and recipe.curriculum_steps and len(log):
+            per_step = float(tokens.iloc[-1]) / max(int(log["step"].iloc[-1]), 1)
+            stages.append(dict(model=label, stage="pure induction curriculum (no text trained)", start=offset,
+                               end=offset + min(recipe.curriculum_steps * per_step, end - offset)))
+        logs.append(log.assign(tokens=tokens + offset, stage=k + 1))
+        offset = end
+    table = pd.concat(logs, ignore_index=True) if logs else pd.DataFrame()
+    return table, pd.DataFrame(stages, columns=["model", "stage", "start", "end"])
 
 
 def snapshot_dirs(run: Path) -> list[tuple[int, Path]]:
@@ -77,7 +121,7 @@ def induction_snapshots(run: Path, log: pd.DataFrame, limit: int, model) -> Opti
 
 
 def run(models, out, args) -> list[dict]:
-    rows, logs, snaps = [], [], []
+    rows, logs, snaps, stages = [], [], [], []
     for label, model in models.items():
         text = held_out_text(model, args.chars, folder_of(models, label))
         rows.append(number("held-out loss on fresh stories (nats/token), measured here",
@@ -88,7 +132,9 @@ def run(models, out, args) -> list[dict]:
             rows.append(number("final held-out loss in train_log.csv (nats/token)", "no train_log.csv found", None, label))
             continue
         log = pd.read_csv(runs[label] / "train_log.csv")
-        logs.append(log.assign(model=label))
+        chained, marks = stage_logs(label, runs[label])  # earlier stages before it, on one axis of tokens
+        logs.append(chained.assign(model=label))
+        stages.append(marks)
         val = log.dropna(subset=["val_loss"])
         if len(val):
             # the training run's own held-out split, not the stories every other number uses: kept out of
@@ -111,9 +157,10 @@ def run(models, out, args) -> list[dict]:
     if logs:
         table = pd.concat(logs, ignore_index=True)
         out.table(table, "train_logs")
-        out.figure(figures.loss_curves(table), "loss_curves",
+        out.figure(figures.loss_curves(table, stages=pd.concat(stages, ignore_index=True)), "loss_curves",
                    "Training loss (thin), held-out loss (thick) and loss on repeated random tokens (dotted) "
-                   "against tokens seen.")
+                   "against tokens seen, every stage of a run trained in stages on one axis; shaded: each run's "
+                   "pure induction curriculum, where the held-out loss on text rises (no text is trained).")
     if snaps:
         table = pd.concat(snaps, ignore_index=True)
         for label, g in table.groupby("model", sort=False):

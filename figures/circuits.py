@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from .style import MAX_WIDTH, PALETTE, SCALE, base_layout, cell_text, require
+from .style import MAX_WIDTH, PALETTE, SCALE, base_layout, cell_text, require, round_axis
 
 VIA_COLOURS = {"k": PALETTE[1], "q": PALETTE[0], "v": PALETTE[2]}
 VIA_NAMES = {"k": "keys", "q": "queries", "v": "values"}
@@ -185,6 +185,7 @@ def phase_change(frame: pd.DataFrame, title: str = "The induction phase change")
     fig.update_layout(margin=dict(r=90, b=170),
                       yaxis=dict(title=dict(text="score (K-composition: x random)")),
                       yaxis2=dict(title=dict(text="ICL score (nats)", standoff=8), overlaying="y", side="right",
-                                  showgrid=False, tickfont=dict(size=12), automargin=True))
+                                  showgrid=False, tickfont=dict(size=12), automargin=True,
+                                  **round_axis(shown.loc[shown["measure"].str.startswith("in-context"), "value"])))
     fig.update_xaxes(title=dict(text="training tokens seen"))
     return fig

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from .style import FONT_SIZE, PALETTE, SCALE, base_layout, escape_token, head_label, label_width, require, short_label
+from .style import FONT_SIZE, PALETTE, SCALE, base_layout, escape_token, head_label, label_width, require, round_axis, short_label
 
 
 def _occurrence_name(o) -> str:
@@ -115,7 +115,7 @@ def induction_over_training(df: pd.DataFrame, top: int = 3,
                                  range=[0, 1]))
     if len(loss):
         fig.update_layout(yaxis2=dict(title=dict(text="held-out loss (nats per token)"), overlaying="y",
-                                      side="right", showgrid=False))
+                                      side="right", showgrid=False, **round_axis(loss["val_loss"])))
     fig.update_xaxes(title=dict(text="training tokens seen" + (" (log scale)" if log_x else "")),
                      type="log" if log_x else "linear")
     return fig

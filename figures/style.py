@@ -142,3 +142,31 @@ def head_label(layer, head) -> str:
         return f"L{int(layer)}H{int(head)}"
     except (TypeError, ValueError):
         return str(head) if layer is None or (isinstance(layer, float) and math.isnan(layer)) else f"L{layer} {head}"
+
+
+def round_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+    """About `n` round tick values spanning [lo, hi]: a step of 1, 2, 2.5 or 5 x 10^k, the first tick at or
+    below lo and the last at or above hi, so an axis ranged to them reads 4, 4.5, 5 and never 4.13, 4.817.
+
+    >>> round_ticks(4.13, 5.505)
+    [4.0, 4.5, 5.0, 5.5, 6.0]
+    >>> round_ticks(-3.42, 0.22)
+    [-4.0, -3.0, -2.0, -1.0, 0.0, 1.0]
+    """
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise ValueError(f"round_ticks needs finite bounds, got {lo}, {hi}")
+    lo, hi = min(lo, hi), max(lo, hi)
+    if hi - lo < 1e-12:
+        lo, hi = lo - 0.5, hi + 0.5
+    raw = (hi - lo) / max(n - 1, 1)
+    scale = 10 ** math.floor(math.log10(raw))
+    step = next(m * scale for m in (1, 2, 2.5, 5, 10) if m * scale >= raw - 1e-12)
+    first, last = math.floor(lo / step + 1e-9), math.ceil(hi / step - 1e-9)
+    return [float(round(k * step, 10)) for k in range(first, last + 1)]
+
+
+def round_axis(values: Sequence[float], n: int = 5) -> dict:
+    """Layout of a numeric axis over `values` with round ticks (`round_ticks`) and its range set to them."""
+    vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    ticks = round_ticks(min(vals), max(vals), n) if vals else [0.0, 1.0]
+    return dict(tickmode="array", tickvals=ticks, ticktext=[f"{t:g}" for t in ticks], range=[ticks[0], ticks[-1]])

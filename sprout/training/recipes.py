@@ -195,19 +195,21 @@ RECIPES.update({
 # The same four models trained longer on one GPU (issue 41; `experiments.gpu_train`, all four in parallel):
 # batches of 128 windows (16,384 tokens a step), so 4,000 steps are 66M tokens, about 25 per parameter of
 # gpt-4 (2.6M with tied embeddings) and 15 passes over the packaged English text (3.5M tokens with its
-# stories; no larger public-domain English ships in those packages). The pure curriculum first, as on the CPU (steps, not tokens, set when the
-# induction heads form: 400-1,050 steps at batch 32), then a quarter of each batch curriculum and a fifth of
-# the text invented-name stories (the CPU gpt-4 needed extra stages to copy names; more curriculum here).
+# stories; no larger public-domain English ships in those packages). The pure curriculum first, as on the
+# CPU (steps, not tokens, set when the induction heads form: 400-1,050 steps at batch 32), then a quarter of
+# each batch curriculum and a fifth of the text invented-name stories (the CPU gpt-4 needed extra stages to
+# copy names; more curriculum here).
 # One story share for the three BPE models, so they share one tokenizer and one carried data cache.
 _LONG = replace(_ENGLISH, story_fraction=0.2, repeat_fraction=0.25, batch_size=128, max_steps=4000,
-                warmup_steps=200, eval_every=100, ckpt_every=500)
+                warmup_steps=200, eval_every=100, ckpt_every=250)
 RECIPES.update({
     "gpt-1-english-long": replace(_LONG, n_layer=1, curriculum_steps=1000, seed=1),
-    "gpt-4-english-long": replace(_LONG, n_layer=4, curriculum_steps=1000, seed=1, snapshots=True),
+    # the CPU gpt-4-english formed its induction head at step ~1,050 of 1,200 pure-curriculum steps (seed 1)
+    "gpt-4-english-long": replace(_LONG, n_layer=4, curriculum_steps=1200, seed=1, snapshots=True),
     "sprout-mini-english-long": replace(_LONG, n_layer=8, n_head=4, d_model=128, d_ff=352, curriculum_steps=800),
     # 64 windows of 256 characters a step: 66M characters, about 14 passes over the plays
     "walkthrough-shakespeare-long": replace(RECIPES["walkthrough-shakespeare"], batch_size=64, max_steps=4000,
-                                            warmup_steps=200, eval_every=100, ckpt_every=500),
+                                            warmup_steps=200, eval_every=100, ckpt_every=250),
 })
 
 

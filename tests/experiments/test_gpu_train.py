@@ -30,8 +30,11 @@ def test_fitted_steps_keep_the_recipes_when_they_fit_and_scale_them_together_whe
     monkeypatch.setattr(gpu_train, "RUNS", {"a": "gpt-4-english-long", "b": "sprout-mini-english-long"})
     a, b = get_recipe("gpt-4-english-long"), get_recipe("sprout-mini-english-long")
     assert gpu_train.fitted_steps({"a": 0.01, "b": 0.02}, 1000) == {"a": a.max_steps, "b": b.max_steps}
-    # alone: 4,000 x 0.05 = 200 s and 4,000 x 0.1 = 400 s; together max(400, 0.6 x 600) = 400 s for a 200 s budget
-    assert gpu_train.fitted_steps({"a": 0.05, "b": 0.1}, 200) == {"a": 2000, "b": 2000}
+    # alone: 4,000 x 0.05 = 200 s and 4,000 x 0.1 = 400 s; together max(400, 0.6 x 600) = 400 s for a 200 s
+    # budget: half the steps, but never fewer than the pure curriculum and 1,000 more
+    assert a.max_steps == b.max_steps == 4000
+    assert gpu_train.fitted_steps({"a": 0.05, "b": 0.1}, 200) == {"a": max(2000, a.curriculum_steps + 1000),
+                                                                  "b": max(2000, b.curriculum_steps + 1000)}
     # never below the pure curriculum plus 1,000 steps
     assert gpu_train.fitted_steps({"a": 1.0, "b": 1.0}, 10) == {"a": a.curriculum_steps + 1000,
                                                                   "b": b.curriculum_steps + 1000}
