@@ -201,15 +201,14 @@ RECIPES.update({
 # copy names; more curriculum here).
 # One story share for the three BPE models, so they share one tokenizer and one carried data cache.
 _LONG = replace(_ENGLISH, story_fraction=0.2, repeat_fraction=0.25, batch_size=128, max_steps=4000,
-                warmup_steps=200, eval_every=100, ckpt_every=250)
+                warmup_steps=200, eval_every=100, ckpt_every=500)
 RECIPES.update({
     "gpt-1-english-long": replace(_LONG, n_layer=1, curriculum_steps=1000, seed=1),
-    # the CPU gpt-4-english formed its induction head at step ~1,050 of 1,200 pure-curriculum steps (seed 1)
-    "gpt-4-english-long": replace(_LONG, n_layer=4, curriculum_steps=1200, seed=1, snapshots=True),
+    "gpt-4-english-long": replace(_LONG, n_layer=4, curriculum_steps=1000, seed=1, snapshots=True),
     "sprout-mini-english-long": replace(_LONG, n_layer=8, n_head=4, d_model=128, d_ff=352, curriculum_steps=800),
     # 64 windows of 256 characters a step: 66M characters, about 14 passes over the plays
     "walkthrough-shakespeare-long": replace(RECIPES["walkthrough-shakespeare"], batch_size=64, max_steps=4000,
-                                            warmup_steps=200, eval_every=100, ckpt_every=250),
+                                            warmup_steps=200, eval_every=100, ckpt_every=500),
 })
 
 
