@@ -42,10 +42,10 @@ import torch
 
 import interp
 import sprout
+from interp import fingerprint
 from interp.cli import positive
+from interp.data import model_text
 from interp.saes.shipped import shipped_folder
-from interp.texts import model_text
-from interp.tuned_lens import fingerprint
 from sprout.files import demo_dir, demo_names, latest_checkpoint, replace_file
 from sprout.names import act_name, layer_of
 from sprout.training.english import is_english
@@ -81,7 +81,7 @@ class Recipe:
     train_chars: int = 3_000_000  # the first chars of the demo's training text (about 1M tokens)
     held_out_chars: int = 20_000  # held-out text EV, L0 and CE recovered are measured on
     # held-out text the dead fraction is measured on (about 40k tokens, as many as the independent check in
-    # tests/interp/test_shipped_saes.py counts over: over 120k, gpt-4's MLP-0 transcoder had 4.4% dead, 6.5% over 40k)
+    # tests/interp/saes/test_shipped.py counts over: over 120k, gpt-4's MLP-0 transcoder had 4.4% dead, 6.5% over 40k)
     dead_chars: int = 140_000
     seed: int = 0
     skip: bool = True  # transcoders with a linear skip (skip transcoders, Paulo, Shabalin & Belrose 2025)
@@ -217,7 +217,7 @@ def dead_fractions(model, saes: list, text: str) -> tuple[list, int]:
     batch for all of them (stopping after the last block read), and the number of tokens."""
     hooks = sorted({s.hook_name for s in saes})
     last = max(layer_of(h) for h in hooks) + 1
-    ids = interp.stream_windows(model, text)
+    ids = interp.data.stream_windows(model, text)
     fired = [torch.zeros(s.d_sae, dtype=torch.bool) for s in saes]
     for start in range(0, len(ids), 32):
         _, cache = model.run_with_cache(ids[start:start + 32], names_filter=hooks, stop_at_layer=last)

@@ -6,7 +6,7 @@ from typing import Iterator, Optional, Union
 import torch
 from jaxtyping import Int
 
-from ._inputs import TextOrTokens, token_rows
+from .inputs import TextOrTokens, token_rows
 
 __all__ = ["TextOrTokens", "batches", "token_rows"]
 

@@ -10,7 +10,7 @@ same things and refuse the same things with the forward's own words (`sprout.tl.
   forward, score real tokens only) or refuse with `TokenBatch.unpadded`.
 - `token_rows` gives unpadded 1-D rows for analyses that stream over data (lens, losses, head scores):
   a text or row longer than the window is cut into consecutive windows; rows of unequal length are
-  batched apart (`interp._batching.batches`), never padded.
+  batched apart (`interp._core.batching.batches`), never padded.
 - `windows` is the one place a sequence is cut into windows (the rows above, the tuned lens' training
   windows, the experiments' held-out windows).
 """
@@ -24,7 +24,7 @@ from jaxtyping import Int
 from sprout.tl.text import check_attention_mask, check_integer_ids, check_tokens, tokens_and_mask
 from sprout.tokenizer import encode
 
-from ._model import HookedModel
+from .model import HookedModel
 
 # text, a list of texts or of 1-D id rows, or ids [pos] / [batch, pos]
 TextOrTokens = Union[str, list, Int[torch.Tensor, "*batch pos"]]
@@ -142,26 +142,27 @@ def token_rows(model: HookedModel, data: TextOrTokens, seq_len: Optional[int] = 
     seq_len = int(seq_len)
     rows: list[torch.Tensor] = []
     for row in sequences(model, data):
-        rows.extend(check_tokens(model, w[None])[0] for w in windows(row, seq_len))
+        rows.extend(check_tokens(model, w[None])[0] for w in slices(row, seq_len))
     return rows
 
 
-def windows(ids: Union[Sequence, Int[torch.Tensor, " pos"]], length: int, stride: Optional[int] = None, drop_last: bool = False) -> list:
-    """A sequence of ids (a 1-D tensor or a list) cut into windows of `length` ids, one starting every
-    `stride` (default `length`: consecutive, no overlap), in order.
+def slices(ids: Union[Sequence, Int[torch.Tensor, " pos"]], length: int, stride: Optional[int] = None, drop_last: bool = False) -> list:
+    """A sequence of ids (a 1-D tensor or a list) cut into slices of `length` ids, one starting every
+    `stride` (default `length`: consecutive, no overlap), in order. Unlike `sprout.tl.text.windows`, which
+    moves its last window back so that all have one length, the last slice here may be shorter.
 
     The last window ends at the sequence's end and may be shorter; with `drop_last`, only whole windows
     of `length` are kept (none when the sequence is shorter than one). Nothing is padded or copied.
 
     Example:
-        >>> windows(list(range(7)), 3)
+        >>> slices(list(range(7)), 3)
         [[0, 1, 2], [3, 4, 5], [6]]
-        >>> windows(list(range(7)), 3, stride=2, drop_last=True)
+        >>> slices(list(range(7)), 3, stride=2, drop_last=True)
         [[0, 1, 2], [2, 3, 4], [4, 5, 6]]
     """
     for name, value in (("length", length), ("stride", length if stride is None else stride)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"windows: {name} must be an integer >= 1, got {value!r}")
+            raise ValueError(f"slices: {name} must be an integer >= 1, got {value!r}")
     stride, n, out = length if stride is None else stride, len(ids), []
     for start in range(0, n, stride):
         if drop_last and start + length > n:
@@ -176,7 +177,7 @@ def stream_windows(model: HookedModel, data: TextOrTokens, seq_len: Optional[int
     """The data's tokens as one stream cut into [n_windows, seq_len] rows (a shorter tail is dropped)."""
     stream = torch.cat(token_rows(model, data, seq_len))  # seq_len checked there
     seq_len = int(model.cfg.n_ctx) if seq_len is None else int(seq_len)
-    rows = windows(stream, seq_len, drop_last=True)
+    rows = slices(stream, seq_len, drop_last=True)
     if not rows:
         raise ValueError(f"the data has {stream.numel()} tokens, fewer than one window of seq_len={seq_len}: "
                          "pass more text or a smaller seq_len")

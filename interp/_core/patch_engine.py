@@ -19,10 +19,10 @@ from jaxtyping import Float, Int
 
 from sprout.names import act_name
 
-from ._inputs import TextOrTokens, token_batch
-from ._metrics import Metric, degenerate, hide, metric_value, refuse_nan
-from ._model import HookedModel, n_heads, n_layers, require_hooks, unembed
-from ._specs import patch_label
+from .inputs import TextOrTokens, token_batch
+from .metrics import Metric, degenerate, hide, metric_value, refuse_nan
+from .model import HookedModel, n_heads, n_layers, require_hooks, unembed
+from .specs import patch_label
 
 # site (an activation name of `sprout.names.act_name`) -> layout: "vector" acts are [batch, pos, ...],
 # "head" [batch, pos, head, ...], "pattern" [batch, head, query_pos, key_pos].

@@ -11,11 +11,12 @@ from typing import Iterable, NamedTuple, Optional, Union
 
 from sprout.names import head_label
 
-from ._model import HookedModel, as_index, model_name, n_heads, n_layers
+from .model import HookedModel, as_index, model_name, n_heads, n_layers
 
 _HEAD = re.compile(r"^L(\d+)H(\d+)$")
 _MLP = re.compile(r"^MLP(\d+)$")
-KINDS = ("embed", "head", "mlp")
+COMPONENT_KINDS = ("embed", "head", "mlp")
+VIA = ("q", "k", "v")  # a receiving head's inputs (query, key, value) a path or a composition goes through
 
 
 def patch_label(layer: int, head: Optional[int] = None, pos: Optional[int] = None) -> str:
@@ -108,8 +109,8 @@ def as_head(model: HookedModel, spec: HeadSpec) -> Head:
 def as_component(model: HookedModel, spec: ComponentSpec) -> Component:
     """A head ("L1H2", (1, 2), Head), "MLP{layer}" or "embed" -> a Component, checked against the model."""
     if isinstance(spec, Component):
-        if spec.kind not in KINDS:
-            raise ValueError(f"unknown component kind {spec.kind!r}; choose one of {list(KINDS)}")
+        if spec.kind not in COMPONENT_KINDS:
+            raise ValueError(f"unknown component kind {spec.kind!r}; choose one of {list(COMPONENT_KINDS)}")
         if spec.kind == "embed":
             return Component("embed")
         if spec.kind == "mlp":

@@ -12,15 +12,15 @@ from typing import Optional, Sequence, Union
 
 import pandas as pd
 import torch
-import torch.nn.functional as F
 
 from sprout.names import act_name
 
-from ._batching import TextOrTokens, batches, token_rows
-from ._deprecated import renamed
-from ._model import HookedModel, require_hooks
-from ._specs import Head, as_heads
-from .heads import repeated_tokens
+from .._core.batching import TextOrTokens, batches, token_rows
+from .._core.loss import hooked_loss
+from .._core.model import HookedModel, require_hooks
+from .._core.specs import Head, as_heads
+from .._deprecated import renamed
+from ..data import repeated_tokens
 
 METHODS = ("zero", "mean")
 
@@ -51,7 +51,7 @@ def _ablate_hook(heads_in_layer: list[int], value: Optional[torch.Tensor]):
     return hook
 
 
-def _ablation_hooks(group: Sequence[tuple[int, int]], means: Optional[dict[int, torch.Tensor]] = None) -> list:
+def ablation_hooks(group: Sequence[tuple[int, int]], means: Optional[dict[int, torch.Tensor]] = None) -> list:
     """The (hook name, hook) pairs that ablate every (layer, head) of `group` at once: z set to 0, or to
     `means[layer]` [head, d_head] where given."""
     by_layer: dict[int, list[int]] = {}
@@ -71,21 +71,6 @@ def _mean_z(model: HookedModel, rows, layers, batch_size) -> dict[int, torch.Ten
             total[l] = total.get(l, 0) + cache[name].double().sum((0, 1))  # [head, d_head]
         n += ids.numel()
     return {l: (t / n).to(model.cfg.dtype) for l, t in total.items()}
-
-
-@torch.inference_mode()
-def _loss(model: HookedModel, rows, batch_size, loss_from: int, hooks) -> float:
-    """Mean next-token loss over the predictions made at positions >= loss_from."""
-    total, n = 0.0, 0
-    for _, ids in batches(rows, batch_size, device=model.cfg.device):
-        logits = model.run_with_hooks(ids, fwd_hooks=hooks)
-        lp = F.log_softmax(logits[:, loss_from:-1].float(), dim=-1)
-        nll = -lp.gather(-1, ids[:, loss_from + 1:, None])
-        total += nll.double().sum().item()
-        n += nll.numel()
-    if n == 0:
-        raise ValueError(f"no predictions to score: sequences are too short for loss_from={loss_from}")
-    return total / n
 
 
 @renamed(text_or_tokens="data")
@@ -131,11 +116,11 @@ def ablate_heads(model: HookedModel, heads: Union[list, pd.DataFrame], data: Opt
     else:
         rows, loss_from = token_rows(model, data), 0
     means = _mean_z(model, rows, layers, batch_size) if method == "mean" else {}
-    clean = _loss(model, rows, batch_size, loss_from, [])
+    clean = hooked_loss(model, rows, batch_size, loss_from, [])
     groups = [[lh] for lh in heads] + ([heads] if together and len(heads) > 1 else [])
     out = []
     for group in groups:
-        ablated = _loss(model, rows, batch_size, loss_from, _ablation_hooks(group, means))
+        ablated = hooked_loss(model, rows, batch_size, loss_from, ablation_hooks(group, means))
         single = len(group) == 1
         out.append(dict(
             layer=group[0][0] if single else -1, head=group[0][1] if single else -1,

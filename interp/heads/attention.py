@@ -9,9 +9,9 @@ from jaxtyping import Float
 
 from sprout.names import act_name
 
-from ._batching import TextOrTokens, token_rows
-from ._deprecated import renamed
-from ._model import HookedModel, heads_of, require_hooks, str_tokens
+from .._core.batching import TextOrTokens, token_rows
+from .._core.model import HookedModel, heads_of, require_hooks, str_tokens
+from .._deprecated import renamed
 
 Selection = Optional[Union[int, list]]
 

@@ -28,13 +28,11 @@ from transformer_lens.FactoredMatrix import FactoredMatrix
 
 from sprout.names import act_name
 
-from ._deprecated import renamed
-from ._inputs import TextOrTokens, token_batch
-from ._model import HookedModel, model_name, n_heads, n_layers, require_hooks
-from ._specs import head_label
-from .heads import repeated_tokens
-
-KINDS = ("q", "k", "v")
+from .._core.inputs import TextOrTokens, token_batch
+from .._core.model import HookedModel, model_name, n_heads, n_layers, require_hooks
+from .._core.specs import VIA, head_label
+from .._deprecated import renamed
+from ..data import repeated_tokens
 
 
 def _qk_gains(model: HookedModel) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,8 +82,8 @@ def pair_scores(left: FactoredMatrix, right: FactoredMatrix, aligned: bool = Fal
 
 
 def _right(kind: str, QK: FactoredMatrix, OV: FactoredMatrix) -> FactoredMatrix:
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {list(KINDS)}, got {kind!r}")
+    if kind not in VIA:
+        raise ValueError(f"kind must be one of {list(VIA)}, got {kind!r}")
     return {"q": QK, "k": QK.T, "v": OV}[kind]
 
 

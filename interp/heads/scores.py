@@ -27,21 +27,21 @@ import pandas as pd
 import torch
 from jaxtyping import Bool, Float, Int
 
-from sprout.material import repeated_random_tokens
 from sprout.names import act_name
 from sprout.tl.text import check_integer_ids
 
-from ._batching import TextOrTokens, batches, token_rows
-from ._deprecated import renamed
-from ._model import HookedModel, n_heads, n_layers, require_hooks
+from .._core.batching import TextOrTokens, batches, token_rows
+from .._core.model import HookedModel, n_heads, n_layers, require_hooks
+from .._deprecated import renamed
+from ..data import repeated_tokens
 
-KINDS = ("previous_token", "duplicate_token", "induction", "prefix_matching")
+SCORE_KINDS = ("previous_token", "duplicate_token", "induction", "prefix_matching")
 
 
 def target_mask(tokens: Int[torch.Tensor, "batch pos"], kind: str) -> Bool[torch.Tensor, "batch query_pos key_pos"]:
     """The keys a head of this kind attends to: tokens [batch, pos] -> bool [batch, query_pos, key_pos]."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown head kind {kind!r}; choose one of {list(KINDS)}")
+    if kind not in SCORE_KINDS:
+        raise ValueError(f"unknown head kind {kind!r}; choose one of {list(SCORE_KINDS)}")
     if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
         raise ValueError(f"target_mask takes token ids [batch, pos], got {getattr(tokens, 'shape', type(tokens).__name__)}")
     check_integer_ids(tokens)
@@ -62,23 +62,6 @@ def target_mask(tokens: Int[torch.Tensor, "batch pos"], kind: str) -> Bool[torch
     induction[:, 1:, 2:] &= same[:, :-1, :-2]  # t[q - 1] == t[k - 2]; k = 1 has no k - 2 and stays
     induction[:, 0, :] = False
     return induction
-
-
-def repeated_tokens(model: HookedModel, half_len: int = 32, n_seqs: int = 16, token_range: Optional[tuple] = None,
-                    seed: int = 0) -> Int[torch.Tensor, "n_seqs pos"]:
-    """Seeded random tokens followed by the same tokens again: ids [n_seqs, 2 * half_len].
-
-    `token_range` is (low, high), ids drawn from [low, high); the default (1, d_vocab) skips id 0
-    (`<|endoftext|>` for Sprout's tokenizers).
-    """
-    vocab = int(model.cfg.d_vocab)
-    low, high = (1, vocab) if token_range is None else token_range
-    if not 0 <= low < high <= vocab:
-        raise ValueError(f"token_range must satisfy 0 <= low < high <= d_vocab = {vocab}, got ({low}, {high})")
-    if not 1 <= 2 * half_len <= int(model.cfg.n_ctx):
-        raise ValueError(f"2 * half_len = {2 * half_len} tokens must fit the model's context of {model.cfg.n_ctx}")
-    g = torch.Generator().manual_seed(seed)
-    return repeated_random_tokens(n_seqs, half_len, high, g, low=low).to(model.cfg.device)
 
 
 @torch.inference_mode()
@@ -129,8 +112,8 @@ def head_scores(model: HookedModel, kind: str, data: Optional[TextOrTokens] = No
         >>> df.columns.tolist(), len(df)
         (['layer', 'head', 'score', 'kind', 'n_rows'], 4)
     """
-    if kind not in KINDS:
-        raise ValueError(f"unknown head kind {kind!r}; choose one of {list(KINDS)}")
+    if kind not in SCORE_KINDS:
+        raise ValueError(f"unknown head kind {kind!r}; choose one of {list(SCORE_KINDS)}")
     tokens = repeated_tokens(model, half_len, n_seqs, token_range, seed) if data is None else data
     scores, n_rows = head_score_tensor(model, kind, tokens, batch_size)
     L, H = scores.shape

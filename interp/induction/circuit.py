@@ -20,7 +20,7 @@ intact, so each carries a small share alone (gpt-4's L1H2 and L2H2 each move a f
 key path), yet they stand far above every other head. The shares of different senders can add to
 more than 1 (they overlap) or less (the rest goes through MLPs, the embedding and other paths).
 
-Joint effects name what single shares miss (`interp.joint`): per induction head and input, the
+Joint effects name what single shares miss (`interp.patching.joint`): per induction head and input, the
 smallest set of senders whose joint patch carries `joint_threshold` (default 80%) of what all
 earlier heads carry together, found by greedy forward selection, and each member's marginal share
 (the joint share lost when it alone leaves the set). A backup head that carries nothing alone, because
@@ -41,16 +41,15 @@ from sprout.material import generate_story
 from sprout.names import act_name
 from sprout.tokenizer import encode
 
-from ._inputs import TextOrTokens, TokenBatch, token_rows
-from ._metrics import Metric
-from ._model import HookedModel, require_hooks
-from ._patch_engine import clean_and_corrupted
-from ._specs import Head, all_heads, as_head
-from .ablation import _ablation_hooks, _loss, ablate_heads
-from .composition import composition_scores
-from .heads import head_scores, repeated_tokens, target_mask
-from .joint import GREEDY_COLUMNS, greedy_feeders
-from .path_patching import VIA, path_patch
+from .._core.inputs import TextOrTokens, TokenBatch, token_rows
+from .._core.loss import hooked_loss
+from .._core.metrics import Metric
+from .._core.model import HookedModel, require_hooks
+from .._core.patch_engine import clean_and_corrupted
+from .._core.specs import VIA, Head, all_heads, as_head
+from ..data import repeated_tokens
+from ..heads import ablate_heads, ablation_hooks, composition_scores, head_scores, target_mask
+from ..patching import GREEDY_COLUMNS, greedy_feeders, path_patch
 
 # (clean, corrupted) token ids [batch, pos] of one shape
 IdPair = tuple[Int[torch.Tensor, "batch pos"], Int[torch.Tensor, "batch pos"]]
@@ -214,12 +213,12 @@ def _joint_ablations(model: HookedModel, sets: dict, half_len: int) -> dict:
     if not sets:
         return {}
     rows = token_rows(model, repeated_tokens(model, half_len, ABLATION_SEQS))
-    clean = _loss(model, rows, ABLATION_BATCH, half_len, [])
+    clean = hooked_loss(model, rows, ABLATION_BATCH, half_len, [])
     ablated: dict[frozenset, float] = {}  # inputs often share a set: each set of heads is zeroed once
     for senders in sets.values():
         if frozenset(senders) not in ablated:
-            hooks = _ablation_hooks([as_head(model, s) for s in senders])
-            ablated[frozenset(senders)] = _loss(model, rows, ABLATION_BATCH, half_len, hooks)
+            hooks = ablation_hooks([as_head(model, s) for s in senders])
+            ablated[frozenset(senders)] = hooked_loss(model, rows, ABLATION_BATCH, half_len, hooks)
     return {key: ablated[frozenset(senders)] - clean for key, senders in sets.items()}
 
 

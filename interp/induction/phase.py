@@ -29,12 +29,11 @@ from jaxtyping import Int
 
 from sprout.tl.text import check_tokens
 
-from ._deprecated import renamed
-from ._inputs import TextOrTokens, sequences
-from ._model import HookedModel, logits_of
-from ._specs import Head, HeadSpec, as_heads
-from .composition import composition_scores
-from .heads import head_scores
+from .._core.inputs import TextOrTokens, sequences
+from .._core.model import HookedModel, logits_of
+from .._core.specs import Head, HeadSpec, as_heads
+from .._deprecated import renamed
+from ..heads import composition_scores, head_scores
 
 EARLY, LATE = range(8, 24), range(112, 128)
 

@@ -1,7 +1,7 @@
 """The induction circuit measured over a spread of settings, and what holds at every one of them.
 
 A share measured once (one seed, one length, one kind of text) can be an accident of that setting.
-`circuit_spread` measures every earlier head's own share and the joint sets of `interp.joint` for each
+`circuit_spread` measures every earlier head's own share and the joint sets of `interp.patching.joint` for each
 induction head and input on several settings: repeated random tokens of several seeds and lengths
 (2x16 ... 2x64 tokens) and held-out name stories of several seeds. `spread_ranges` turns that into
 ranges; `spread_sentences` states only what holds at every setting (and says how often the rest did).
@@ -12,11 +12,10 @@ from typing import Optional, Sequence
 
 import pandas as pd
 
-from ._model import HookedModel
-from ._specs import all_heads, as_head, head_label
+from .._core.model import HookedModel
+from .._core.specs import VIA, all_heads, as_head, head_label
+from ..patching import GREEDY_COLUMNS, greedy_feeders, path_patch
 from .circuit import find_induction_heads, induction_metric, repeated_pair, story_pair
-from .joint import GREEDY_COLUMNS, greedy_feeders
-from .path_patching import VIA, path_patch
 
 SPREAD_COLUMNS = ["data", "seed", "length", "receiver", "via", "sender", "own_share", "joint_order", "marginal_share",
                   "joint_share", "all_share"]
@@ -67,7 +66,7 @@ def circuit_spread(model: HookedModel, receivers: Optional[list[str]] = None, se
             `n_seqs` sequences each; the corrupted run is the next seed's tokens.
         story_seeds: held-out name stories (`story_pair`, `n_stories` of up to `story_len` tokens) of each
             seed; none for a model without a tokenizer.
-        threshold: the joint sets' target (`interp.joint.greedy_feeders`).
+        threshold: the joint sets' target (`interp.patching.greedy_feeders`).
         max_candidates: the greedy selection draws from every earlier head (None), or from the
             `max_candidates` with the largest own shares at that setting (cheaper on deep models, but a
             backup head that carries nothing alone can then be missed; `all_share` is then that pool's).

@@ -16,8 +16,8 @@ import torch
 from sprout.material import generate_story
 from sprout.tokenizer import raw
 
-from ._deprecated import renamed
-from ._model import HookedModel, logits_of, model_name
+from .._core.model import HookedModel, logits_of, model_name
+from .._deprecated import renamed
 
 # a model, a list of models, or {label: model}
 Models = Union[HookedModel, list[HookedModel], dict[str, HookedModel]]

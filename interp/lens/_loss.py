@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 from jaxtyping import Float
 
-from ._model import HookedModel, final_modules
+from .._core.model import HookedModel, final_modules
 
 
 class _CrossEntropyToTarget(torch.autograd.Function):

@@ -1,4 +1,4 @@
-"""The tuned lens' command line, `python -m interp.tuned_lens_train MODEL --out DIR` (or under torchrun):
+"""The tuned lens' command line, `python -m interp.lens.train MODEL --out DIR` (or under torchrun):
 train a lens on the demos' own training text, measure it on held-out stories, save it.
 
 A bad --out or model is one line naming it, checked before the model loads and the lens trains.
@@ -15,15 +15,15 @@ import torch.distributed as dist
 from sprout import keep_freed_memory
 from sprout.files import load
 
-from ._distributed import world_and_rank
-from .cli import positive
-from .texts import held_out_stories, model_text
-from .tuned_lens import TunedLens, check_save_target
+from .._core.arguments import positive
+from .._core.distributed import world_and_rank
+from ..data import held_out_stories, model_text
+from .tuned import TunedLens, check_save_target
 
 
 def main(argv: Optional[list[str]], train: Callable[..., TunedLens]) -> None:
     """Parse `argv`, check --out, load the model, train with `train` (`train_tuned_lens`) and save."""
-    ap = argparse.ArgumentParser(prog="python -m interp.tuned_lens_train",
+    ap = argparse.ArgumentParser(prog="python -m interp.lens.train",
                                  description="train a tuned lens for a model and save it beside nothing else")
     ap.add_argument("model", help="a checkpoint path or demo name")
     ap.add_argument("--steps", type=positive, default=250)
@@ -38,7 +38,7 @@ def main(argv: Optional[list[str]], train: Callable[..., TunedLens]) -> None:
         check_save_target(args.out)
         model = load(args.model)
     except (OSError, ValueError, MemoryError) as e:
-        raise SystemExit(f"python -m interp.tuned_lens_train: {e}") from None
+        raise SystemExit(f"python -m interp.lens.train: {e}") from None
     t0 = time.perf_counter()
     lens = train(model, model_text(args.train_chars), steps=args.steps, batch_size=args.batch_size,
                  seed=args.seed, held_out=held_out_stories(args.held_out_chars),

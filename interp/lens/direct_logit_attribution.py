@@ -16,11 +16,11 @@ import torch
 
 from sprout.names import act_name
 
-from ._deprecated import renamed
-from ._inputs import TextOrTokens, token_batch
-from ._model import HookedModel, model_name, n_heads, n_layers, require_hooks, str_tokens
-from ._patch_engine import masked
-from ._specs import Component
+from .._core.inputs import TextOrTokens, token_batch
+from .._core.model import HookedModel, model_name, n_heads, n_layers, require_hooks, str_tokens
+from .._core.patch_engine import masked
+from .._core.specs import Component
+from .._deprecated import renamed
 
 FINAL_SCALE = act_name("scale", layer_type="ln_final")  # the final RMSNorm's one scale per position
 

@@ -18,9 +18,9 @@ import torch
 
 from sprout.names import act_name
 
-from ._batching import TextOrTokens, batches, token_rows
-from ._deprecated import renamed
-from ._model import HookedModel, n_layers, require_hooks, str_tokens, unembed
+from .._core.batching import TextOrTokens, batches, token_rows
+from .._core.model import HookedModel, n_layers, require_hooks, str_tokens, unembed
+from .._deprecated import renamed
 
 
 def lens_sites(model: HookedModel, include_mid: bool = False) -> list[tuple[float, str]]:

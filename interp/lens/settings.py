@@ -13,7 +13,7 @@ from jaxtyping import Int
 from sprout.settings import Checked
 
 if TYPE_CHECKING:
-    from .tuned_lens import TunedLens
+    from .tuned import TunedLens
 
 # what each field must be, in the words of the errors (the type and the range together)
 _WORDS = {

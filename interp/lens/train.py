@@ -8,7 +8,7 @@ lr * (1 - momentum) decaying linearly to 0, weight decay 1e-3, gradients clipped
 and the gradients are averaged over processes (gloo on a CPU), so N processes take the same steps as
 one process on the same data.
 
-    torchrun --standalone --nproc_per_node=2 -m interp.tuned_lens_train gpt-4 --steps 200 --out lens_dir
+    torchrun --standalone --nproc_per_node=2 -m interp.lens.train gpt-4 --steps 200 --out lens_dir
 
 This module is the trainer; its settings are one dataclass (`_lens_settings.TunedLensSettings`), its fused
 loss is `_lens_loss`, its command line `tuned_lens_cli` (run through `main` here), torchrun's helpers
@@ -24,17 +24,17 @@ import torch
 from jaxtyping import Int
 from tqdm.auto import tqdm
 
-from . import tuned_lens_cli
-from ._batching import TextOrTokens, token_rows
-from ._distributed import average_grads, world_and_rank
-from ._inputs import stream_windows
-from ._lens_loss import Scratch, lens_cross_entropy
-from ._lens_settings import TunedLensSettings, resume_start, schedule_of
-from ._model import HookedModel, unembed
-from .texts import model_text
-from .tuned_lens import TunedLens, lens_comparison
+from .._core.batching import TextOrTokens, token_rows
+from .._core.distributed import average_grads, world_and_rank
+from .._core.inputs import stream_windows
+from .._core.model import HookedModel, unembed
+from ..data import model_text
+from . import cli as tuned_lens_cli
+from ._loss import Scratch, lens_cross_entropy
+from .settings import TunedLensSettings, resume_start, schedule_of
+from .tuned import TunedLens, lens_comparison
 
-__all__ = ["lens_step", "main", "model_text", "train_tuned_lens"]  # model_text: at home in interp.texts
+__all__ = ["lens_step", "main", "model_text", "train_tuned_lens"]  # model_text: at home in interp.data
 
 
 def _batch_rows(n_windows: int, batch_size: int, step: int, seed: int) -> torch.Tensor:
@@ -96,7 +96,7 @@ def train_tuned_lens(model: HookedModel, data: TextOrTokens, steps: int = 250, b
         steps: total optimizer steps (a resumed lens continues from `lens.step`).
         lr, momentum, weight_decay, grad_clip: the recipe; SGD's learning rate is lr * (1 - momentum),
             decayed linearly to 0 over `steps`; grad_clip 0 means no clipping. Every setting is checked
-            before any work (`interp._lens_settings.TunedLensSettings`: lr > 0, momentum in [0, 1), ...).
+            before any work (`interp.lens.settings.TunedLensSettings`: lr > 0, momentum in [0, 1), ...).
         seed: the order in which windows are drawn.
         lens: a lens for this model to resume (its step and optimizer state are kept on it): the steps,
             batch_size, seq_len, lr, momentum, weight_decay, grad_clip, seed and data must be the ones it
@@ -181,7 +181,7 @@ def _train(model: HookedModel, data: TextOrTokens, s: TunedLensSettings, lens: O
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    """`python -m interp.tuned_lens_train`: the command line of `interp.tuned_lens_cli`, training with
+    """`python -m interp.lens.train`: the command line of `interp.lens.cli`, training with
     `train_tuned_lens`."""
     tuned_lens_cli.main(argv, train_tuned_lens)
 

@@ -4,7 +4,7 @@ Early layers write in a basis the unembedding does not read, so the logit lens s
 last block. The tuned lens maps the stream at layer l to h + A_l h + b_l (A_l, b_l zero at the start,
 so an untrained lens is the logit lens), then reads it through the model's own final norm and output
 layer. A lens belongs to one model: it records the model's config and a fingerprint of its weights,
-and refuses to load for any other. Training is in `tuned_lens_train`.
+and refuses to load for any other. Training is in `interp.lens.train`.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import os
 import stat
 import warnings
 from pathlib import Path
-from typing import Any, Iterable, Optional, Union, cast
+from typing import Iterable, Optional, cast
 
 import pandas as pd
 import torch
@@ -27,34 +27,14 @@ from safetensors.torch import save as safetensors_bytes
 
 from sprout.files import check_floating, file_in, read_json_file, regular_file, replace_file, warn_non_finite
 
-from ._batching import TextOrTokens, batches, token_rows
-from ._deprecated import renamed
-from ._model import HookedModel, logits_of, model_name, require_hooks
-from .lens import _lens_batches, lens_frame, lens_sites
+from .._core.batching import TextOrTokens, batches, token_rows
+from .._core.identity import PathLike, fingerprint, model_config
+from .._core.model import HookedModel, logits_of, model_name, require_hooks
+from .._deprecated import renamed
+from .logit import _lens_batches, lens_frame, lens_sites
 
 FORMAT = "sprout-tuned-lens"
 WEIGHTS, META = "tuned_lens.safetensors", "tuned_lens.json"
-PathLike = Union[str, os.PathLike]
-
-
-def model_config(model: HookedModel) -> dict:
-    """The model's config as a plain dict (what a lens records of the model it belongs to)."""
-    config: Any = getattr(model, "config", None)
-    if hasattr(config, "to_dict"):
-        return {k: v for k, v in config.to_dict().items() if isinstance(v, (int, float, str, bool, type(None)))}
-    cfg = model.cfg
-    return {"n_layers": int(cfg.n_layers), "d_model": int(cfg.d_model), "d_vocab": int(cfg.d_vocab)}
-
-
-def fingerprint(model: HookedModel) -> str:
-    """sha256 of the model's weights (names, dtypes, shapes and bytes), as 16 hex digits."""
-    h = hashlib.sha256()
-    for name, t in sorted(model.state_dict().items()):
-        t = t.detach().cpu().contiguous()
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()[:16]
-
 
 class TunedLens(nn.Module):
     """One affine translator per layer boundary the logit lens reads, for one model.

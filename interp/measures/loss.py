@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float
 
-from ._batching import TextOrTokens, batches, token_rows
-from ._deprecated import renamed
-from ._model import HookedModel
-from .heads import repeated_tokens
+from .._core.batching import TextOrTokens, batches, token_rows
+from .._core.model import HookedModel
+from .._deprecated import renamed
+from ..data import repeated_tokens
 
 
 @torch.inference_mode()

@@ -18,9 +18,9 @@ from jaxtyping import Float
 
 from sprout.names import act_name
 
-from ._batching import TextOrTokens, batches, token_rows
-from ._deprecated import renamed
-from ._model import HookedModel, n_layers, require_hooks
+from .._core.batching import TextOrTokens, batches, token_rows
+from .._core.model import HookedModel, n_layers, require_hooks
+from .._deprecated import renamed
 
 
 class LogHistogram:

@@ -5,7 +5,7 @@ corrupted tokens, one piece of one activation (a layer, a head, a position, a he
 replaced by its value on the clean tokens, and the metric is read from the patched logits. The values
 equal TransformerLens' within float rounding (tested against `get_act_patch_*`).
 
-What differs is the cost: many patches share one forward (the batched engine, `interp._patch_engine`).
+What differs is the cost: many patches share one forward (the batched engine, `interp._core.patch_engine`).
 
 A metric maps logits [batch, pos, d_vocab] to a scalar, or to one value per batch row ([batch]),
 which is averaged; anything else is refused naming the metric (`_metrics`). Texts of unequal token
@@ -21,11 +21,10 @@ from typing import Optional, Sequence, Union
 import pandas as pd
 import torch
 
-from ._deprecated import renamed
-from ._inputs import TextOrTokens
-from ._metrics import Metric, check_metric
-from ._model import HookedModel
-from ._patch_engine import (
+from .._core.inputs import TextOrTokens
+from .._core.metrics import Metric, check_metric
+from .._core.model import HookedModel
+from .._core.patch_engine import (
     SITES,
     baselines,
     check_logit_positions,
@@ -35,6 +34,7 @@ from ._patch_engine import (
     patch_values,
     patches,
 )
+from .._deprecated import renamed
 
 __all__ = ["SITES", "patch", "patch_tensor"]
 

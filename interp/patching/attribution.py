@@ -12,10 +12,10 @@ import torch
 
 from sprout.names import act_name
 
-from ._inputs import TextOrTokens
-from ._metrics import Metric, check_metric, differentiable_value, hide, refuse_nan
-from ._model import HookedModel, n_layers
-from ._patch_engine import (
+from .._core.inputs import TextOrTokens
+from .._core.metrics import Metric, check_metric, differentiable_value, hide, refuse_nan
+from .._core.model import HookedModel, n_layers
+from .._core.patch_engine import (
     SITES,
     Patch,
     baselines,

@@ -22,13 +22,13 @@ import torch
 
 from sprout.names import act_name
 
-from ._deprecated import renamed
-from ._inputs import TextOrTokens
-from ._metrics import Metric, metric_value
-from ._model import HookedModel, require_hooks
-from ._patch_engine import batched_forward_from, chunk_size, clean_and_corrupted, split_metric
-from ._specs import HeadSpec, all_heads
-from .path_patching import VIA, _input, _Recorded, as_node
+from .._core.inputs import TextOrTokens
+from .._core.metrics import Metric, metric_value
+from .._core.model import HookedModel, require_hooks
+from .._core.patch_engine import batched_forward_from, chunk_size, clean_and_corrupted, split_metric
+from .._core.specs import VIA, HeadSpec, all_heads
+from .._deprecated import renamed
+from .path import _input, _Recorded, as_node
 
 
 def _result(l: int) -> str:
@@ -101,7 +101,7 @@ def joint_path_patch(model: HookedModel, clean: TextOrTokens, corrupted: TextOrT
         `source` (corrupted metric), `effect` = metric - base, `share` = effect / (source - base).
 
     Example:
-        >>> interp.joint.joint_path_patch(model, clean, corrupted, metric, [["L1H2"], ["L1H2", "L2H2"]], "L3H1")
+        >>> interp.patching.joint_path_patch(model, clean, corrupted, metric, [["L1H2"], ["L1H2", "L2H2"]], "L3H1")
     """
     return _Runs(model, clean, corrupted, metric, receiver, via).frame(sets, batch_size)
 

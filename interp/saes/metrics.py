@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Int
 
-from .._batching import TextOrTokens, batches, token_rows
-from .._model import HookedModel, require_hooks
+from .._core.batching import TextOrTokens, batches, token_rows
+from .._core.model import HookedModel, require_hooks
 from .splice import _as_list, _spliced, is_transcoder, latent_name
 
 if TYPE_CHECKING:

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import interp
-from tests.interp.test_patching import pair, scalar_metric
+from tests.interp.patching.test_activation import pair, scalar_metric
 
 
 def _same(a, b):

@@ -9,7 +9,7 @@ import torch
 import interp
 import sprout
 from experiments import ship
-from interp import stream_windows as windows
+from interp.data import stream_windows as windows
 from sprout.files import demo_dir
 from sprout.names import act_name
 

@@ -1,4 +1,4 @@
-"""What a patching metric must return (interp._metrics), and degenerate inputs reported as such, never as a finding."""
+"""What a patching metric must return (interp._core.metrics), and degenerate inputs reported as such, never as a finding."""
 import numpy as np
 import pytest
 import torch
@@ -136,7 +136,7 @@ def test_a_metric_equal_on_both_runs_is_flagged(model):
 def test_an_induction_circuit_whose_metric_cannot_move_is_reported_undefined():
     import pandas as pd
 
-    from interp.circuit import summarize
+    from interp.induction.circuit import summarize
 
     frame = pd.DataFrame({"receiver": ["L1H0"] * 3, "induction_score": [0.9] * 3, "sender": ["L0H0"] * 3,
                           "via": ["k", "q", "v"], "share_repeated": [float("nan")] * 3,

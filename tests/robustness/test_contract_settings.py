@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import interp
-from interp._lens_settings import TunedLensSettings
+from interp.lens.settings import TunedLensSettings
 from sprout import Sprout
 from sprout.settings import Checked
 from sprout.training.recipes import Recipe
@@ -148,7 +148,7 @@ def test_a_saved_lens_restarts_the_schedule_and_says_so(model, tmp_path):
 
 
 def test_held_out_data_is_checked_before_training(model, monkeypatch):
-    import interp.tuned_lens_train as trainer
+    import interp.lens.train as trainer
 
     def no_step(*args, **kwargs):
         raise AssertionError("trained before checking held_out")

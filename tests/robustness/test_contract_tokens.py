@@ -1,4 +1,4 @@
-"""One token-input contract (interp._inputs.token_batch / token_rows) for every analysis: float ids are
+"""One token-input contract (interp._core.inputs.token_batch / token_rows) for every analysis: float ids are
 refused with the forward's own words, lists of unequal length are padded and the mask is honoured (the
 result does not depend on what sits in the padded slots) or refused naming the padding."""
 import inspect
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import interp
-from interp import _inputs
-from interp._inputs import TokenBatch, token_batch, token_rows
+from interp._core import inputs as _inputs
+from interp._core.inputs import TokenBatch, token_batch, token_rows
 from sprout import Sprout, SproutConfig
 from sprout.material import generate_corpus
 from sprout.tokenizer import encode, train_bpe
@@ -139,13 +139,13 @@ CALLS = {
     "attribution_patch": lambda m, x: interp.attribution_patch(m, x, corrupt(x), nan_safe, site="z", by="head"),
     "patch": lambda m, x: interp.patch(m, x, corrupt(x), nan_safe, site="z", by="head"),
     "path_patch": lambda m, x: interp.path_patch(m, x, corrupt(x), nan_safe, ["L0H0", "L0H1"], ["L1H0"]),
-    "head_score_tensor": lambda m, x: interp.head_score_tensor(m, "previous_token", x),
+    "head_score_tensor": lambda m, x: interp.heads.head_score_tensor(m, "previous_token", x),
     "head_scores": lambda m, x: interp.head_scores(m, "previous_token", x),
     "induction_circuit": lambda m, x: interp.induction_circuit(m, data=(x, corrupt(x)), stories=False, min_score=0.0),
     "induction_table": lambda m, x: interp.induction_table(m, x),
     "lens_comparison": lambda m, x: interp.lens_comparison(m, x, interp.TunedLens(m)),
     "tuned_lens": lambda m, x: interp.tuned_lens(m, x, interp.TunedLens(m)),
-    "stream_windows": lambda m, x: interp.stream_windows(m, x, seq_len=4),
+    "stream_windows": lambda m, x: interp.data.stream_windows(m, x, seq_len=4),
     "train_tuned_lens": lambda m, x: interp.train_tuned_lens(m, x, steps=1, batch_size=1, seq_len=4, progress=False),
     "loss_table": lambda m, x: interp.loss_table(m, {"x": x}, torch.arange(V)),
     "sae_metrics": lambda m, x: interp.sae_metrics(m, resid_sae(m), x),

@@ -21,8 +21,8 @@ from safetensors.torch import save as save_bytes
 
 from sprout.files import write_bytes, write_folder
 
-from ..tuned_lens import PathLike
-from .files import SAEFileError, _read, read_json
+from ..._core.identity import PathLike
+from ..files import SAEFileError, read_bytes, read_json
 from .settings import TrainSettings
 
 FORMAT = "sprout-sae-trainer"
@@ -78,7 +78,7 @@ def restore(folder: PathLike, units: list, s: TrainSettings, meta: dict) -> int:
         return 0
     record = _read_record(folder)
     _check_same(folder, record, s, meta)
-    tensors = load_bytes(_read(folder / TENSORS, 1 << 36))
+    tensors = load_bytes(read_bytes(folder / TENSORS, 1 << 36))
     for i, u in enumerate(units):
         own = {n: tensors[f"{i}.sae.{n}"] for n in u.sae.state_dict()}
         u.sae.load_state_dict(own)

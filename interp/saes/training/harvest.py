@@ -18,11 +18,11 @@ from typing import Optional, cast
 import torch
 from jaxtyping import Float, Int
 
-from .._distributed import world_and_rank
-from .._inputs import TextOrTokens
-from .._inputs import stream_windows as windows
-from .._model import HookedModel, require_hooks
-from .files import hook_layer, hook_widths
+from ..._core.distributed import world_and_rank
+from ..._core.inputs import TextOrTokens
+from ..._core.inputs import stream_windows as windows
+from ..._core.model import HookedModel, require_hooks
+from ..files import hook_layer, hook_widths
 
 _PERMS: dict = {}
 

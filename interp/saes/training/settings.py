@@ -16,7 +16,7 @@ from typing import Optional
 
 from sprout.settings import Checked, range_error, type_error
 
-from .kinds import KIND_NAMES, TOPK_KINDS, check_widths, default_k
+from ..kinds import KIND_NAMES, TOPK_KINDS, check_widths, default_k
 
 B_DEC_INITS = ("geometric_median", "mean", "zeros")
 _POSITIVE, _NON_NEGATIVE = (1, None, "["), (0, None, "[")

@@ -30,14 +30,14 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from tqdm.auto import tqdm
 
-from .._distributed import world_and_rank
-from .._inputs import TextOrTokens
-from .._model import HookedModel
-from ..tuned_lens import PathLike, fingerprint, model_config
+from ..._core.distributed import world_and_rank
+from ..._core.identity import PathLike, fingerprint, model_config
+from ..._core.inputs import TextOrTokens
+from ..._core.model import HookedModel
+from ..kinds import TOPK_KINDS, batch_threshold
+from ..sae import SAE, Transcoder, input_hook, output_hook
 from . import checkpoint as ckpt
 from .harvest import ModelSource, TensorSource
-from .kinds import TOPK_KINDS, batch_threshold
-from .sae import SAE, Transcoder, input_hook, output_hook
 from .settings import SettingsError, TrainSettings
 
 _RATE = 0.05  # target_l0: the coefficient moves by up to 5% a step

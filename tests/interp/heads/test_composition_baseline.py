@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import interp
-from interp.composition import circuits, pair_scores
+from interp.heads.composition import circuits, pair_scores
 from tests.interp.planted import planted_model
 
 

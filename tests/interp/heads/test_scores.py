@@ -17,15 +17,15 @@ def _keys(mask):
 
 def test_target_masks_known_answers():
     t = torch.tensor([[5, 6, 7, 5, 6, 8, 5]])
-    assert _keys(interp.target_mask(t, "previous_token")) == {q: [q - 1] for q in range(1, 7)}
-    assert _keys(interp.target_mask(t, "duplicate_token")) == {3: [0], 4: [1], 6: [0, 3]}
+    assert _keys(interp.heads.target_mask(t, "previous_token")) == {q: [q - 1] for q in range(1, 7)}
+    assert _keys(interp.heads.target_mask(t, "duplicate_token")) == {3: [0], 4: [1], 6: [0, 3]}
     # the key after each earlier occurrence of the query's token
-    assert _keys(interp.target_mask(t, "prefix_matching")) == {3: [1], 4: [2], 6: [1, 4]}
+    assert _keys(interp.heads.target_mask(t, "prefix_matching")) == {3: [1], 4: [2], 6: [1, 4]}
     # ... whose match extends back one more token: at 4 ("5 6" again) the key is 2; at 6, key 4 needs
     # t[2] == t[5] (7 vs 8): no; key 1 has nothing before its match and stays
-    assert _keys(interp.target_mask(t, "induction")) == {3: [1], 4: [2], 6: [1]}
+    assert _keys(interp.heads.target_mask(t, "induction")) == {3: [1], 4: [2], 6: [1]}
     with pytest.raises(ValueError, match="unknown head kind"):
-        interp.target_mask(t, "copying")
+        interp.heads.target_mask(t, "copying")
 
 
 def hand_built() -> Sprout:
@@ -86,7 +86,7 @@ def test_forced_patterns_get_exact_scores(tiny_model):
     T = tokens.shape[1]
     eye, prev = torch.eye(T), torch.diag(torch.ones(T - 1), -1)
     prev[0, 0] = 1.0
-    induction = interp.target_mask(tokens, "induction").float()
+    induction = interp.heads.target_mask(tokens, "induction").float()
     rows = induction.sum(-1, keepdim=True)
     induction = torch.where(rows > 0, induction / rows.clamp(min=1), eye)  # uniform over targets, else self
 
@@ -125,7 +125,7 @@ def test_agrees_with_transformer_lens_detect_head(tiny_model, ours, theirs):
     if ours != "induction":  # with accidental repeats too (ids from 1..11)
         sequences.append(torch.randint(1, 12, (40,), generator=g))
     for seq in sequences:
-        mine, n_rows = interp.head_score_tensor(tiny_model, ours, seq[None])
+        mine, n_rows = interp.heads.head_score_tensor(tiny_model, ours, seq[None])
         tl = detect_head(tiny_model, seq, theirs)
         # detect_head divides the attention on the targets by seq_len, we by the rows that have a target
         assert torch.allclose(mine * n_rows / len(seq), tl, atol=1e-5)
@@ -149,7 +149,7 @@ def test_walkthrough_gpt_runs_unchanged():
     torch.manual_seed(0)
     model = build_step("4.10", context=32).eval()
     seq = torch.randint(0, 65, (24,), generator=torch.Generator().manual_seed(0))
-    mine, n_rows = interp.head_score_tensor(model, "previous_token", seq[None])
+    mine, n_rows = interp.heads.head_score_tensor(model, "previous_token", seq[None])
     assert torch.allclose(mine * n_rows / len(seq), detect_head(model, seq, "previous_token_head"), atol=1e-5)
     df = interp.head_scores(model, "induction", half_len=8, n_seqs=2, token_range=(0, 65))
     assert len(df) == 3 * 4 and df.score.between(0, 1).all()

@@ -4,7 +4,7 @@ import pytest
 
 import interp
 import sprout
-from interp.circuit import induction_metric, repeated_pair
+from interp.induction.circuit import induction_metric, repeated_pair
 from tests.interp.planted import PLANTED, permuted_pair, planted_model
 
 

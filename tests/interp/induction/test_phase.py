@@ -6,7 +6,7 @@ import torch
 import interp
 from sprout import Sprout, SproutConfig
 
-from .planted import planted_model
+from ..planted import planted_model
 
 
 @pytest.fixture(scope="module")

@@ -43,7 +43,7 @@ def test_table_rows_are_the_names_tokens_with_the_models_probabilities(models):
 def test_story_names_known_answer():
     story = ('Once upon a time there lived a baker named Zorbin. Zorbin had a friend called Quaxa Bel. '
              '"Where is Bel?" asked Zorbin. The cat ran. The dog sat. Quaxa laughed.')
-    names = interp.story_names(story)
+    names = interp.induction.story_names(story)
     assert sorted(names) == ["Bel", "Quaxa", "Zorbin"]  # "The" repeats but only opens sentences
     assert [story[a:b] for a, b in names["Zorbin"]] == ["Zorbin"] * 3
 
@@ -54,7 +54,7 @@ def test_stories_aggregate(models):
     assert set(df.occurrence) == {"first", "later"}
     assert df.mean_prob.between(0, 1).all()
     first = df[(df.model == "m0") & (df.token_index == 0) & (df.occurrence == "first")]
-    expected = sum(len(interp.story_names(generate_story(random.Random(f"0-{i}")))) for i in range(2))
+    expected = sum(len(interp.induction.story_names(generate_story(random.Random(f"0-{i}")))) for i in range(2))
     assert first.n.item() == first.n_names.item() <= expected  # one first token per name that fits the context
 
 

@@ -4,7 +4,7 @@ import torch
 
 import interp
 from sprout import build_step
-from tests.interp.test_patching import pair, scalar_metric
+from tests.interp.patching.test_activation import pair, scalar_metric
 
 
 def test_dla_rows_sum_to_the_next_token_logit(tiny_model):
@@ -44,11 +44,11 @@ def test_attribution_is_the_derivative_along_the_patch(tiny_model, site, by):
     base = scalar_metric(tiny_model.run_with_hooks(corrupted)).item()
     eps = 1e-2
     for row in frame.sample(6, random_state=0).itertuples():
-        name = interp._patch_engine.hook_name(site, row.layer)
+        name = interp._core.patch_engine.hook_name(site, row.layer)
         step = eps * (cc[name] - rc[name])
         mask = torch.zeros_like(step, dtype=torch.bool)
-        p = interp._patch_engine.Patch(row.layer, None if row.head < 0 else row.head, None if row.pos < 0 else row.pos)
-        interp._patch_engine._write(mask, torch.ones_like(mask), p, interp._patch_engine.SITES[site])
+        p = interp._core.patch_engine.Patch(row.layer, None if row.head < 0 else row.head, None if row.pos < 0 else row.pos)
+        interp._core.patch_engine._write(mask, torch.ones_like(mask), p, interp._core.patch_engine.SITES[site])
 
         def nudge(act, hook, step=step, mask=mask):
             return act + step * mask

@@ -131,7 +131,7 @@ def test_each_analysis_caches_only_the_hooks_it_reads(tiny_model):
     assert seen.pop() == resid
     interp.head_scores(tiny_model, "previous_token", ids)
     assert seen.pop() == {"blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern"}
-    interp.pattern_tensor(tiny_model, ids[0], layer=1)
+    interp.heads.pattern_tensor(tiny_model, ids[0], layer=1)
     assert seen.pop() == {"blocks.1.attn.hook_pattern"}
     interp.ablate_heads(tiny_model, [(1, 0)], ids, method="mean")
     assert seen.pop() == {"blocks.1.attn.hook_z"}

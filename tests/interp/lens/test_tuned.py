@@ -7,11 +7,11 @@ import torch
 import torch.nn.functional as F
 
 import interp
-from interp._inputs import stream_windows
-from interp._lens_loss import Scratch, _UnembedCrossEntropy
-from interp._model import logits_of, unembed
-from interp.texts import model_text
-from interp.tuned_lens_train import _frozen, lens_step
+from interp._core.inputs import stream_windows
+from interp._core.model import logits_of, unembed
+from interp.data import model_text
+from interp.lens._loss import Scratch, _UnembedCrossEntropy
+from interp.lens.train import _frozen, lens_step
 from sprout import Sprout
 from sprout.files.checkpoint import load
 from tests.conftest import TINY, randomize_gains

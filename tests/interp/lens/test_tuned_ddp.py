@@ -25,7 +25,7 @@ def train_lens() -> dict:
 SCRIPT = textwrap.dedent("""
     import os, sys, torch
     from safetensors.torch import save_file
-    from tests.interp.test_tuned_lens_ddp import train_lens
+    from tests.interp.lens.test_tuned_ddp import train_lens
     torch.set_num_threads(1)
     save_file(train_lens(), f"{sys.argv[1]}/lens-{os.environ['RANK']}.safetensors")
 """)

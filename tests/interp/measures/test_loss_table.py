@@ -23,7 +23,7 @@ def flat_model(cfg=CFG, tokenizer=None) -> Sprout:
 def test_unigram_of_a_known_distribution_by_hand():
     # counts of 0, 1, 2, 3 in train: 3, 1, 0, 0; add one: 4, 2, 1, 1 of 8
     train = torch.tensor([0, 0, 0, 1])
-    assert interp.unigram_log_probs(flat_model(), train).exp().tolist() == pytest.approx([0.5, 0.25, 0.125, 0.125])
+    assert interp.measures.unigram_log_probs(flat_model(), train).exp().tolist() == pytest.approx([0.5, 0.25, 0.125, 0.125])
     table = interp.loss_table(flat_model(), {"a": torch.tensor([[0, 1, 2, 3]]), "b": torch.tensor([0, 0, 0])}, train)
     a, b = table.set_index("source").loc["a"], table.set_index("source").loc["b"]
     assert a["unigram"] == pytest.approx(-(math.log(0.25) + 2 * math.log(0.125)) / 3)  # targets 1, 2, 3

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import interp
-from interp.residual import LogHistogram
+from interp.measures.residual import LogHistogram
 
 BIN = 10 ** (12 / 4800) - 1  # the default histogram's relative bin width
 

@@ -4,7 +4,7 @@ import torch
 from transformer_lens import patching
 
 import interp
-from interp.patching import patch_tensor
+from interp.patching.activation import patch_tensor
 
 TL = {
     ("resid_pre", "position"): patching.get_act_patch_resid_pre,

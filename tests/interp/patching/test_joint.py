@@ -5,8 +5,8 @@ import torch
 
 import interp
 import sprout
-from interp.circuit import induction_metric, repeated_pair
-from interp.joint import greedy_feeders, joint_path_patch
+from interp.induction.circuit import induction_metric, repeated_pair
+from interp.patching.joint import greedy_feeders, joint_path_patch
 from tests.interp.planted import D_HEAD, PREV, permuted_pair, planted_model
 
 

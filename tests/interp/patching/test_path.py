@@ -7,7 +7,7 @@ import torch
 import interp
 from sprout import Sprout
 from tests.conftest import TINY, randomize_gains
-from tests.interp.test_patching import pair
+from tests.interp.patching.test_activation import pair
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 import interp
 
-from .test_sae_splice import LN2, MLP_OUT, RESID, HandSAE
+from .test_splice import LN2, MLP_OUT, RESID, HandSAE
 
 
 def hand_metrics(model, sae, rows, target, source):

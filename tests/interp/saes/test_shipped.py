@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 import interp
 import sprout
-from interp import stream_windows as tuned_lens_windows
+from interp.data import stream_windows as tuned_lens_windows
 from interp.saes.shipped import shipped_folder
 from sprout.files import demo_dir
 from sprout.names import act_name

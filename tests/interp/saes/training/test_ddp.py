@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = textwrap.dedent("""
     import os, sys, torch
     from safetensors.torch import save_file
-    from tests.interp.saes.test_ddp import train_all
+    from tests.interp.saes.training.test_ddp import train_all
     torch.set_num_threads(1)
     out = train_all()
     save_file(out, f"{sys.argv[1]}/sae-{os.environ['RANK']}.safetensors")

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import interp
-from interp.saes.harvest import ModelSource
-from interp.saes.settings import SettingsError
+from interp.saes.training.harvest import ModelSource
+from interp.saes.training.settings import SettingsError
 from sprout import Sprout
 from tests.conftest import TINY, randomize_gains
 
@@ -155,9 +155,9 @@ def test_walkthrough_gpt(ids):
 
 @pytest.mark.parametrize("transcoder", [False, True])
 def test_sparse_topk_step_equals_the_dense_computation(transcoder):
-    # training decodes TopK latents sparsely and folds b_dec into the encoder's bias (interp/saes/train.py):
+    # training decodes TopK latents sparsely and folds b_dec into the encoder's bias (interp/saes/training/train.py):
     # the loss and every gradient must be those of the dense formulas, (x - b_dec) W_enc + b_enc, acts @ W_dec
-    from interp.saes.train import _latents
+    from interp.saes.training.train import _latents
     torch.manual_seed(0)
     cls = interp.Transcoder if transcoder else interp.SAE
     sae = cls(24, 96, kind="topk", k=5, **({"skip": False} if transcoder else {}))

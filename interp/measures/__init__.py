@@ -1,0 +1,15 @@
+"""Numbers about a model as a whole: its loss against baselines, the residual stream's size, its
+parameters, RoPE's distance behaviour.
+
+    loss.py      mean loss, the repeated-half loss, the loss table against uniform and unigram baselines
+    residual.py  the residual stream's RMS at every site
+    params.py    where the parameters are
+    rope.py      RoPE's scores depend on the distance only
+"""
+from .loss import loss_table, mean_loss, repeat_loss, unigram_log_probs
+from .params import param_table
+from .residual import LogHistogram, residual_rms
+from .rope import rope_distance_check
+
+__all__ = ["LogHistogram", "loss_table", "mean_loss", "param_table", "repeat_loss", "residual_rms",
+           "rope_distance_check", "unigram_log_probs"]
