@@ -129,7 +129,7 @@ def test_the_tuned_lens_trainer_checks_out_before_loading_or_training(tmp_path):
     with pytest.raises(SystemExit, match=r"tuned_lens\.safetensors exists and is not a tuned lens written here"):
         tuned_lens_train.main([str(tmp_path / "no-such-model"), "--out", str(folder)])
     assert (folder / "tuned_lens.safetensors").read_bytes() == b"a user's file"
-    with pytest.raises(SystemExit, match=r"^python -m interp\.tuned_lens_train: no checkpoint .*no-such-model"):
+    with pytest.raises(SystemExit, match=r"^python -m interp\.lens\.train: no checkpoint .*no-such-model"):
         tuned_lens_train.main([str(tmp_path / "no-such-model"), "--out", str(tmp_path / "new")])
 
 

@@ -139,6 +139,8 @@ CALLS = {
     "attribution_patch": lambda m, x: interp.attribution_patch(m, x, corrupt(x), nan_safe, site="z", by="head"),
     "patch": lambda m, x: interp.patch(m, x, corrupt(x), nan_safe, site="z", by="head"),
     "path_patch": lambda m, x: interp.path_patch(m, x, corrupt(x), nan_safe, ["L0H0", "L0H1"], ["L1H0"]),
+    "joint_path_patch": lambda m, x: interp.patching.joint_path_patch(m, x, corrupt(x), nan_safe, [["L0H0"], ["L0H0", "L0H1"]], "L1H0"),
+    "greedy_feeders": lambda m, x: interp.patching.greedy_feeders(m, x, corrupt(x), nan_safe, "L1H0"),
     "head_score_tensor": lambda m, x: interp.heads.head_score_tensor(m, "previous_token", x),
     "head_scores": lambda m, x: interp.head_scores(m, "previous_token", x),
     "induction_circuit": lambda m, x: interp.induction_circuit(m, data=(x, corrupt(x)), stories=False, min_score=0.0),
@@ -169,10 +171,17 @@ def resid_sae(model):
 TEXT_ONLY = {"induction_table"}  # reads characters: ids are refused, but not with the forward's words
 
 
+ROOMS = (interp, interp.data, interp.heads, interp.induction, interp.lens, interp.measures, interp.patching, interp.saes)
+
+
+def public_functions() -> dict:
+    """Every public name of interp's top and of each room (a room's `__all__` is its whole API)."""
+    return {name: getattr(room, name) for room in ROOMS for name in room.__all__}
+
+
 def text_readers():
     out = []
-    for name in interp.__all__:
-        fn = getattr(interp, name)
+    for name, fn in public_functions().items():
         if not callable(fn) or inspect.isclass(fn):
             continue
         params = list(inspect.signature(fn).parameters)
@@ -184,7 +193,7 @@ def text_readers():
 def call(name, model, x):
     if name in CALLS:
         return CALLS[name](model, x)
-    fn = getattr(interp, name)
+    fn = public_functions()[name]
     params = inspect.signature(fn).parameters
     text = next(p for p in params if p in TEXT_PARAMS)
     required = [p for p, v in list(params.items())[1:] if v.default is inspect.Parameter.empty and p != text

@@ -12,7 +12,7 @@ import interp
 from sprout import Sprout
 from tests.conftest import TINY, randomize_gains
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 def train_lens() -> dict:
     """The lens every process trains: the same model, data and seeds (one thread, as the test process)."""

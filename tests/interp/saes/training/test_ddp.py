@@ -14,7 +14,7 @@ import interp
 from sprout import Sprout
 from tests.conftest import TINY, randomize_gains
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 
 SCRIPT = textwrap.dedent("""
     import os, sys, torch

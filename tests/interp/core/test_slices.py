@@ -25,5 +25,5 @@ def test_the_tail_is_kept_shorter_and_every_id_appears_once_without_overlap():
 @pytest.mark.parametrize("bad", [dict(length=0), dict(length=2.0), dict(length=True), dict(length=3, stride=0)])
 def test_a_bad_length_or_stride_is_refused_by_name(bad):
     name = "stride" if "stride" in bad else "length"
-    with pytest.raises(ValueError, match=f"windows: {name} must be an integer >= 1"):
+    with pytest.raises(ValueError, match=f"slices: {name} must be an integer >= 1"):
         interp.data.slices(list(range(10)), **bad)
