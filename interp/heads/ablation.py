@@ -19,7 +19,6 @@ from .._core.batching import TextOrTokens, batches, token_rows
 from .._core.loss import hooked_loss
 from .._core.model import HookedModel, require_hooks
 from .._core.specs import Head, as_heads
-from .._deprecated import renamed
 from ..data import repeated_tokens
 
 METHODS = ("zero", "mean")
@@ -73,7 +72,6 @@ def _mean_z(model: HookedModel, rows, layers, batch_size) -> dict[int, torch.Ten
     return {l: (t / n).to(model.cfg.dtype) for l, t in total.items()}
 
 
-@renamed(text_or_tokens="data")
 def ablate_heads(model: HookedModel, heads: Union[list, pd.DataFrame], data: Optional[TextOrTokens] = None, *,
                  method: str = "zero", top_k: Optional[int] = None, together: bool = True,
                  half_len: int = 32, n_seqs: int = 16, token_range: Optional[tuple] = None, seed: int = 0,

@@ -11,12 +11,10 @@ from sprout.names import act_name
 
 from .._core.batching import TextOrTokens, token_rows
 from .._core.model import HookedModel, heads_of, require_hooks, str_tokens
-from .._deprecated import renamed
 
 Selection = Optional[Union[int, list]]
 
 
-@renamed(text_or_tokens="data")
 @torch.inference_mode()
 def pattern_tensor(model: HookedModel, data: TextOrTokens, layer: Selection = None,
                    head: Selection = None) -> Float[torch.Tensor, "layer head query_pos key_pos"]:
@@ -35,7 +33,6 @@ def pattern_tensor(model: HookedModel, data: TextOrTokens, layer: Selection = No
     return torch.stack([cache[name][0, heads] for name in names]).float()
 
 
-@renamed(text_or_tokens="data")
 def attention_patterns(model: HookedModel, data: TextOrTokens, layer: Selection = None,
                        head: Selection = None) -> pd.DataFrame:
     """Attention patterns in long format, with the string tokens.

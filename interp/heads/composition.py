@@ -31,7 +31,6 @@ from sprout.names import act_name
 from .._core.inputs import TextOrTokens, token_batch
 from .._core.model import HookedModel, model_name, n_heads, n_layers, require_hooks
 from .._core.specs import VIA, head_label
-from .._deprecated import renamed
 from ..data import repeated_tokens
 
 
@@ -100,7 +99,6 @@ def random_baseline(model: HookedModel, kind: str, n: int = 64, seed: int = 0) -
     return float(scores.mean()), float(scores.std())
 
 
-@renamed(kind="via")
 @torch.no_grad()
 def composition_scores(model: HookedModel, via: str = "k", baseline_samples: int = 64) -> pd.DataFrame:
     """Composition of every head with every head in a later layer, beside a random baseline.
@@ -160,7 +158,6 @@ def control_percentiles(scores: Float[torch.Tensor, "layer head layer head"], va
     return torch.where(v.isnan(), float("nan"), 100 * at_most.double() / control.numel()).tolist()
 
 
-@renamed(chunk="batch_size")
 @torch.no_grad()
 def ov_copying_scores(model: HookedModel, batch_size: int = 1024) -> pd.DataFrame:
     """How much each head copies: the fraction of tokens t whose own logit is the top one in row t of
@@ -188,7 +185,6 @@ def ov_copying_scores(model: HookedModel, batch_size: int = 1024) -> pd.DataFram
     return pd.DataFrame(rows, columns=["layer", "head", "label", "copying_top1", "copying_eigen"])
 
 
-@renamed(tokens="data")
 @torch.inference_mode()
 def positional_qk_scores(model: HookedModel, data: Optional[TextOrTokens] = None) -> pd.DataFrame:
     """Where each head attends on position alone: every layer's attention input is replaced by its mean

@@ -32,7 +32,6 @@ from sprout.tl.text import check_integer_ids
 
 from .._core.batching import TextOrTokens, batches, token_rows
 from .._core.model import HookedModel, n_heads, n_layers, require_hooks
-from .._deprecated import renamed
 from ..data import repeated_tokens
 
 SCORE_KINDS = ("previous_token", "duplicate_token", "induction", "prefix_matching")
@@ -86,7 +85,6 @@ def head_score_tensor(model: HookedModel, kind: str, tokens: TextOrTokens,
     return (mass / n_rows).float(), n_rows
 
 
-@renamed(text_or_tokens="data")
 def head_scores(model: HookedModel, kind: str, data: Optional[TextOrTokens] = None, *, half_len: int = 32,
                 n_seqs: int = 16, token_range: Optional[tuple] = None, seed: int = 0,
                 batch_size: int = 8) -> pd.DataFrame:

@@ -32,7 +32,6 @@ from sprout.tl.text import check_tokens
 from .._core.inputs import TextOrTokens, sequences
 from .._core.model import HookedModel, logits_of
 from .._core.specs import Head, HeadSpec, as_heads
-from .._deprecated import renamed
 from ..heads import composition_scores, head_scores
 
 EARLY, LATE = range(8, 24), range(112, 128)
@@ -54,7 +53,6 @@ def icl_tokens(model: HookedModel, tokens: TextOrTokens) -> Int[torch.Tensor, "b
     return ids.long().to(model.cfg.device)
 
 
-@renamed(tokens="data")
 @torch.inference_mode()
 def icl_score(model: HookedModel, data: TextOrTokens) -> float:
     """Mean loss at positions LATE minus mean loss at positions EARLY, over ids [batch, 129+] (nats);
@@ -127,7 +125,6 @@ def _composition(model: HookedModel, pairs: list[tuple[str, ...]]) -> dict:
     return out
 
 
-@renamed(tokens="data")
 def phase_measures(model: HookedModel, data: Optional[TextOrTokens] = None, heads: Optional[tuple[str, str]] = None,
                    controls: Optional[Sequence[Sequence[HeadSpec]]] = None) -> dict:
     """Previous-token and induction score, the K-composition of the previous-token head into the

@@ -17,7 +17,6 @@ from sprout.material import generate_story
 from sprout.tokenizer import raw
 
 from .._core.model import HookedModel, logits_of, model_name
-from .._deprecated import renamed
 
 # a model, a list of models, or {label: model}
 Models = Union[HookedModel, list[HookedModel], dict[str, HookedModel]]
@@ -65,7 +64,6 @@ def _token_probs(model: HookedModel, text: str, spans: list[tuple[int, int]]) ->
     return out
 
 
-@renamed(text_or_tokens="data")
 def induction_table(models: Models, data: str, name: Optional[str] = None) -> pd.DataFrame:
     """Probability each model gives each token of every occurrence of a repeated name in a text.
 

@@ -20,7 +20,6 @@ from .._core.inputs import TextOrTokens, token_batch
 from .._core.model import HookedModel, model_name, n_heads, n_layers, require_hooks, str_tokens
 from .._core.patch_engine import masked
 from .._core.specs import Component
-from .._deprecated import renamed
 
 FINAL_SCALE = act_name("scale", layer_type="ln_final")  # the final RMSNorm's one scale per position
 
@@ -78,7 +77,6 @@ def _check_rms_final(model: HookedModel) -> None:
                          "LayerNorm, whose centring and bias are not a per-write share")
 
 
-@renamed(text_or_tokens="data")
 @torch.inference_mode()
 def logit_attribution(model: HookedModel, data: TextOrTokens, target: Optional[Union[int, str, TextOrTokens]] = None,
                       baseline: Optional[Union[int, str, TextOrTokens]] = None) -> pd.DataFrame:

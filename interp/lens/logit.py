@@ -20,7 +20,6 @@ from sprout.names import act_name
 
 from .._core.batching import TextOrTokens, batches, token_rows
 from .._core.model import HookedModel, n_layers, require_hooks, str_tokens, unembed
-from .._deprecated import renamed
 
 
 def lens_sites(model: HookedModel, include_mid: bool = False) -> list[tuple[float, str]]:
@@ -112,7 +111,6 @@ def _lens_batches(model: HookedModel, data, k: int, batch_size: int, include_mid
                    entropy=shaped(entropy), kl_to_final=shaped(kl))
 
 
-@renamed(text_or_tokens="data")
 def logit_lens(model: HookedModel, data: TextOrTokens, k: int = 5, batch_size: int = 8,
                include_mid: bool = False, seq_len: Optional[int] = None, stats: bool = False) -> pd.DataFrame:
     """The logit lens at every layer boundary and position.
@@ -236,7 +234,6 @@ def lens_summary(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out).reset_index()
 
 
-@renamed(text_or_tokens="data")
 @torch.inference_mode()
 def lens_dataset_summary(model: HookedModel, data: TextOrTokens, batch_size: int = 8, include_mid: bool = False,
                          seq_len: Optional[int] = None) -> pd.DataFrame:

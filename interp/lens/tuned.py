@@ -13,7 +13,6 @@ import json
 import math
 import os
 import stat
-import warnings
 from pathlib import Path
 from typing import Iterable, Optional, cast
 
@@ -30,7 +29,6 @@ from sprout.files import check_floating, file_in, read_json_file, regular_file, 
 from .._core.batching import TextOrTokens, batches, token_rows
 from .._core.identity import PathLike, fingerprint, model_config
 from .._core.model import HookedModel, logits_of, model_name, require_hooks
-from .._deprecated import renamed
 from .logit import _lens_batches, lens_frame, lens_sites
 
 FORMAT = "sprout-tuned-lens"
@@ -109,9 +107,7 @@ class TunedLens(nn.Module):
 
     @classmethod
     def load(cls, model: HookedModel, path: PathLike) -> "TunedLens":
-        """The lens saved at `path` (a directory or its .safetensors file), checked against `model`
-        (the model first, as in `load_tuned_lens`; the old order `load(path, model)` still works for one
-        release, with a DeprecationWarning).
+        """The lens saved at `path` (a directory or its .safetensors file), checked against `model`.
 
         Both files must be regular files in the lens' folder; the JSON's fields are checked by type, the
         tensors must be the model's translators in floating point (NaN or inf is warned about, as for
@@ -121,11 +117,6 @@ class TunedLens(nn.Module):
             FileNotFoundError: no lens there. ValueError: an unreadable lens, or one for another model
             (the message names the config field or the fingerprint that differs).
         """
-        if isinstance(model, (str, os.PathLike)) and not isinstance(path, (str, os.PathLike)):
-            warnings.warn("TunedLens.load(path, model) is deprecated and will be removed in the next release: "
-                          "use TunedLens.load(model, path), the model first as everywhere in interp",
-                          DeprecationWarning, stacklevel=2)
-            model, path = path, model
         weights, meta_path = _paths(Path(path))
         for f in (weights, meta_path):
             if not os.path.lexists(f):
@@ -263,7 +254,6 @@ def _checked(model: HookedModel, lens) -> TunedLens:
     return lens
 
 
-@renamed(text_or_tokens="data")
 def tuned_lens(model: HookedModel, data: TextOrTokens, lens: TunedLens, k: int = 5, batch_size: int = 8,
                seq_len: Optional[int] = None, stats: bool = False) -> pd.DataFrame:
     """The tuned lens at every layer boundary and position: exactly `logit_lens`' frame (same columns).

@@ -20,7 +20,6 @@ from jaxtyping import Float
 
 from .._core.batching import TextOrTokens, batches, token_rows
 from .._core.model import HookedModel
-from .._deprecated import renamed
 from ..data import repeated_tokens
 
 
@@ -38,7 +37,6 @@ def _nll_sums(model: HookedModel, rows: list[torch.Tensor], batch_size: int, spa
     return total
 
 
-@renamed(text_or_tokens="data")
 def mean_loss(model: HookedModel, data: TextOrTokens, batch_size: int = 8, seq_len: Optional[int] = None) -> float:
     """Mean next-token loss (nats per token) over a text, cut into windows of the model's context.
 

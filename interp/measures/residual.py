@@ -20,7 +20,6 @@ from sprout.names import act_name
 
 from .._core.batching import TextOrTokens, batches, token_rows
 from .._core.model import HookedModel, n_layers, require_hooks
-from .._deprecated import renamed
 
 
 class LogHistogram:
@@ -93,7 +92,6 @@ def _check_quantiles(quantiles) -> None:
             raise ValueError(f"quantiles must be numbers in [0, 1], got {q!r} in {tuple(quantiles)}")
 
 
-@renamed(text_or_tokens="data")
 @torch.inference_mode()
 def residual_rms(model: HookedModel, data: TextOrTokens, batch_size: int = 8, seq_len: Optional[int] = None,
                  include_mid: bool = True, include_writes: bool = True,

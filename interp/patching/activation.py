@@ -34,12 +34,10 @@ from .._core.patch_engine import (
     patch_values,
     patches,
 )
-from .._deprecated import renamed
 
 __all__ = ["SITES", "patch", "patch_tensor"]
 
 
-@renamed(patches_per_forward="batch_size")
 def patch(model: HookedModel, clean: TextOrTokens, corrupted: TextOrTokens, metric: Metric, site: str = "resid_pre", by: str = "position",
           batch_size: Optional[int] = None, logit_positions: Optional[Union[int, Sequence[int]]] = None) -> pd.DataFrame:
     """Activation patching sweep (denoising): the metric with one clean piece of `site` in the corrupted run.

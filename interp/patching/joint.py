@@ -27,7 +27,6 @@ from .._core.metrics import Metric, metric_value
 from .._core.model import HookedModel, require_hooks
 from .._core.patch_engine import batched_forward_from, chunk_size, clean_and_corrupted, split_metric
 from .._core.specs import VIA, HeadSpec, all_heads
-from .._deprecated import renamed
 from .path import _input, _Recorded, as_node
 
 
@@ -79,7 +78,6 @@ def _sets(model: HookedModel, sets, receiver) -> list[list]:
     return out
 
 
-@renamed(sets_per_forward="batch_size")
 @torch.inference_mode()
 def joint_path_patch(model: HookedModel, clean: TextOrTokens, corrupted: TextOrTokens, metric: Metric, sets: list,
                      receiver: HeadSpec, via: str = "k",

@@ -32,7 +32,6 @@ from .._core.model import HookedModel, require_hooks
 from .._core.patch_engine import batched_forward, batched_forward_from, by_layer, chunk_size, clean_and_corrupted, masked, split_metric
 from .._core.specs import VIA, Component, ComponentSpec, ComponentSpecs, HeadSpecs, as_component, as_components
 from .._core.specs import all_heads as _all_heads
-from .._deprecated import renamed
 
 DIRECTIONS = ("noising", "denoising")
 EMBED = act_name("embed")
@@ -149,7 +148,6 @@ def _caches(model: HookedModel, base, source, receivers, vias, mask):
     return base_cache, source_cache
 
 
-@renamed(pairs_per_forward="batch_size")
 @torch.inference_mode()
 def path_patch(model: HookedModel, clean: TextOrTokens, corrupted: TextOrTokens, metric: Metric, senders: ComponentSpecs,
                receivers: HeadSpecs, via: Union[str, Sequence[str]] = "k",
