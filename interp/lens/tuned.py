@@ -29,6 +29,7 @@ from sprout.files import check_floating, file_in, read_json_file, regular_file, 
 from .._core.batching import TextOrTokens, batches, token_rows
 from .._core.identity import PathLike, fingerprint, model_config
 from .._core.model import HookedModel, logits_of, model_name, require_hooks
+from ..measures import unigram_log_probs
 from .logit import _lens_batches, lens_frame, lens_sites
 
 FORMAT = "sprout-tuned-lens"
@@ -324,17 +325,8 @@ def lens_comparison(model: HookedModel, data: TextOrTokens, lens: TunedLens, bat
     return out.reset_index(drop=True)
 
 
-def unigram_log_probs(model: HookedModel, data: TextOrTokens, seq_len: Optional[int] = None) -> Float[torch.Tensor, " d_vocab"]:
-    """log q [d_vocab]: the next tokens' frequencies in the text (each row's tokens after its first),
-    add-1/2 smoothed."""
-    V = int(model.cfg.d_vocab)
-    nxt = torch.cat([r[1:] for r in token_rows(model, data, seq_len)]).long().cpu()
-    counts = torch.bincount(nxt, minlength=V).double()
-    return torch.log((counts + 0.5) / (counts.sum() + 0.5 * V))
-
-
 def _unigram_rows(model: HookedModel, data, fit, batch_size: int, seq_len: Optional[int]) -> list[dict]:
-    log_q = unigram_log_probs(model, data if fit is None else fit, seq_len)
+    log_q = unigram_log_probs(model, data if fit is None else fit, 0.5, next_only=True, seq_len=seq_len)
     sites = lens_sites(model, False)
     rows = []
     for row_ids, ids in batches(token_rows(model, data, seq_len), batch_size, device=model.cfg.device):

@@ -82,14 +82,17 @@ def repeat_loss(model: HookedModel, *, half_len: int = 32, n_seqs: int = 16, tok
                          for k, (t, n) in sums.items()])
 
 
-def unigram_log_probs(model: HookedModel, train: TextOrTokens, smoothing: float = 1.0) -> Float[torch.Tensor, " d_vocab"]:
+def unigram_log_probs(model: HookedModel, train: TextOrTokens, smoothing: float = 1.0, *, next_only: bool = False,
+                      seq_len: Optional[int] = None) -> Float[torch.Tensor, " d_vocab"]:
     """log p(token), [d_vocab], of the unigram model fitted on `train` (tokenised by the model's tokenizer): each id's
-    count plus `smoothing` (add-one by default, so an id `train` lacks keeps a finite cost), normalised."""
+    count plus `smoothing`, normalised. The one unigram baseline of interp: `loss_table` counts every token with
+    add-one smoothing (so an id `train` lacks keeps a finite cost); `lens_comparison` counts only the tokens a
+    window predicts (`next_only`: each window's tokens after its first, windows of `seq_len`) with add-1/2."""
     if not smoothing > 0:
         raise ValueError(f"smoothing must be > 0 (an unseen token would cost infinitely much), got {smoothing}")
-    ids = torch.cat(token_rows(model, train))  # every window checked by the token contract (ids in range)
-    d_vocab = int(model.cfg.d_vocab)
-    counts = torch.bincount(ids, minlength=d_vocab).double() + smoothing
+    rows = token_rows(model, train, seq_len)  # every window checked by the token contract (ids in range)
+    ids = torch.cat([r[1:] for r in rows] if next_only else rows).long().cpu()
+    counts = torch.bincount(ids, minlength=int(model.cfg.d_vocab)).double() + smoothing
     return (counts / counts.sum()).log()
 
 

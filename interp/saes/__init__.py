@@ -10,9 +10,9 @@
     features.py  what latents fire on and write: top contexts, histograms, logit effects, clamping
     training/    train_sae / train_transcoder, their settings, activation harvesting, checkpoints
 """
-from .metrics import sae_metrics
+from .metrics import dead_fractions, sae_metrics
 from .sae import SAE, Transcoder
 from .shipped import load_sae, load_transcoder
 from .splice import run_with_saes, spliced
 
-__all__ = ["SAE", "Transcoder", "load_sae", "load_transcoder", "run_with_saes", "sae_metrics", "spliced"]
+__all__ = ["SAE", "Transcoder", "dead_fractions", "load_sae", "load_transcoder", "run_with_saes", "sae_metrics", "spliced"]

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 
 import interp
+import sprout
+from sprout.names import act_name
 
 from .test_splice import LN2, MLP_OUT, RESID, HandSAE
 
@@ -112,3 +114,20 @@ def test_bad_input_is_refused(tiny_model, tiny_cfg, rows):
         nan.b_enc[0] = math.nan
     with pytest.raises(ValueError, match="NaN"):
         interp.sae_metrics(tiny_model, nan, rows)
+
+
+def test_dead_fractions_equal_sae_metrics_on_the_same_tokens():
+    model = sprout.load("gpt-1").eval()
+    d = int(model.cfg.d_model)
+    sae = interp.SAE(d, 64, kind="topk", k=4, hook_name=act_name("resid_post", 0), seed=1)
+    tc = interp.Transcoder(d, 48, d, kind="topk", k=3, layer=0, seed=2)
+    with torch.no_grad():
+        sae.b_enc[:20] -= 1e3  # never in the top k: dead
+        tc.b_enc[:6] += 1e3  # 3 of these 6 are each token's top 3: the other 42 never fire
+    text = interp.held_out_stories(3_000, seed=9)
+    dead, n = interp.saes.dead_fractions(model, [sae, tc], text)
+    ids = interp.data.stream_windows(model, text)
+    assert n == ids.numel()
+    for got, d_ in zip(dead, (sae, tc)):
+        assert got == pytest.approx(float(interp.sae_metrics(model, d_, ids).iloc[0].dead_fraction), abs=1e-12)
+    assert dead[0] >= 20 / 64 and 42 / 48 <= dead[1] <= 45 / 48

@@ -4,14 +4,11 @@ and the recipes' dictionaries fitting the size budget."""
 import json
 
 import pytest
-import torch
 
 import interp
 import sprout
 from experiments import ship
-from interp.data import stream_windows as windows
 from sprout.files import demo_dir
-from sprout.names import act_name
 
 GOOD = dict(explained_variance=0.95, ce_loss_recovered=0.98, l0=32.0, dead_fraction=0.01)
 
@@ -29,33 +26,16 @@ def test_failures_name_each_missed_target(kind, change, says):
     assert ship.failures(kind, {**GOOD, **change}) == [says]
 
 
-def test_dead_fractions_equal_sae_metrics_on_the_same_tokens():
-    model = sprout.load("gpt-1").eval()
-    d = int(model.cfg.d_model)
-    sae = interp.SAE(d, 64, kind="topk", k=4, hook_name=act_name("resid_post", 0), seed=1)
-    tc = interp.Transcoder(d, 48, d, kind="topk", k=3, layer=0, seed=2)
-    with torch.no_grad():
-        sae.b_enc[:20] -= 1e3  # never in the top k: dead
-        tc.b_enc[:6] += 1e3  # 3 of these 6 are each token's top 3: the other 42 never fire
-    text = interp.held_out_stories(3_000, seed=9)
-    dead, n = ship.dead_fractions(model, [sae, tc], text)
-    ids = windows(model, text)
-    assert n == ids.numel()
-    for got, d_ in zip(dead, (sae, tc)):
-        assert got == pytest.approx(float(interp.sae_metrics(model, d_, ids).iloc[0].dead_fraction), abs=1e-12)
-    assert dead[0] >= 20 / 64 and 42 / 48 <= dead[1] <= 45 / 48
-
-
 def test_share_takes_an_equal_part_of_each_text_past_the_skip():
     texts = ["a" * 100, "b" * 100, "c" * 10]
     assert ship._share(texts, 30) == "a" * 10 + "\n\n" + "b" * 10 + "\n\n" + "c" * 10
     assert ship._share(texts, 30, skip=30) == "a" * 10 + "\n\n" + "b" * 10  # c has nothing past 10
 
 
-@pytest.mark.parametrize("name", list(ship.RECIPES))
+@pytest.mark.parametrize("name", list(ship.SHIP_PLANS))
 def test_recipes_fit_the_size_budget(name):
     cfg = json.loads((demo_dir() / name / "config.json").read_text())
-    r = ship.RECIPES[name]
+    r = ship.SHIP_PLANS[name]
     d, n = cfg["d_model"], cfg["n_layer"]
     size = sum(4 * (2 * d * e * d + e * d + d) + 4 * d * d * (part == "transcoders" and rl.skip)
                for part in ship.PARTS for rl in (r.at(part, layer) for layer in range(n))
@@ -64,10 +44,10 @@ def test_recipes_fit_the_size_budget(name):
     assert r.k <= ship.MAX_L0 and r.k < r.transcoder_expansion * d
 
 
-@pytest.mark.parametrize("name", list(ship.RECIPES))
+@pytest.mark.parametrize("name", list(ship.SHIP_PLANS))
 def test_overrides_name_real_dictionaries_and_fit_the_budget(name):
     cfg = json.loads((demo_dir() / name / "config.json").read_text())
-    r = ship.RECIPES[name]
+    r = ship.SHIP_PLANS[name]
     keys = {f"{part} {layer}" for part in ("resid", "transcoder") for layer in range(cfg["n_layer"])}
     assert set(r.overrides) <= keys, set(r.overrides) - keys
     for part in ship.PARTS:
@@ -78,10 +58,10 @@ def test_overrides_name_real_dictionaries_and_fit_the_budget(name):
 
 def test_an_override_of_the_held_out_texts_is_refused():
     # every dictionary of a demo is measured on the same held-out texts (demo_texts reads them once)
-    r = ship.Recipe(overrides={"resid 2": {"held_out_chars": 5_000, "steps": 5}})
+    r = ship.ShipPlan(overrides={"resid 2": {"held_out_chars": 5_000, "steps": 5}})
     with pytest.raises(ValueError, match="held_out_chars"):
         r.at("resid", 2)
-    assert r.at("resid", 1) == ship.Recipe()
+    assert r.at("resid", 1) == ship.ShipPlan()
 
 
 def test_a_dictionarys_own_training_prefix_is_what_it_trains_on(monkeypatch):
@@ -91,7 +71,7 @@ def test_a_dictionarys_own_training_prefix_is_what_it_trains_on(monkeypatch):
         seen[tuple(layers)] = data
         return {}
     monkeypatch.setattr(interp, "train_transcoder", fake_train_transcoder)
-    r = ship.Recipe(train_chars=10, overrides={"transcoder 1": {"train_chars": 25}})
+    r = ship.ShipPlan(train_chars=10, overrides={"transcoder 1": {"train_chars": 25}})
     assert r.most_train_chars() == 25
     texts = {"train": "abcdefghijklmnopqrstuvwxyz0123456789"[:r.most_train_chars()], "train_desc": "the first {n} chars"}
     model = sprout.load("gpt-1").eval()
@@ -101,9 +81,9 @@ def test_a_dictionarys_own_training_prefix_is_what_it_trains_on(monkeypatch):
 
 
 def test_at_applies_only_its_own_override():
-    r = ship.Recipe(overrides={"resid 0": {"expansion": 2}, "transcoder 1": {"transcoder_steps": 7}})
+    r = ship.ShipPlan(overrides={"resid 0": {"expansion": 2}, "transcoder 1": {"transcoder_steps": 7}})
     assert r.at("resid", 0).expansion == 2 and r.at("resid", 0).transcoder_steps == r.transcoder_steps
-    assert r.at("transcoders", 0) == ship.Recipe() and r.at("resid", 1) == ship.Recipe()
+    assert r.at("transcoders", 0) == ship.ShipPlan() and r.at("resid", 1) == ship.ShipPlan()
     assert r.at("transcoders", 1).transcoder_steps == 7
 
 
@@ -111,7 +91,7 @@ def test_dictionaries_sharing_settings_train_together(monkeypatch):
     calls = []
     monkeypatch.setattr(ship, "_train_group", lambda model, r, texts, part, layers: calls.append((part, layers, r)) or {})
     model = sprout.load("gpt-1").eval()
-    r = ship.Recipe(overrides={"resid 0": {"steps": 5}})
+    r = ship.ShipPlan(overrides={"resid 0": {"steps": 5}})
     ship.train_dictionaries(model, r, {}, layers=[0])
     assert [(p, lay, rl.steps) for p, lay, rl in calls] == [("resid", [0], 5), ("transcoders", [0], r.transcoder_steps)]
 
