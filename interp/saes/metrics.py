@@ -131,7 +131,8 @@ def dead_fractions(model: HookedModel, saes: list, data: TextOrTokens, batch_siz
     saes = _as_list(saes)
     hooks = sorted({s.hook_name for s in saes})
     require_hooks(model, hooks)
-    last = max(layer_of(h) for h in hooks) + 1
+    layers = [layer_of(h) for h in hooks]
+    last = None if None in layers else max(l for l in layers if l is not None) + 1  # a hook outside blocks: run all
     ids = stream_windows(model, data).to(model.cfg.device)
     fires = [torch.zeros(int(s.W_enc.shape[1]), dtype=torch.bool) for s in saes]
     for start in range(0, len(ids), batch_size):
