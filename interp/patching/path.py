@@ -14,7 +14,7 @@ write added to the receiver's own copy of the residual), and the values agree (t
 
 Everything is read and written through hooks (`hook_z`, `hook_mlp_out`, `hook_embed`, `hook_q/k/v`),
 so no weight matrix is needed. Recording runs one forward per chunk of senders, the patched runs one
-forward per chunk of (sender, receiver) pairs (the batched engine, `_patch_engine`).
+forward per chunk of (sender, receiver) pairs (the batched engine, `interp._core.patch_engine`).
 """
 from __future__ import annotations
 
