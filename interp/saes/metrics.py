@@ -117,13 +117,15 @@ def dead_fraction(fires: Float[torch.Tensor, " d_sae"]) -> float:
 
 
 @torch.inference_mode()
-def dead_fractions(model: HookedModel, saes: list, data: TextOrTokens, batch_size: int = 32) -> tuple[list[float], int]:
+def dead_fractions(model: HookedModel, saes: list, data: TextOrTokens, batch_size: int = 32,
+                   seq_len: Optional[int] = None) -> tuple[list[float], int]:
     """Each dictionary's dead fraction on `data` (as `sae_metrics`' `dead_fraction`), for all of them from one
     forward per batch of windows that stops after the last block they read; and the number of tokens.
 
     Args:
         saes: SAEs or transcoders of `model` (each encodes its `hook_name`).
-        data: text or ids, one stream cut into windows of the model's context (a shorter tail dropped).
+        data: text or ids, one stream cut into windows of `seq_len` tokens (default the model's context;
+            a shorter tail is dropped).
 
     Returns:
         ([dead fraction per dictionary, in order], tokens measured).
@@ -133,7 +135,7 @@ def dead_fractions(model: HookedModel, saes: list, data: TextOrTokens, batch_siz
     require_hooks(model, hooks)
     layers = [layer_of(h) for h in hooks]
     last = None if None in layers else max(l for l in layers if l is not None) + 1  # a hook outside blocks: run all
-    ids = stream_windows(model, data).to(model.cfg.device)
+    ids = stream_windows(model, data, seq_len).to(model.cfg.device)
     fires = [torch.zeros(int(s.W_enc.shape[1]), dtype=torch.bool) for s in saes]
     for start in range(0, len(ids), batch_size):
         _, cache = model.run_with_cache(ids[start:start + batch_size], names_filter=hooks, stop_at_layer=last)

@@ -151,6 +151,7 @@ CALLS = {
     "train_tuned_lens": lambda m, x: interp.train_tuned_lens(m, x, steps=1, batch_size=1, seq_len=4, progress=False),
     "loss_table": lambda m, x: interp.loss_table(m, {"x": x}, torch.arange(V)),
     "sae_metrics": lambda m, x: interp.sae_metrics(m, resid_sae(m), x),
+    "dead_fractions": lambda m, x: interp.saes.dead_fractions(m, [resid_sae(m)], x, seq_len=4),
     "run_with_saes": lambda m, x: real_logits(m, x, interp.run_with_saes(m, x, [resid_sae(m)])[0]),
     "train_sae": lambda m, x: interp.train_sae(m, "blocks.0.hook_resid_post", data=x, d_sae=8, k=2, steps=1,
                                                batch_size=4, seq_len=4, progress=False),
