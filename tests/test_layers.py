@@ -5,9 +5,12 @@ sprout (the model) <- sprout.training; sprout <- interp <- figures / experiments
 imports experiments. Inside the packages: no import circle among module-level imports (a module that
 imports `a.b.c` also runs the packages `a.b` and `a` it is not part of), the probe material
 (sprout.material) imports nothing of the model or its files, and no module imports another package's
-private (`_name`) names or modules.
+private (`_name`) names or modules. interp is in rooms (interp.lens, interp.heads, ...; the last part of
+this file): another room is reached through its `__all__` only, no private name crosses a room, the private
+core imports no room, and no circle runs between rooms.
 """
 import ast
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -434,8 +437,6 @@ def room_graph(srcs: dict[str, tuple[str, bool]]) -> dict[str, set[str]]:
 
 
 def room_exports() -> dict[str, set[str]]:
-    import importlib
-
     rooms = {room_of(m) for m in sources() if within(m, "interp")} - set(CONSUMERS) - {CORE}
     return {r: set(importlib.import_module(r).__all__) for r in rooms}
 
