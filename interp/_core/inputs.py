@@ -93,6 +93,11 @@ def _row(t: torch.Tensor) -> torch.Tensor:
     return t.long().cpu()
 
 
+def masked(mask: Optional[Int[torch.Tensor, "batch pos"]], n: int = 1) -> dict:
+    """The forward's keyword for `n` stacked copies of a batch with attention mask [batch, pos] (or None)."""
+    return {} if mask is None else {"attention_mask": mask.repeat(n, 1)}
+
+
 def token_batch(model: HookedModel, data: TextOrTokens, *, attention_mask: Optional[Int[torch.Tensor, "batch pos"]] = None,
                 padding_side: Optional[str] = None) -> TokenBatch:
     """Text, a list of texts, ids [pos] / [batch, pos], or a list of 1-D id tensors -> (ids, mask).

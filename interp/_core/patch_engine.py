@@ -19,7 +19,7 @@ from jaxtyping import Float, Int
 
 from sprout.names import act_name
 
-from .inputs import TextOrTokens, token_batch
+from .inputs import TextOrTokens, masked, token_batch
 from .metrics import Metric, degenerate, hide, metric_value, refuse_nan
 from .model import HookedModel, n_heads, n_layers, require_hooks, unembed
 from .specs import patch_label
@@ -122,11 +122,6 @@ def _patch_hook(chunk: list[Patch], source: torch.Tensor, layout: str):
             _write(act[i * B:(i + 1) * B], source, p, layout)
         return act
     return hook
-
-
-def masked(mask: Optional[Int[torch.Tensor, "batch pos"]], n: int = 1) -> dict:
-    """The forward's keyword for `n` stacked copies of a batch with attention mask [batch, pos] (or None)."""
-    return {} if mask is None else {"attention_mask": mask.repeat(n, 1)}
 
 
 def batched_forward(model: HookedModel, tokens: Int[torch.Tensor, "batch pos"], hooks: list, n: int,

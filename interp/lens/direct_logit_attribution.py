@@ -16,9 +16,8 @@ import torch
 
 from sprout.names import act_name
 
-from .._core.inputs import TextOrTokens, token_batch
+from .._core.inputs import TextOrTokens, masked, token_batch
 from .._core.model import HookedModel, model_name, n_heads, n_layers, require_hooks, str_tokens
-from .._core.patch_engine import masked
 from .._core.specs import Component
 
 FINAL_SCALE = act_name("scale", layer_type="ln_final")  # the final RMSNorm's one scale per position

@@ -26,10 +26,10 @@ import torch
 
 from sprout.names import act_name, layer_of
 
-from .._core.inputs import TextOrTokens
+from .._core.inputs import TextOrTokens, masked
 from .._core.metrics import Metric, check_metric, degenerate
 from .._core.model import HookedModel, require_hooks
-from .._core.patch_engine import batched_forward, batched_forward_from, by_layer, chunk_size, clean_and_corrupted, masked, split_metric
+from .._core.patch_engine import batched_forward, batched_forward_from, by_layer, chunk_size, clean_and_corrupted, split_metric
 from .._core.specs import VIA, Component, ComponentSpec, ComponentSpecs, HeadSpecs, as_component, as_components
 from .._core.specs import all_heads as _all_heads
 

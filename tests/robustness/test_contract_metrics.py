@@ -149,10 +149,10 @@ def test_an_induction_circuit_whose_metric_cannot_move_is_reported_undefined():
 
 @pytest.mark.parametrize("bad", [0, 2.5, True, "4"])
 def test_chunk_sizes_are_positive_integers(model, bad):
-    with pytest.raises(ValueError, match=rf"patches_per_forward must be None or an integer >= 1, got {bad!r}"):
-        interp.patch(model, *pair(), logit_diff, site="z", by="head", patches_per_forward=bad)
-    with pytest.raises(ValueError, match=rf"pairs_per_forward must be None or an integer >= 1, got {bad!r}"):
-        interp.path_patch(model, *pair(), logit_diff, ["L0H0"], ["L1H0"], pairs_per_forward=bad)
+    with pytest.raises(ValueError, match=rf"batch_size must be None or an integer >= 1, got {bad!r}"):
+        interp.patch(model, *pair(), logit_diff, site="z", by="head", batch_size=bad)
+    with pytest.raises(ValueError, match=rf"batch_size must be None or an integer >= 1, got {bad!r}"):
+        interp.path_patch(model, *pair(), logit_diff, ["L0H0"], ["L1H0"], batch_size=bad)
 
 
 @pytest.mark.parametrize("field", ["min_score", "min_share", "relative"])
