@@ -199,12 +199,10 @@ def _private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__")
 
 
-def private_imports(srcs: dict[str, tuple[str, bool]]) -> list[str]:
-    """`from X import _name` with X in another package than the importer, and imports of a private module
-    (`pkg._mod`) from outside pkg; every import counts, in functions too."""
-    bad = []
+def every_import(srcs: dict[str, tuple[str, bool]]):
+    """(importer, target module, imported name or None) for every import statement, in functions too:
+    `from a import b` is the module a.b when there is one (name None), else a with name b."""
     for name, (src, is_pkg) in srcs.items():
-        mine = name if is_pkg else name.rpartition(".")[0]
         for node in ast.walk(ast.parse(src)):
             if isinstance(node, ast.Import):
                 pairs = [(a.name, None) for a in node.names]
@@ -214,14 +212,24 @@ def private_imports(srcs: dict[str, tuple[str, bool]]) -> list[str]:
             else:
                 continue
             for target, attr in pairs:
-                if target.split(".")[0] not in OURS:
-                    continue
-                parts = target.split(".")
-                hidden = [".".join(parts[:i]) for i in range(1, len(parts)) if _private(parts[i])]
-                if any(not within(name, pkg) for pkg in hidden):
-                    bad.append(f"{name} imports the private module {target}")
-                elif attr is not None and _private(attr) and _package_of(target, srcs) != mine:
-                    bad.append(f"{name} imports {target}.{attr}, a private name of another package")
+                yield name, target, attr
+
+
+def private_imports(srcs: dict[str, tuple[str, bool]]) -> list[str]:
+    """`from X import _name` with X in another package than the importer, and imports of a private module
+    (`pkg._mod`) from outside pkg; every import counts, in functions too."""
+    bad = []
+    for name, target, attr in every_import(srcs):
+        if target.split(".")[0] not in OURS:
+            continue
+        is_pkg = srcs[name][1]
+        mine = name if is_pkg else name.rpartition(".")[0]
+        parts = target.split(".")
+        hidden = [".".join(parts[:i]) for i in range(1, len(parts)) if _private(parts[i])]
+        if any(not within(name, pkg) for pkg in hidden):
+            bad.append(f"{name} imports the private module {target}")
+        elif attr is not None and _private(attr) and _package_of(target, srcs) != mine:
+            bad.append(f"{name} imports {target}.{attr}, a private name of another package")
     return sorted(set(bad))
 
 
@@ -387,22 +395,10 @@ def room_of(module: str) -> str:
 
 
 def interp_imports(srcs: dict[str, tuple[str, bool]]):
-    """(importer, target module, imported name or None) for every import of interp by interp, in functions
-    too: `from a import b` is the module a.b when there is one (name None), else a with name b."""
-    for name, (src, is_pkg) in srcs.items():
-        if not within(name, "interp"):
-            continue
-        for node in ast.walk(ast.parse(src)):
-            if isinstance(node, ast.Import):
-                pairs = [(a.name, None) for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = _resolve(node, name, is_pkg)
-                pairs = [(f"{base}.{a.name}", None) if f"{base}.{a.name}" in srcs else (base, a.name) for a in node.names]
-            else:
-                continue
-            for target, attr in pairs:
-                if within(target, "interp"):
-                    yield name, target, attr
+    """`every_import` of interp by interp."""
+    for name, target, attr in every_import(srcs):
+        if within(name, "interp") and within(target, "interp"):
+            yield name, target, attr
 
 
 def room_violations(srcs: dict[str, tuple[str, bool]], exports: dict[str, set[str]]) -> list[str]:
