@@ -30,7 +30,7 @@ from transformer_lens import patching
 
 import interp
 from benchmarks.run import build
-from interp.patching import patch_tensor
+from interp.patching.activation import patch_tensor
 from sprout import SproutConfig
 from sprout.names import act_name
 

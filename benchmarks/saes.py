@@ -33,8 +33,8 @@ if not __package__:
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 import interp  # noqa: E402
 from benchmarks.run import interleaved  # noqa: E402
-from interp.saes.harvest import ModelSource  # noqa: E402
-from interp.texts import model_text  # noqa: E402
+from interp.data import model_text  # noqa: E402
+from interp.saes.training.harvest import ModelSource  # noqa: E402
 from sprout import Sprout, SproutConfig  # noqa: E402
 from sprout.files import load  # noqa: E402
 from sprout.names import act_name  # noqa: E402
@@ -86,7 +86,7 @@ def harvest(model, hook: str, text: str) -> torch.Tensor:
     """Every activation at `hook` on the text's windows, [n, d]."""
     out = []
     with torch.inference_mode():
-        for i, ids in enumerate(interp.stream_windows(model, text).split(16)):
+        for i, ids in enumerate(interp.data.stream_windows(model, text).split(16)):
             _, cache = model.run_with_cache(ids, names_filter=hook, stop_at_layer=int(hook.split(".")[1]) + 1)
             out.append(cache[hook].reshape(-1, cache[hook].shape[-1]))
     return torch.cat(out)

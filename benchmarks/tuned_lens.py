@@ -17,8 +17,8 @@ if not __package__:
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 import interp  # noqa: E402
 from benchmarks.run import interleaved  # noqa: E402
-from interp._lens_loss import Scratch as _Scratch  # noqa: E402
-from interp.tuned_lens_train import _frozen, lens_step  # noqa: E402
+from interp.lens._loss import Scratch as _Scratch  # noqa: E402
+from interp.lens.train import _frozen, lens_step  # noqa: E402
 from sprout import Sprout, SproutConfig  # noqa: E402
 from sprout.files import load  # noqa: E402
 

@@ -24,8 +24,8 @@ import torch
 if not __package__:
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 import interp  # noqa: E402
-from interp._batching import batches, token_rows  # noqa: E402
-from interp.tuned_lens_train import model_text  # noqa: E402
+from interp._core.batching import batches, token_rows  # noqa: E402
+from interp.lens.train import model_text  # noqa: E402
 from sprout.files import load  # noqa: E402
 from sprout.files.hf import export  # noqa: E402
 

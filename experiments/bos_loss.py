@@ -53,7 +53,7 @@ def bos_losses(model, text: str) -> pd.DataFrame:
     size = int(model.cfg.n_ctx) - 1
     stories = [encode(model.tokenizer, s)[:size] for s in text.split("\n\n") if s.strip()]
     ids = encode(model.tokenizer, text)
-    windows = interp.windows(ids, size)
+    windows = interp.data.slices(ids, size)
     out = []
     for where, rows in (("story starts", stories), ("windows", windows)):
         rows = [r for r in rows if len(r) > 1]

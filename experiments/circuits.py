@@ -33,8 +33,8 @@ def add_args(p):
 
 
 def _pairs(model, n: int, story_len: int):
-    repeated = interp.circuit.repeated_pair(model, half_len=min(24, int(model.cfg.n_ctx) // 2), n_seqs=n)
-    stories = interp.circuit.story_pair(model, n_stories=n, max_len=story_len)
+    repeated = interp.induction.circuit.repeated_pair(model, half_len=min(24, int(model.cfg.n_ctx) // 2), n_seqs=n)
+    stories = interp.induction.circuit.story_pair(model, n_stories=n, max_len=story_len)
     return repeated, stories
 
 
@@ -120,8 +120,8 @@ def _composition(model, label, out) -> list[dict]:
 
 
 def _attribution(model, label, out) -> list[dict]:
-    clean, corrupted = interp.circuit.repeated_pair(model, half_len=min(16, int(model.cfg.n_ctx) // 2), n_seqs=2)
-    metric = interp.circuit.induction_metric(clean)
+    clean, corrupted = interp.induction.circuit.repeated_pair(model, half_len=min(16, int(model.cfg.n_ctx) // 2), n_seqs=2)
+    metric = interp.induction.circuit.induction_metric(clean)
     frame = interp.attribution_patch(model, clean, corrupted, metric, site="z", by="head", exact=True)
     out.table(frame, f"attribution_{label}")
     out.figure(figures.attribution_scatter(frame, title=f"Attribution patching vs exact, {label}"),
@@ -211,13 +211,13 @@ def _held_out(model, n_windows: int = 32):
     """Held-out ids [n, 129] for the in-context score, or None when the context or the text is too short."""
     from sprout.tokenizer import encode
 
-    n = interp.phase.LATE.stop + 1
+    n = interp.induction.phase.LATE.stop + 1
     if int(model.cfg.n_ctx) < n - 1 or getattr(model, "tokenizer", None) is None:
         return None
     ids = torch.tensor(encode(model.tokenizer, held_out_text(model, 40_000)))
     if len(ids) < n:
         return None
-    return torch.stack(interp.windows(ids, n, drop_last=True)[:n_windows])
+    return torch.stack(interp.data.slices(ids, n, drop_last=True)[:n_windows])
 
 
 def run(models, out, args) -> list[dict]:

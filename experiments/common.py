@@ -12,10 +12,9 @@ import json
 import os
 import shutil
 import sys
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 import pandas as pd
 import torch
@@ -127,17 +126,9 @@ def folder_of(models: dict, label: str) -> Optional[Path]:
     return models.folder(label) if isinstance(models, Models) else None
 
 
-def model_dir(spec) -> Optional[Path]:
-    """The folder a model spec names (a demo name, a checkpoint folder or a weights file in one), if it exists.
-
-    `model_dir(model)` (a loaded model, read through a `spec` attribute that `load_models` no longer sets)
-    is deprecated: a model does not know its folder; use `folder_of(models, label)`."""
-    if not isinstance(spec, (str, os.PathLike)):
-        warnings.warn("model_dir(model) is deprecated: a loaded model does not know its folder; use "
-                      "folder_of(models, label) (load_models returns the folders)", DeprecationWarning, stacklevel=2)
-        spec = getattr(spec, "spec", None)
-        if spec is None:
-            return None
+def model_dir(spec: Union[str, os.PathLike]) -> Optional[Path]:
+    """The folder a model spec names (a demo name, a checkpoint folder or a weights file in one), if it exists
+    (a loaded model does not know its folder: `folder_of(models, label)`)."""
     p = Path(spec)
     if p.is_file():
         return p.parent

@@ -171,7 +171,7 @@ def name_pieces(model, n_stories: int = N_STORIES, seed: int = 1):
         enc = tok.encode(story, add_special_tokens=False)
         n = min(len(enc.ids), int(model.cfg.n_ctx))
         mask = torch.zeros(n, dtype=torch.bool)
-        for spans in interp.story_names(story).values():
+        for spans in interp.induction.story_names(story).values():
             for start, end in spans[1:]:
                 toks = [t for t in range(n) if enc.offsets[t][0] < end and enc.offsets[t][1] > start]
                 mask[toks[1:]] = True
@@ -206,7 +206,7 @@ def readme_section(model, root=None) -> str:
     """The Markdown between the README's features markers, computed from the shipped dictionaries (or those
     of `root`, a demo-like folder with saes/ in it)."""
     n = int(model.cfg.n_layers)
-    text = interp.held_out_stories(CLAMP_CHARS, seed=interp.HELD_OUT_SEED + 2)
+    text = interp.held_out_stories(CLAMP_CHARS, seed=interp.data.HELD_OUT_SEED + 2)
     rows, masks = name_pieces(model)
     tc = interp.load_transcoder(model, n - 1, root=root)
     sel = interp_features.latent_selectivity(model, tc, rows, masks)

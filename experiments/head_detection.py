@@ -24,7 +24,7 @@ def add_args(p):
 
 def scores_for(model, n_seqs: int) -> dict:
     return {kind: interp.head_scores(model, kind, half_len=half_len(model), n_seqs=n_seqs, seed=SETTINGS.seed)
-            for kind in interp.KINDS}
+            for kind in interp.heads.SCORE_KINDS}
 
 
 def repeat_rows(model, label: str, n_seqs: int) -> list[dict]:

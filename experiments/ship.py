@@ -43,12 +43,12 @@ import torch
 
 import interp
 import sprout
+from interp import fingerprint
 from interp.cli import positive
+from interp.data import model_text
 from interp.saes.shipped import shipped_folder
-from interp.texts import model_text
-from interp.tuned_lens import fingerprint
 from sprout.files import demo_dir, demo_names, latest_checkpoint, replace_file
-from sprout.names import act_name, layer_of
+from sprout.names import act_name
 from sprout.training.english import is_english
 from sprout.training.recipes import Recipe as TrainRecipe
 from sprout.training.recipes import recipe_corpus
@@ -66,8 +66,9 @@ DEAD_SEED = 20261202  # held-out stories the dead fraction is counted on (not th
 
 
 @dataclass(frozen=True)
-class Recipe:
-    """How one demo's dictionaries are trained (TopK with AuxK: L0 is k by construction)."""
+class ShipPlan:
+    """How one demo's shipped dictionaries are trained and checked (TopK with AuxK: L0 is k by construction);
+    not a `sprout.training.Recipe`, which trains a model."""
 
     expansion: float = 4  # residual SAEs: d_sae = expansion x d_model (rounded)
     transcoder_expansion: float = 2  # transcoders: at 4x, 11-36% of the latents never fired on 106k held-out tokens
@@ -82,14 +83,14 @@ class Recipe:
     train_chars: int = 3_000_000  # the first chars of the demo's training text (about 1M tokens)
     held_out_chars: int = 20_000  # held-out text EV, L0 and CE recovered are measured on
     # held-out text the dead fraction is measured on (about 40k tokens, as many as the independent check in
-    # tests/interp/test_shipped_saes.py counts over: over 120k, gpt-4's MLP-0 transcoder had 4.4% dead, 6.5% over 40k)
+    # tests/interp/saes/test_shipped.py counts over: over 120k, gpt-4's MLP-0 transcoder had 4.4% dead, 6.5% over 40k)
     dead_chars: int = 140_000
     seed: int = 0
     skip: bool = True  # transcoders with a linear skip (skip transcoders, Paulo, Shabalin & Belrose 2025)
     # one dictionary's own settings, keyed "resid <layer>" / "transcoder <layer>": {field: value}
     overrides: dict = field(default_factory=dict)
 
-    def at(self, part: str, layer: int) -> "Recipe":
+    def at(self, part: str, layer: int) -> "ShipPlan":
         """The settings of one dictionary (part "resid" or "transcoders", block `layer`), overrides applied.
 
         Raises:
@@ -101,7 +102,7 @@ class Recipe:
         texts = sorted(set(own) & set(TEXT_FIELDS))
         if texts:
             raise ValueError(f"the override of {key!r} sets {texts}: every dictionary of a demo is measured on the "
-                             "same held-out texts, so set them on the Recipe itself")
+                             "same held-out texts, so set them on the ShipPlan itself")
         return replace(self, **own, overrides={})
 
     def most_train_chars(self) -> int:
@@ -123,8 +124,8 @@ _GPT4 = {"resid 1": {"steps": 3000}, "resid 2": {"steps": 10000, "expansion": 8,
          "transcoder 2": {"transcoder_steps": 10000, "kind": "batchtopk", "train_chars": 15_000_000},
          "transcoder 0": {"transcoder_expansion": 1, "transcoder_steps": 3000},
          "transcoder 3": {"transcoder_expansion": 1, "transcoder_steps": 3000, "train_chars": 15_000_000}}
-RECIPES = {"gpt-4": Recipe(overrides=_GPT4),
-           "sprout-mini": Recipe(overrides={"resid 0": {"expansion": 2}, "resid 6": {"steps": 3000},
+SHIP_PLANS = {"gpt-4": ShipPlan(overrides=_GPT4),
+           "sprout-mini": ShipPlan(overrides={"resid 0": {"expansion": 2}, "resid 6": {"steps": 3000},
                                             "transcoder 4": _LATE_MLP, "transcoder 7": _LATE_MLP})}
 PARTS = ("resid", "transcoders")
 STEPS = ("lens", "saes", "phase", "readme")  # what one command rebuilds, in this order
@@ -134,7 +135,7 @@ LENS = dict(steps=150, batch_size=8, train_chars=400_000, held_out_chars=60_000,
 
 def ship_lens(name: str, model) -> None:
     t0 = time.perf_counter()
-    texts = demo_texts(name, Recipe(train_chars=LENS["train_chars"], held_out_chars=LENS["held_out_chars"]))
+    texts = demo_texts(name, ShipPlan(train_chars=LENS["train_chars"], held_out_chars=LENS["held_out_chars"]))
     train, desc = train_text(texts, LENS["train_chars"])
     lens = interp.train_tuned_lens(
         model, train, steps=LENS["steps"], batch_size=LENS["batch_size"], seed=LENS["seed"],
@@ -176,7 +177,7 @@ def earlier_stages(name: str) -> list[Path]:
     return found
 
 
-def demo_texts(name: str, r: Recipe) -> dict:
+def demo_texts(name: str, r: ShipPlan) -> dict:
     """The demo's training text and its held-out texts, from the recipe it was trained with (recipe.json):
     an English demo's own corpus (`english_corpus`: train text; each source's held-out text in turn), a
     stories demo's corpus (`model_text`) and held-out stories."""
@@ -215,21 +216,6 @@ def held_out_metrics(model, sae, text: str) -> dict:
                                      "ce_spliced", "ce_zero", "ce_loss_recovered", "kl_spliced", "n_tokens")}
 
 
-@torch.inference_mode()
-def dead_fractions(model, saes: list, text: str) -> tuple[list, int]:
-    """The fraction of each dictionary's latents that fire on none of the text's tokens, from one forward per
-    batch for all of them (stopping after the last block read), and the number of tokens."""
-    hooks = sorted({s.hook_name for s in saes})
-    last = max(layer_of(h) for h in hooks) + 1
-    ids = interp.stream_windows(model, text)
-    fired = [torch.zeros(s.d_sae, dtype=torch.bool) for s in saes]
-    for start in range(0, len(ids), 32):
-        _, cache = model.run_with_cache(ids[start:start + 32], names_filter=hooks, stop_at_layer=last)
-        for s, f in zip(saes, fired):
-            f |= (s.encode(cache[s.hook_name]) != 0).flatten(0, -2).any(0).cpu()
-    return [1 - f.double().mean().item() for f in fired], ids.numel()
-
-
 def failures(kind: str, held: dict) -> list[str]:
     """What a dictionary's held-out metrics miss of the targets ([] when it meets them all)."""
     ev, ce = TARGETS[kind]
@@ -240,13 +226,13 @@ def failures(kind: str, held: dict) -> list[str]:
     return [why for ok, why in checks if not ok]
 
 
-def train_dictionaries(model, r: Recipe, texts: dict, parts=PARTS, layers=None) -> dict:
+def train_dictionaries(model, r: ShipPlan, texts: dict, parts=PARTS, layers=None) -> dict:
     """{hook or layer: dictionary}: the resid_post SAEs, then the transcoders, of `layers` (default every
     block); the dictionaries of a part that share settings train from one forward per batch."""
     layers = list(range(int(model.cfg.n_layers))) if layers is None else list(layers)
     out = {}
     for part in [p for p in PARTS if p in parts]:
-        groups: dict = {}  # the settings as JSON (a Recipe holds a dict: unhashable) -> (Recipe, layers)
+        groups: dict = {}  # the settings as JSON (a ShipPlan holds a dict: unhashable) -> (ShipPlan, layers)
         for layer in layers:
             rl = r.at(part, layer)
             groups.setdefault(json.dumps(asdict(rl), sort_keys=True), (rl, []))[1].append(layer)
@@ -255,7 +241,7 @@ def train_dictionaries(model, r: Recipe, texts: dict, parts=PARTS, layers=None) 
     return out
 
 
-def _train_group(model, r: Recipe, texts: dict, part: str, layers: list) -> dict:
+def _train_group(model, r: ShipPlan, texts: dict, part: str, layers: list) -> dict:
     d = int(model.cfg.d_model)
     train, desc = train_text(texts, r.train_chars)
     common = dict(kind=r.kind, k=r.k, batch_size=r.batch_size, lr=r.lr, seed=r.seed,
@@ -271,12 +257,12 @@ def _train_group(model, r: Recipe, texts: dict, part: str, layers: list) -> dict
     return trained
 
 
-def ship_saes(name: str, model, r: Recipe, parts=PARTS, keep_passing: bool = False, layers=None) -> list:
+def ship_saes(name: str, model, r: ShipPlan, parts=PARTS, keep_passing: bool = False, layers=None) -> list:
     texts = demo_texts(name, r)
     t0 = time.perf_counter()
     trained = train_dictionaries(model, r, texts, parts, layers)
     seconds = time.perf_counter() - t0
-    dead, n_dead_tokens = dead_fractions(model, list(trained.values()), texts["dead"])
+    dead, n_dead_tokens = interp.saes.dead_fractions(model, list(trained.values()), texts["dead"])
     bad, ready = [], []
     for (key, sae), dead_fraction in zip(trained.items(), dead):
         kind = "transcoder" if isinstance(sae, interp.Transcoder) else "sae"
@@ -348,7 +334,7 @@ def ship_readme(path: Path, docs: Path, threads: int) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.ship", description=__doc__.splitlines()[0])
-    p.add_argument("name", help=f"a shipped demo ({', '.join(RECIPES)} have dictionaries)")
+    p.add_argument("name", help=f"a shipped demo ({', '.join(SHIP_PLANS)} have dictionaries)")
     p.add_argument("--only", nargs="+", choices=STEPS, default=None,
                    help="what to rebuild (default: everything the demo has: phase with --run, saes with a recipe)")
     p.add_argument("--readme", type=Path, default=Path("README.md"), help="the README whose blocks readme rewrites")
@@ -378,9 +364,9 @@ def main(argv=None) -> int:
             raise SystemExit("--only phase needs --run RUN: the training run the weights came from")
         ship_phase(args.name, model, args.run)
     if "saes" in only:
-        if args.name not in RECIPES:
-            raise SystemExit(f"{args.name} has no dictionary recipe; those with one: {', '.join(RECIPES)}")
-        r = RECIPES[args.name]
+        if args.name not in SHIP_PLANS:
+            raise SystemExit(f"{args.name} has no dictionary plan; those with one: {', '.join(SHIP_PLANS)}")
+        r = SHIP_PLANS[args.name]
         if args.steps is not None:
             r = replace(r, steps=args.steps, transcoder_steps=args.steps)
         ship_saes(args.name, model, r, args.parts, keep_passing=args.keep_passing, layers=args.layers)
@@ -393,7 +379,7 @@ def default_steps(name: str, run) -> list[str]:
     """Everything a demo has: its lens, its phase tables (from the run given), its dictionaries (with a
     recipe), then the README."""
     skipped = {"phase"} if run is None else set()
-    if name not in RECIPES:
+    if name not in SHIP_PLANS:
         skipped.add("saes")
     if "phase" in skipped:
         print(f"{name}: phase tables kept as shipped (give --run RUN, the training run, to rebuild them)")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from interp.tuned_lens import fingerprint
+from interp import fingerprint
 from sprout.files import file_in, read_bounded, replace_file
 from sprout.files.weightfiles import read_json_file
 

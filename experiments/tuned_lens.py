@@ -1,7 +1,7 @@
 """The tuned lens beside the logit lens: both grids for one text, and per-layer KL / cross-entropy on held-out text.
 
 Loads each model's shipped lens (or the one beside its checkpoint); it never trains one (that is
-`python -m interp.tuned_lens_train`). A model without a lens is listed and skipped.
+`python -m interp.lens.train`). A model without a lens is listed and skipped.
 """
 from __future__ import annotations
 

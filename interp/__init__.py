@@ -3,41 +3,88 @@
 Every analysis reads activations through TransformerLens' canonical hook names only, caches only the
 hooks it needs, runs in batches under `torch.inference_mode()`, and never plots or writes files (that
 is `figures` and `experiments`).
+
+The package is in rooms, one per question a user comes with; each room's `__all__` is its whole API,
+and the names below are the headline analyses of each:
+
+    interp.data       probe material: held-out stories, everyday English, repeated random tokens
+    interp.lens       what does each layer predict? logit lens, tuned lens, direct logit attribution
+    interp.heads      what does each head do? head scores, attention, composition, ablation
+    interp.patching   what carries the behaviour? activation, attribution and path patching
+    interp.induction  the chapter's study of induction (built from the rooms above)
+    interp.measures   numbers about the whole model: losses, residual RMS, parameters, RoPE
+    interp.saes       dictionaries: SAEs and transcoders (training in interp.saes.training)
 """
-from ._inputs import stream_windows, windows
-from ._model import HookedModel
-from ._specs import Component, Head
-from .ablation import ablate_heads
-from .attention import attention_patterns, pattern_tensor
-from .attribution_patching import attribution_patch, attribution_summary
-from .circuit import induction_circuit
-from .circuit_spread import circuit_spread, spread_ranges, spread_sentences
-from .composition import composition_scores, ov_copying_scores, positional_qk_scores
-from .direct_logit_attribution import logit_attribution
-from .heads import KINDS, head_score_tensor, head_scores, repeated_tokens, target_mask
-from .induction import induction_stories, induction_table, story_names
-from .lens import first_top1_layer, lens_dataset_summary, lens_summary, logit_lens
-from .loss import loss_table, mean_loss, repeat_loss, unigram_log_probs
-from .params import param_table
-from .patching import SITES, patch, patch_tensor
-from .path_patching import path_patch
-from .phase import control_pairs, icl_score, phase_change, phase_heads, phase_measures, phase_table
-from .residual import LogHistogram, residual_rms
-from .rope import rope_distance_check
-from .saes import SAE, Transcoder, load_sae, load_transcoder, run_with_saes, sae_metrics, spliced, train_sae, train_transcoder
-from .texts import HELD_OUT_SEED, everyday_english, held_out_stories
-from .tuned_lens import TunedLens, lens_comparison, load_tuned_lens, tuned_lens
-from .tuned_lens_train import train_tuned_lens
+# what an analysis takes: a model, heads and components; the identity saved files record
+from ._core.identity import fingerprint
+from ._core.model import HookedModel
+from ._core.specs import Component, Head
+
+# probe material
+from .data import everyday_english, held_out_stories, repeated_tokens
+
+# heads: what each head does
+from .heads import ablate_heads, attention_patterns, composition_scores, head_scores, ov_copying_scores, positional_qk_scores
+
+# induction: the chapter's study
+from .induction import (
+    circuit_spread,
+    control_pairs,
+    icl_score,
+    induction_circuit,
+    induction_stories,
+    induction_table,
+    phase_change,
+    phase_heads,
+    phase_measures,
+    phase_table,
+    spread_ranges,
+    spread_sentences,
+)
+
+# lens: what each layer predicts, and who writes a logit
+from .lens import (
+    TunedLens,
+    first_top1_layer,
+    lens_comparison,
+    lens_dataset_summary,
+    lens_summary,
+    load_tuned_lens,
+    logit_attribution,
+    logit_lens,
+    train_tuned_lens,
+    tuned_lens,
+)
+
+# measures: the model as a whole
+from .measures import loss_table, mean_loss, param_table, repeat_loss, residual_rms, rope_distance_check
+
+# patching: which activation or path carries the behaviour
+from .patching import attribution_patch, attribution_summary, patch, path_patch
+
+# saes: dictionaries (training apart)
+from .saes import SAE, Transcoder, load_sae, load_transcoder, run_with_saes, sae_metrics, spliced
+from .saes.training import train_sae, train_transcoder
 
 __all__ = [
-    "ablate_heads", "attention_patterns", "Component", "Head", "attribution_patch", "attribution_summary", "circuit_spread",
-    "composition_scores", "control_pairs", "everyday_english", "first_top1_layer", "head_score_tensor", "head_scores",
-    "HELD_OUT_SEED", "held_out_stories", "HookedModel", "icl_score",
-    "induction_circuit", "induction_stories", "induction_table", "KINDS", "lens_comparison", "lens_dataset_summary",
-    "lens_summary", "load_tuned_lens", "LogHistogram", "logit_attribution", "logit_lens", "loss_table", "mean_loss",
-    "ov_copying_scores", "param_table", "patch", "patch_tensor", "path_patch", "pattern_tensor", "phase_change", "phase_heads",
-    "phase_measures", "phase_table", "positional_qk_scores", "repeat_loss", "repeated_tokens", "residual_rms",
-    "rope_distance_check", "SAE", "SITES", "spread_ranges", "spread_sentences", "story_names", "Transcoder", "load_sae",
-    "load_transcoder", "train_sae", "train_transcoder", "target_mask", "train_tuned_lens", "tuned_lens", "TunedLens",
-    "run_with_saes", "sae_metrics", "spliced", "stream_windows", "unigram_log_probs", "windows",
+    # model, heads and components, identity
+    "Component", "Head", "HookedModel", "fingerprint",
+    # probe material
+    "everyday_english", "held_out_stories", "repeated_tokens",
+    # lens
+    "TunedLens", "first_top1_layer", "lens_comparison", "lens_dataset_summary", "lens_summary", "load_tuned_lens",
+    "logit_attribution", "logit_lens", "train_tuned_lens", "tuned_lens",
+    # heads
+    "ablate_heads", "attention_patterns", "composition_scores", "head_scores", "ov_copying_scores",
+    "positional_qk_scores",
+    # patching
+    "attribution_patch", "attribution_summary", "patch", "path_patch",
+    # induction
+    "circuit_spread", "control_pairs", "icl_score", "induction_circuit", "induction_stories", "induction_table",
+    "phase_change", "phase_heads", "phase_measures", "phase_table", "spread_ranges", "spread_sentences",
+    # measures
+    "loss_table", "mean_loss", "param_table", "repeat_loss", "residual_rms", "rope_distance_check",
+    # saes
+    "SAE", "Transcoder", "load_sae", "load_transcoder", "run_with_saes", "sae_metrics", "spliced", "train_sae",
+    "train_transcoder",
 ]

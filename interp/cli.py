@@ -17,12 +17,15 @@ import torch
 import sprout
 from sprout.files import read_bounded
 
-from ._specs import head_label
-from .heads import KINDS, head_scores
-from .lens import logit_lens
-from .residual import residual_rms
-from .texts import held_out_stories
-from .tuned_lens import load_tuned_lens, tuned_lens
+from ._core.arguments import positive, whole_number
+from ._core.specs import head_label
+from .data import held_out_stories
+from .heads import SCORE_KINDS, head_scores
+from .lens import load_tuned_lens, logit_lens, tuned_lens
+from .measures import residual_rms
+
+__all__ = ["Main", "heads_main", "heads_table", "lens_main", "lens_table", "one_line", "positive", "read_text_file",
+           "rms_main", "rms_table", "whole_number"]
 
 # a command's entry point: argv (None: sys.argv[1:]) -> exit status
 Main = Callable[[Optional[Sequence[str]]], int]
@@ -31,23 +34,6 @@ Main = Callable[[Optional[Sequence[str]]], int]
 def _model(args):
     torch.set_num_threads(args.threads)
     return sprout.load(args.model).eval()
-
-
-def whole_number(minimum: int = 1) -> Callable[[str], int]:
-    """An argparse type: an integer >= `minimum` (`--top -1` and `--threads 0` are refused, not reinterpreted)."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {value}")
-        return value
-    parse.__name__ = f"whole number >= {minimum}"
-    return parse
-
-
-positive = whole_number(1)
 
 
 def _common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -158,7 +144,7 @@ def heads_table(scores: pd.DataFrame, top: int) -> str:
 def heads_main(argv: Optional[Sequence[str]] = None) -> int:
     """`sprout heads --model gpt-4 --kind induction`: the top heads of one kind."""
     p = _common(argparse.ArgumentParser(prog="sprout heads", description=heads_main.__doc__))
-    p.add_argument("--kind", default="induction", choices=list(KINDS))
+    p.add_argument("--kind", default="induction", choices=list(SCORE_KINDS))
     p.add_argument("--top", type=positive, default=10, help="how many heads to list (>= 1)")
     p.add_argument("--text", default=None, help="score on this text instead of repeated random tokens")
     args = p.parse_args(argv)

@@ -5,9 +5,12 @@ sprout (the model) <- sprout.training; sprout <- interp <- figures / experiments
 imports experiments. Inside the packages: no import circle among module-level imports (a module that
 imports `a.b.c` also runs the packages `a.b` and `a` it is not part of), the probe material
 (sprout.material) imports nothing of the model or its files, and no module imports another package's
-private (`_name`) names or modules.
+private (`_name`) names or modules. interp is in rooms (interp.lens, interp.heads, ...; the last part of
+this file): another room is reached through its `__all__` only, no private name crosses a room, the private
+core imports no room, and no circle runs between rooms.
 """
 import ast
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -196,12 +199,10 @@ def _private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__")
 
 
-def private_imports(srcs: dict[str, tuple[str, bool]]) -> list[str]:
-    """`from X import _name` with X in another package than the importer, and imports of a private module
-    (`pkg._mod`) from outside pkg; every import counts, in functions too."""
-    bad = []
+def every_import(srcs: dict[str, tuple[str, bool]]):
+    """(importer, target module, imported name or None) for every import statement, in functions too:
+    `from a import b` is the module a.b when there is one (name None), else a with name b."""
     for name, (src, is_pkg) in srcs.items():
-        mine = name if is_pkg else name.rpartition(".")[0]
         for node in ast.walk(ast.parse(src)):
             if isinstance(node, ast.Import):
                 pairs = [(a.name, None) for a in node.names]
@@ -211,14 +212,24 @@ def private_imports(srcs: dict[str, tuple[str, bool]]) -> list[str]:
             else:
                 continue
             for target, attr in pairs:
-                if target.split(".")[0] not in OURS:
-                    continue
-                parts = target.split(".")
-                hidden = [".".join(parts[:i]) for i in range(1, len(parts)) if _private(parts[i])]
-                if any(not within(name, pkg) for pkg in hidden):
-                    bad.append(f"{name} imports the private module {target}")
-                elif attr is not None and _private(attr) and _package_of(target, srcs) != mine:
-                    bad.append(f"{name} imports {target}.{attr}, a private name of another package")
+                yield name, target, attr
+
+
+def private_imports(srcs: dict[str, tuple[str, bool]]) -> list[str]:
+    """`from X import _name` with X in another package than the importer, and imports of a private module
+    (`pkg._mod`) from outside pkg; every import counts, in functions too."""
+    bad = []
+    for name, target, attr in every_import(srcs):
+        if target.split(".")[0] not in OURS:
+            continue
+        is_pkg = srcs[name][1]
+        mine = name if is_pkg else name.rpartition(".")[0]
+        parts = target.split(".")
+        hidden = [".".join(parts[:i]) for i in range(1, len(parts)) if _private(parts[i])]
+        if any(not within(name, pkg) for pkg in hidden):
+            bad.append(f"{name} imports the private module {target}")
+        elif attr is not None and _private(attr) and _package_of(target, srcs) != mine:
+            bad.append(f"{name} imports {target}.{attr}, a private name of another package")
     return sorted(set(bad))
 
 
@@ -357,3 +368,128 @@ def test_no_module_imports_itself_through_others():
 def test_the_cycle_finder_finds_a_circle_and_passes_a_chain():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+# --- interp's rooms -----------------------------------------------------------------------------------
+# interp is in rooms, one per question a user comes with: each child of interp (a subpackage such as
+# interp.lens, or a module such as interp.data) is a room, and interp.saes.training is a room apart from
+# interp.saes. interp._core is the private plumbing they share. A room reaches another only through that
+# room's `__all__` (its public API); a subroom may use its parent's modules' public names; nothing imports
+# a private name or module of another room; _core imports no room; no room imports interp's top or its
+# command line; and no circle runs between rooms.
+
+CORE = "interp._core"
+SUBROOMS = ("interp.saes.training",)
+EXPECTED_ROOMS = {CORE, "interp.data", "interp.lens", "interp.heads", "interp.patching", "interp.induction",
+                  "interp.measures", "interp.saes", "interp.saes.training"}
+CONSUMERS = ("interp", "interp.cli")  # the curated top and the command line: above every room
+
+
+def room_of(module: str) -> str:
+    """The room a module of interp is in: interp.X (or a subroom); interp itself is the top."""
+    for sub in SUBROOMS:
+        if within(module, sub):
+            return sub
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 else module
+
+
+def interp_imports(srcs: dict[str, tuple[str, bool]]):
+    """`every_import` of interp by interp."""
+    for name, target, attr in every_import(srcs):
+        if within(name, "interp") and within(target, "interp"):
+            yield name, target, attr
+
+
+def room_violations(srcs: dict[str, tuple[str, bool]], exports: dict[str, set[str]]) -> list[str]:
+    """What breaks the rooms' rules; `exports` is each room's `__all__`."""
+    bad = []
+    for mod, target, attr in interp_imports(srcs):
+        mine, theirs = room_of(mod), room_of(target)
+        if mine == theirs or mine in CONSUMERS and theirs == "interp" and target != "interp":
+            continue
+        parts = target.split(".")
+        if theirs in CONSUMERS:
+            bad.append(f"{mod} imports {target}: a room never imports interp's top or its command line")
+        elif within(mod, CORE):
+            bad.append(f"{mod} imports {target}: the core imports no room")
+        elif any(_private(p) for p in parts[2:]) or attr is not None and _private(attr):
+            bad.append(f"{mod} imports {target}{'.' + attr if attr else ''}: a private name of another room")
+        elif theirs == CORE or any(within(mine, sub) and within(theirs, sub.rpartition(".")[0]) for sub in SUBROOMS):
+            continue
+        elif target != theirs or attr is None or attr not in exports.get(theirs, set()):
+            bad.append(f"{mod} imports {target}{'.' + attr if attr else ''}: another room is reached through "
+                       f"its __all__ only (from {theirs} import ...)")
+    return sorted(set(bad))
+
+
+def room_graph(srcs: dict[str, tuple[str, bool]]) -> dict[str, set[str]]:
+    """{room: the rooms it imports} (every import counts, in functions too)."""
+    g: dict[str, set[str]] = {}
+    for mod, target, _ in interp_imports(srcs):
+        if room_of(mod) != room_of(target):
+            g.setdefault(room_of(mod), set()).add(room_of(target))
+    return g
+
+
+def room_exports() -> dict[str, set[str]]:
+    rooms = {room_of(m) for m in sources() if within(m, "interp")} - set(CONSUMERS) - {CORE}
+    return {r: set(importlib.import_module(r).__all__) for r in rooms}
+
+
+def test_interp_is_in_the_expected_rooms_each_with_an_all():
+    srcs = sources()
+    rooms = {room_of(m) for m in srcs if within(m, "interp")} - set(CONSUMERS)
+    assert rooms >= EXPECTED_ROOMS
+    assert all(e for e in room_exports().values())  # every room says what it offers
+
+
+def test_rooms_reach_each_other_through_their_public_api_only():
+    assert room_violations(sources(), room_exports()) == []
+
+
+def test_no_circle_between_rooms_and_the_core_imports_no_room():
+    g = room_graph(sources())
+    assert circles(g) == []
+    assert g.get(CORE, set()) == set()
+
+
+def test_the_induction_room_is_built_from_the_other_rooms_public_names():
+    """The chapter's study uses the other rooms as a user would (and the shared core)."""
+    srcs = sources()
+    exports = room_exports()
+    for mod, target, attr in interp_imports(srcs):
+        if within(mod, "interp.induction") and not within(target, "interp.induction") and not within(target, CORE):
+            assert target in exports and attr in exports[target], f"{mod} imports {target}.{attr}"
+
+
+@pytest.mark.parametrize("module,source,package,found", [
+    ("interp.induction.circuit", "from ..heads.ablation import ablate_heads", False, "through its __all__"),
+    ("interp.induction.circuit", "from ..heads import _loss", False, "private name of another room"),
+    ("interp.heads.ablation", "from ..lens._loss import Scratch", False, "private name of another room"),
+    ("interp.heads.ablation", "def f():\n    from ..lens import secret", False, "through its __all__"),
+    ("interp._core.model", "from ..lens import logit_lens", False, "the core imports no room"),
+    ("interp.lens.logit", "from .. import logit_lens", False, "never imports interp's top"),
+    ("interp.lens.logit", "from ..cli import positive", False, "never imports interp's top"),
+    ("interp.induction.circuit", "from ..heads import ablate_heads\nfrom .._core.model import n_layers", False, None),
+    ("interp.lens.tuned", "from .logit import _lens_batches", False, None),
+    ("interp.saes.training.train", "from ..files import hook_layer\nfrom ..sae import SAE", False, None),
+    ("interp.saes.training.train", "from ..files import _read", False, "private name of another room"),
+    ("interp", "from .lens import logit_lens\nfrom ._core.model import HookedModel", True, None),
+])
+def test_the_room_rule_reader(module, source, package, found):
+    srcs = {"interp": ("", True), "interp._core": ("", True), "interp._core.model": ("", False),
+            "interp.heads": ("", True), "interp.heads.ablation": ("", False), "interp.lens": ("", True),
+            "interp.lens._loss": ("", False), "interp.lens.logit": ("", False), "interp.cli": ("", False),
+            "interp.saes": ("", True), "interp.saes.files": ("", False), "interp.saes.sae": ("", False),
+            "interp.saes.training": ("", True), module: (source, package)}
+    exports = {"interp.heads": {"ablate_heads"}, "interp.lens": {"logit_lens"}}
+    bad = [b for b in room_violations(srcs, exports) if b.startswith(module + " ")]
+    assert (bad == []) if found is None else (bad and all(found in b for b in bad)), bad
+
+
+def test_the_room_graph_finds_a_circle_between_rooms():
+    srcs = {"interp.lens.tuned": ("from ..measures import unigram_log_probs", False),
+            "interp.measures.loss": ("def f():\n    from ..lens import logit_lens", False),
+            "interp.lens": ("", True), "interp.measures": ("", True)}
+    assert circles(room_graph(srcs)) == [["interp.lens", "interp.measures"]]

@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Bool, Int
 
-from .._batching import TextOrTokens, batches, token_rows
-from .._model import HookedModel, str_tokens
+from .._core.batching import TextOrTokens, batches, token_rows
+from .._core.model import HookedModel, str_tokens
 from .files import hook_layer
 from .splice import _as_list, _spliced, is_transcoder, latent_name
 

@@ -39,8 +39,8 @@ from safetensors.torch import save as save_bytes
 from sprout.files import write_bytes, write_folder
 from sprout.names import layer_of
 
-from .._model import HookedModel, model_name, require_hooks
-from ..tuned_lens import PathLike, fingerprint, model_config
+from .._core.identity import PathLike, fingerprint, model_config
+from .._core.model import HookedModel, model_name, require_hooks
 
 CFG, WEIGHTS = "cfg.json", "sae_weights.safetensors"
 FORMAT = "sprout-sae"
@@ -147,7 +147,7 @@ def save(sae: Any, folder: PathLike) -> Path:
     return Path(write_folder(folder, fill, frozenset({CFG, WEIGHTS}), is_ours, "an SAE folder"))
 
 
-def _read(path: Path, limit: int) -> bytes:
+def read_bytes(path: Path, limit: int) -> bytes:
     """The bytes of a regular file (no FIFO, device or folder), at most `limit` of them."""
     try:
         st = os.stat(path)
@@ -176,7 +176,7 @@ def _depth(v, d: int = 0) -> int:
 
 def read_json(path: Path) -> dict:
     """A JSON object from a regular file of bounded size and nesting (no NaN / Infinity constants)."""
-    raw = _read(path, MAX_JSON_BYTES)
+    raw = read_bytes(path, MAX_JSON_BYTES)
     try:
         value = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
@@ -287,7 +287,7 @@ def _build(spec: dict, path: Path, classes: tuple) -> Any:
 
 def _read_tensors(sae: Any, path: Path, spec: dict) -> dict:
     try:
-        tensors = load_bytes(_read(path, MAX_WEIGHT_BYTES))
+        tensors = load_bytes(read_bytes(path, MAX_WEIGHT_BYTES))
     except (SafetensorError, ValueError, RuntimeError) as e:
         raise SAEFileError(f"cannot read {path}: {str(e)[:200]}") from e
     if "log_threshold" in tensors and "threshold" not in tensors:  # SAELens' training-time JumpReLU

@@ -16,6 +16,9 @@ batch (clean, spliced, zero-ablated), and returns one row:
 - `kl_spliced`, `kl_zero`: mean KL(clean || spliced) and KL(clean || zero-ablated) of the next-token
   distributions, over every real token.
 
+`dead_fractions(model, saes, data)` counts the dead fraction alone for several dictionaries at once, from
+one forward per batch that stops after the last block they read (the shipped dictionaries' check).
+
 Padding: ids [batch, pos] with an `attention_mask` [batch, pos] (1 token, 0 padding) run with that
 mask, and padded positions count in nothing; a list of texts is tokenized text by text (no padding).
 """
@@ -26,10 +29,13 @@ from typing import TYPE_CHECKING, Optional
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from jaxtyping import Int
+from jaxtyping import Float, Int
 
-from .._batching import TextOrTokens, batches, token_rows
-from .._model import HookedModel, require_hooks
+from sprout.names import layer_of
+
+from .._core.batching import TextOrTokens, batches, token_rows
+from .._core.inputs import stream_windows
+from .._core.model import HookedModel, require_hooks
 from .splice import _as_list, _spliced, is_transcoder, latent_name
 
 if TYPE_CHECKING:
@@ -98,11 +104,44 @@ class _Sums:
         ce = {k: v / self.n_pred for k, v in self.ce.items()} if self.n_pred else dict.fromkeys(self.ce, float("nan"))
         gap = ce["zero"] - ce["clean"]
         return dict(n_tokens=self.n, fvu=fvu, explained_variance=1 - fvu, mse=self.sse / (self.n * self.sum_x.numel()),
-                    l0=self.l0 / self.n, dead_fraction=float((freq == 0).double().mean()),
+                    l0=self.l0 / self.n, dead_fraction=dead_fraction(self.fires),
                     dense_fraction=float((freq > dense_threshold).double().mean()),
                     ce_clean=ce["clean"], ce_spliced=ce["spliced"], ce_zero=ce["zero"],
                     ce_loss_recovered=(ce["zero"] - ce["spliced"]) / gap if gap != 0 else float("nan"),
                     kl_spliced=self.kl["spliced"] / self.n, kl_zero=self.kl["zero"] / self.n, n_predictions=self.n_pred)
+
+
+def dead_fraction(fires: Float[torch.Tensor, " d_sae"]) -> float:
+    """The fraction of latents that never fired: `fires` [d_sae] counts (or flags) each latent's firings."""
+    return float((fires == 0).double().mean())
+
+
+@torch.inference_mode()
+def dead_fractions(model: HookedModel, saes: list, data: TextOrTokens, batch_size: int = 32,
+                   seq_len: Optional[int] = None) -> tuple[list[float], int]:
+    """Each dictionary's dead fraction on `data` (as `sae_metrics`' `dead_fraction`), for all of them from one
+    forward per batch of windows that stops after the last block they read; and the number of tokens.
+
+    Args:
+        saes: SAEs or transcoders of `model` (each encodes its `hook_name`).
+        data: text or ids, one stream cut into windows of `seq_len` tokens (default the model's context;
+            a shorter tail is dropped).
+
+    Returns:
+        ([dead fraction per dictionary, in order], tokens measured).
+    """
+    saes = _as_list(saes)
+    hooks = sorted({s.hook_name for s in saes})
+    require_hooks(model, hooks)
+    layers = [layer_of(h) for h in hooks]
+    last = None if None in layers else max(l for l in layers if l is not None) + 1  # a hook outside blocks: run all
+    ids = stream_windows(model, data, seq_len).to(model.cfg.device)
+    fires = [torch.zeros(int(s.W_enc.shape[1]), dtype=torch.bool) for s in saes]
+    for start in range(0, len(ids), batch_size):
+        _, cache = model.run_with_cache(ids[start:start + batch_size], names_filter=hooks, stop_at_layer=last)
+        for s, f in zip(saes, fires):
+            f |= (s.encode(cache[s.hook_name]) != 0).flatten(0, -2).any(0).cpu()
+    return [dead_fraction(f) for f in fires], ids.numel()
 
 
 def _target_name(sae) -> str:

@@ -24,8 +24,8 @@ from jaxtyping import Float
 
 from sprout.names import act_name
 
-from .._model import HookedModel
-from ..tuned_lens import PathLike
+from .._core.identity import PathLike
+from .._core.model import HookedModel
 from . import files
 from .files import hook_layer
 from .kinds import KIND_NAMES, THRESHOLD_KINDS, TOPK_KINDS, make_kind

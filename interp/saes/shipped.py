@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Optional, cast
 
-from .._model import HookedModel, model_name, require_hooks
-from ..tuned_lens import PathLike, fingerprint
+from .._core.identity import PathLike, fingerprint
+from .._core.model import HookedModel, model_name, require_hooks
 from .files import CFG, is_ours
 from .sae import SAE, Transcoder
 

@@ -34,8 +34,8 @@ import torch
 from jaxtyping import Float
 from transformer_lens.hook_points import HookPoint
 
-from .._inputs import TextOrTokens, token_batch
-from .._model import HookedModel
+from .._core.inputs import TextOrTokens, token_batch
+from .._core.model import HookedModel
 
 if TYPE_CHECKING:
     from transformer_lens import ActivationCache

@@ -155,7 +155,7 @@ def read_json_file(path: PathLike, what: Optional[str] = None, fields: Optional[
     return value
 
 
-KINDS = {
+FIELD_TYPES = {
     "int": lambda v: isinstance(v, int) and not isinstance(v, bool) and abs(v) < MAX_INT,
     "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and abs(v) < 1e300,
     "str": lambda v: isinstance(v, str),
@@ -172,7 +172,7 @@ def check_fields(obj: dict, fields: dict, where: PathLike) -> dict:
     """Check the types of the `fields` present in `obj`: {key: "int" | "number" | "str" | "bool" | "list" |
     "dict", or several joined by "|" ("int|none")}; a ValueError names `where`, the field and the value."""
     for key, kinds in fields.items():
-        if key in obj and not any(KINDS[k](obj[key]) for k in kinds.split("|")):
+        if key in obj and not any(FIELD_TYPES[k](obj[key]) for k in kinds.split("|")):
             shown = _short(obj[key])
             want = " or ".join(_KIND_NAMES[k] for k in kinds.split("|"))
             raise ValueError(f"{where}: field {key!r} is {type(obj[key]).__name__} {shown}, expected {want}")

@@ -369,7 +369,6 @@ class HookedLM(HookedRootModule):
                  "unit of attention.")
     all_head_labels = stacked(lambda w: w.all_head_labels, '["L0H0", "L0H1", ...], layer-major, as '
                               "TransformerLens labels heads.")
-    all_composition_scores = delegate("weights", StackedWeights.all_composition_scores)
     effective_embedding = delegate("weights", StackedWeights.effective_embedding)
     accumulated_bias = delegate("weights", StackedWeights.accumulated_bias)
     tl_parameters = delegate("weights", StackedWeights.tl_parameters)

@@ -1,5 +1,5 @@
 """The model-level TransformerLens weights: the per-module ones of `sprout/tl/weights.py` stacked over
-blocks (`W_Q` ... `W_out`), `QK`/`OV` as FactoredMatrix, composition scores, `tl_parameters` (what
+blocks (`W_Q` ... `W_out`), `QK`/`OV` as FactoredMatrix, `tl_parameters` (what
 `SVDInterpreter` reads). A model holds a `StackedWeights` as `model.weights`, and `HookedLM` declares
 each name on the model (`W_Q = stacked(...)`), so the model and `blocks[l].attn.W_Q` always agree.
 """
@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol, T
 import torch
 import torch.nn as nn
 from transformer_lens.FactoredMatrix import FactoredMatrix
-from transformer_lens.utilities.matrix import composition_scores
 
 from ..names import block, head_label
 from .surface import ReadOnly
@@ -103,18 +102,6 @@ class StackedWeights:
     @property
     def OV(self) -> FactoredMatrix:
         return FactoredMatrix(self.stack("attn", "W_V"), self.stack("attn", "W_O"))
-
-    def all_composition_scores(self, mode: str) -> torch.Tensor:
-        """[n_layers, n_heads, n_layers, n_heads]: how much each head's OV feeds a later head's Q, K or V
-        (Elhage et al. 2021), by TransformerLens' `composition_scores`; zero where the second head is
-        not in a later layer. Sprout's Q and K composition read `QK`, which leaves out RoPE and QK-norm."""
-        if mode not in ("Q", "K", "V"):
-            raise ValueError(f"mode must be 'Q', 'K' or 'V', got {mode!r}")
-        right = {"Q": lambda: self.QK, "K": lambda: self.QK.T, "V": lambda: self.OV}[mode]()
-        scores = composition_scores(self.OV, right, broadcast_dims=True)
-        layer = torch.arange(self.model.cfg.n_layers, device=scores.device)
-        later = layer[:, None, None, None] < layer[None, None, :, None]
-        return torch.where(later, scores, torch.zeros_like(scores))
 
     def effective_embedding(self, chunk: int = 4096) -> torch.Tensor:
         """[d_vocab, d_model]: the stream leaving block 0 when each token is the whole input, i.e. `W_E`

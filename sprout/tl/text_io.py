@@ -5,7 +5,6 @@ A model holds a `TextCodec` as `model.codec`, and `HookedLM` delegates each meth
 """
 from __future__ import annotations
 
-import warnings
 from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence, Union
 
 import torch
@@ -99,7 +98,7 @@ class TextCodec:
                  stop_strings: Optional[Union[str, Sequence[str]]] = None,
                  stopping_criteria: Optional[Union[StoppingCriteria, Sequence[StoppingCriteria]]] = None,
                  attention_mask: Optional[Int[torch.Tensor, "batch pos"]] = None, forced_bos_token_id: object = None,
-                 max_new: Optional[int] = None, stop: Optional[Union[int, Sequence[int]]] = None, **generation_kwargs: Any) -> Any:
+                 stop: Optional[Union[int, Sequence[int]]] = None, **generation_kwargs: Any) -> Any:
         """TransformerLens 4.3's generate (its arguments, defaults and results), on this model.
 
         `input`: a text, a list of texts (padded on the left and masked, so each prompt gets the
@@ -122,21 +121,18 @@ class TextCodec:
         step); `return_cache=True` adds `run_with_cache` of the output (`names_filter`, `device`);
         `return_input_tokens=True` adds the prompt's ids as the model read them.
 
-        The course's `generate(idx, max_new)` is `sprout.model.GPT`'s; here `max_new=` is a deprecated
-        alias of `max_new_tokens` (for one release). model.py sampled at temperature 0.8 with top-p 0.95:
+        The course's `generate(idx, max_new)` is `sprout.model.GPT`'s; here it is `max_new_tokens`, as in
+        TransformerLens. model.py sampled at temperature 0.8 with top-p 0.95:
         pass them (or use `sprout.tl.generation.sample`) for its samples. `pixel_values` and
         `forced_bos_token_id` (vision and encoder-decoder models) are refused.
         """
-        if max_new is not None:
-            warnings.warn("generate(max_new=) is deprecated: use max_new_tokens= (TransformerLens' name); the "
-                          "course's generate(idx, max_new) is sprout.model.GPT's", DeprecationWarning, stacklevel=3)
         for name, value in (("pixel_values", pixel_values), ("forced_bos_token_id", forced_bos_token_id)):
             if value is not None:
                 raise ValueError(f"{name} is for vision or encoder-decoder models; {type(self.model).__name__} reads text only")
         unknown = sorted(set(generation_kwargs) - {"output_logits", "return_dict_in_generate"})
         if unknown:
             raise TypeError(f"generate got unexpected keyword argument(s) {unknown}")
-        options = dict(max_new_tokens=max_new if max_new is not None else max_new_tokens, stop_at_eos=stop_at_eos,
+        options = dict(max_new_tokens=max_new_tokens, stop_at_eos=stop_at_eos,
                        eos_token_id=eos_token_id, do_sample=do_sample, top_k=top_k, top_p=top_p,
                        temperature=temperature, freq_penalty=freq_penalty, repetition_penalty=repetition_penalty,
                        use_past_kv_cache=use_past_kv_cache, prepend_bos=prepend_bos, padding_side=padding_side,

@@ -1,5 +1,4 @@
 """experiments.common.load_models: loads, and returns what it found (the folders) instead of setting anything."""
-import pytest
 import torch
 
 from experiments.common import Models, folder_of, held_out_text, load_models, model_dir, set_threads
@@ -32,6 +31,3 @@ def test_model_dir_of_a_spec_and_held_out_text_from_the_folder_given(tmp_path):
     assert held_out_text(None, 20, tmp_path / "run") == ("held out words " * 10)[:20]
 
 
-def test_model_dir_of_a_model_is_deprecated():
-    with pytest.warns(DeprecationWarning, match=r"folder_of\(models, label\)"):
-        assert model_dir(torch.nn.Linear(1, 1)) is None

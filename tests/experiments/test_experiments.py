@@ -36,7 +36,7 @@ def run(tmp_path_factory):
         sprout.save(Sprout(CFG, tokenizer=tok), run_dir / "checkpoints" / f"step_{step:08d}")
     LOG.to_csv(run_dir / "train_log.csv", index=False)
     model = sprout.load(run_dir)
-    # a tuned lens beside the latest checkpoint, as `python -m interp.tuned_lens_train` would leave it
+    # a tuned lens beside the latest checkpoint, as `python -m interp.lens.train` would leave it
     interp.train_tuned_lens(model, generate_corpus(3_000, seed=4), steps=2, batch_size=2, progress=False).save(
         run_dir / "checkpoints" / "step_00000020")
     out = root / "results"

@@ -14,7 +14,7 @@ import interp
 import sprout
 from experiments.common import Models
 from experiments.run_all import run_all
-from interp.tuned_lens import fingerprint, model_config
+from interp._core.identity import fingerprint, model_config
 from sprout import Sprout, SproutConfig
 from sprout.material import generate_corpus
 from sprout.tokenizer import train_bpe

@@ -9,7 +9,7 @@ import pytest
 
 import sprout
 from experiments import stamps
-from interp.tuned_lens import fingerprint
+from interp._core.identity import fingerprint
 from sprout.files import demo_dir, demo_names
 
 BASE = {"config.json", "model.safetensors", "recipe.json", "tokenizer.json", "train_log.csv", stamps.STAMPS}

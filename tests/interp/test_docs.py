@@ -4,7 +4,8 @@ import importlib
 
 import pytest
 
-MODULES = ["_inputs", "ablation", "attention", "heads", "induction", "lens", "loss", "params", "residual", "rope", "tuned_lens"]
+MODULES = ["_core.inputs", "heads.ablation", "heads.attention", "heads.scores", "induction.stories", "lens.logit", "measures.loss",
+           "measures.params", "measures.residual", "measures.rope", "lens.tuned"]
 
 
 @pytest.mark.parametrize("name", MODULES)

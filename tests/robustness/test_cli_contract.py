@@ -12,7 +12,8 @@ import torch
 import sprout_cli
 from experiments import EXPERIMENTS
 from experiments.common import MARKER
-from interp import cli, tuned_lens_train
+from interp import cli
+from interp.lens import train as tuned_lens_train
 from sprout import Sprout
 from sprout.files import checkpoint
 from sprout.tokenizer import char_tokenizer
@@ -121,14 +122,14 @@ def test_the_tuned_lens_trainer_checks_out_before_loading_or_training(tmp_path):
     file.write_text("mine")
     with pytest.raises(SystemExit) as err:
         tuned_lens_train.main([str(tmp_path / "no-such-model"), "--out", str(file)])
-    assert str(err.value) == f"python -m interp.tuned_lens_train: {file} is a file: save a tuned lens into a folder or a .safetensors path"
+    assert str(err.value) == f"python -m interp.lens.train: {file} is a file: save a tuned lens into a folder or a .safetensors path"
     folder = tmp_path / "lens"
     folder.mkdir()
     (folder / "tuned_lens.safetensors").write_bytes(b"a user's file")
     with pytest.raises(SystemExit, match=r"tuned_lens\.safetensors exists and is not a tuned lens written here"):
         tuned_lens_train.main([str(tmp_path / "no-such-model"), "--out", str(folder)])
     assert (folder / "tuned_lens.safetensors").read_bytes() == b"a user's file"
-    with pytest.raises(SystemExit, match=r"^python -m interp\.tuned_lens_train: no checkpoint .*no-such-model"):
+    with pytest.raises(SystemExit, match=r"^python -m interp\.lens\.train: no checkpoint .*no-such-model"):
         tuned_lens_train.main([str(tmp_path / "no-such-model"), "--out", str(tmp_path / "new")])
 
 
@@ -206,7 +207,7 @@ def _options(main, argv=()) -> set[str]:
 
 
 # Every option of every command, by what it takes. None takes token ids: a command that starts to must run
-# them through the token contract (sprout.tl.text / interp._batching), and be tested on float ids and unequal
+# them through the token contract (sprout.tl.text / interp._core.batching), and be tested on float ids and unequal
 # unmasked lists, before its option is added here.
 PATHS = {"--model", "--models", "--out", "--text-file", "--readme", "--runs", "--data", "--data-cache", "--docs"}
 TEXTS = {"--text", "--name"}
@@ -230,7 +231,7 @@ def test_no_command_takes_token_ids(capsys):
     known = PATHS | TEXTS | CHOICES | FLAGS | COUNTS | _recipe_flags()
     commands = {f"sprout {name}": main for name, (main, _) in sprout_cli.COMMANDS.items()}
     commands.update({f"python -m experiments.{n}": script(n).main for n in SCRIPTS + ["demo_table"]})
-    commands["python -m interp.tuned_lens_train"] = tuned_lens_train.main
+    commands["python -m interp.lens.train"] = tuned_lens_train.main
     seen = {}
     for prog, main in commands.items():
         options = _options(main)

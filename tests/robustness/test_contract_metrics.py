@@ -1,4 +1,4 @@
-"""What a patching metric must return (interp._metrics), and degenerate inputs reported as such, never as a finding."""
+"""What a patching metric must return (interp._core.metrics), and degenerate inputs reported as such, never as a finding."""
 import numpy as np
 import pytest
 import torch
@@ -136,7 +136,7 @@ def test_a_metric_equal_on_both_runs_is_flagged(model):
 def test_an_induction_circuit_whose_metric_cannot_move_is_reported_undefined():
     import pandas as pd
 
-    from interp.circuit import summarize
+    from interp.induction.circuit import summarize
 
     frame = pd.DataFrame({"receiver": ["L1H0"] * 3, "induction_score": [0.9] * 3, "sender": ["L0H0"] * 3,
                           "via": ["k", "q", "v"], "share_repeated": [float("nan")] * 3,
@@ -149,10 +149,10 @@ def test_an_induction_circuit_whose_metric_cannot_move_is_reported_undefined():
 
 @pytest.mark.parametrize("bad", [0, 2.5, True, "4"])
 def test_chunk_sizes_are_positive_integers(model, bad):
-    with pytest.raises(ValueError, match=rf"patches_per_forward must be None or an integer >= 1, got {bad!r}"):
-        interp.patch(model, *pair(), logit_diff, site="z", by="head", patches_per_forward=bad)
-    with pytest.raises(ValueError, match=rf"pairs_per_forward must be None or an integer >= 1, got {bad!r}"):
-        interp.path_patch(model, *pair(), logit_diff, ["L0H0"], ["L1H0"], pairs_per_forward=bad)
+    with pytest.raises(ValueError, match=rf"batch_size must be None or an integer >= 1, got {bad!r}"):
+        interp.patch(model, *pair(), logit_diff, site="z", by="head", batch_size=bad)
+    with pytest.raises(ValueError, match=rf"batch_size must be None or an integer >= 1, got {bad!r}"):
+        interp.path_patch(model, *pair(), logit_diff, ["L0H0"], ["L1H0"], batch_size=bad)
 
 
 @pytest.mark.parametrize("field", ["min_score", "min_share", "relative"])

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import interp
-from interp._lens_settings import TunedLensSettings
+from interp.lens.settings import TunedLensSettings
 from sprout import Sprout
 from sprout.settings import Checked
 from sprout.training.recipes import Recipe
@@ -135,11 +135,11 @@ def test_a_resume_with_another_schedule_or_data_is_refused(model, change, words)
 def test_a_saved_lens_restarts_the_schedule_and_says_so(model, tmp_path):
     part = train(model, steps=6, stop_at=3)
     part.save(tmp_path / "lens")
-    loaded = interp.TunedLens.load(tmp_path / "lens", model)
+    loaded = interp.TunedLens.load(model, tmp_path / "lens")
     assert loaded.step == 3 and loaded.optimizer_state is None
     with pytest.warns(RuntimeWarning, match="carries no optimizer state .* restarts the schedule at step 0"):
         again = train(model, steps=6, lens=loaded)
-    fresh = interp.TunedLens.load(tmp_path / "lens", model)
+    fresh = interp.TunedLens.load(model, tmp_path / "lens")
     fresh.step = 0  # the same translators as a new schedule's start: what the restart promised
     expected = train(model, steps=6, lens=fresh)
     assert again.step == 6
@@ -148,7 +148,7 @@ def test_a_saved_lens_restarts_the_schedule_and_says_so(model, tmp_path):
 
 
 def test_held_out_data_is_checked_before_training(model, monkeypatch):
-    import interp.tuned_lens_train as trainer
+    import interp.lens.train as trainer
 
     def no_step(*args, **kwargs):
         raise AssertionError("trained before checking held_out")

@@ -1,4 +1,4 @@
-"""One parser for heads and components (interp._specs): "L3H1", (3, 1) and Head(3, 1) are the same head in every
+"""One parser for heads and components (interp._core.specs): "L3H1", (3, 1) and Head(3, 1) are the same head in every
 analysis; floats, bools and out-of-range numbers are refused naming the spec; frames label heads one way."""
 import numpy as np
 import pandas as pd
@@ -7,7 +7,7 @@ import torch
 
 import interp
 from interp import Component, Head
-from interp._specs import as_component, as_components, as_head, as_heads, head_label
+from interp._core.specs import as_component, as_components, as_head, as_heads, head_label
 from sprout import Sprout
 from tests.conftest import TINY
 

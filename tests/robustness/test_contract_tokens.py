@@ -1,4 +1,4 @@
-"""One token-input contract (interp._inputs.token_batch / token_rows) for every analysis: float ids are
+"""One token-input contract (interp._core.inputs.token_batch / token_rows) for every analysis: float ids are
 refused with the forward's own words, lists of unequal length are padded and the mask is honoured (the
 result does not depend on what sits in the padded slots) or refused naming the padding."""
 import inspect
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import interp
-from interp import _inputs
-from interp._inputs import TokenBatch, token_batch, token_rows
+from interp._core import inputs as _inputs
+from interp._core.inputs import TokenBatch, token_batch, token_rows
 from sprout import Sprout, SproutConfig
 from sprout.material import generate_corpus
 from sprout.tokenizer import encode, train_bpe
@@ -139,16 +139,19 @@ CALLS = {
     "attribution_patch": lambda m, x: interp.attribution_patch(m, x, corrupt(x), nan_safe, site="z", by="head"),
     "patch": lambda m, x: interp.patch(m, x, corrupt(x), nan_safe, site="z", by="head"),
     "path_patch": lambda m, x: interp.path_patch(m, x, corrupt(x), nan_safe, ["L0H0", "L0H1"], ["L1H0"]),
-    "head_score_tensor": lambda m, x: interp.head_score_tensor(m, "previous_token", x),
+    "joint_path_patch": lambda m, x: interp.patching.joint_path_patch(m, x, corrupt(x), nan_safe, [["L0H0"], ["L0H0", "L0H1"]], "L1H0"),
+    "greedy_feeders": lambda m, x: interp.patching.greedy_feeders(m, x, corrupt(x), nan_safe, "L1H0"),
+    "head_score_tensor": lambda m, x: interp.heads.head_score_tensor(m, "previous_token", x),
     "head_scores": lambda m, x: interp.head_scores(m, "previous_token", x),
     "induction_circuit": lambda m, x: interp.induction_circuit(m, data=(x, corrupt(x)), stories=False, min_score=0.0),
     "induction_table": lambda m, x: interp.induction_table(m, x),
     "lens_comparison": lambda m, x: interp.lens_comparison(m, x, interp.TunedLens(m)),
     "tuned_lens": lambda m, x: interp.tuned_lens(m, x, interp.TunedLens(m)),
-    "stream_windows": lambda m, x: interp.stream_windows(m, x, seq_len=4),
+    "stream_windows": lambda m, x: interp.data.stream_windows(m, x, seq_len=4),
     "train_tuned_lens": lambda m, x: interp.train_tuned_lens(m, x, steps=1, batch_size=1, seq_len=4, progress=False),
     "loss_table": lambda m, x: interp.loss_table(m, {"x": x}, torch.arange(V)),
     "sae_metrics": lambda m, x: interp.sae_metrics(m, resid_sae(m), x),
+    "dead_fractions": lambda m, x: interp.saes.dead_fractions(m, [resid_sae(m)], x, seq_len=4),
     "run_with_saes": lambda m, x: real_logits(m, x, interp.run_with_saes(m, x, [resid_sae(m)])[0]),
     "train_sae": lambda m, x: interp.train_sae(m, "blocks.0.hook_resid_post", data=x, d_sae=8, k=2, steps=1,
                                                batch_size=4, seq_len=4, progress=False),
@@ -169,10 +172,17 @@ def resid_sae(model):
 TEXT_ONLY = {"induction_table"}  # reads characters: ids are refused, but not with the forward's words
 
 
+ROOMS = (interp, interp.data, interp.heads, interp.induction, interp.lens, interp.measures, interp.patching, interp.saes)
+
+
+def public_functions() -> dict:
+    """Every public name of interp's top and of each room (a room's `__all__` is its whole API)."""
+    return {name: getattr(room, name) for room in ROOMS for name in room.__all__}
+
+
 def text_readers():
     out = []
-    for name in interp.__all__:
-        fn = getattr(interp, name)
+    for name, fn in public_functions().items():
         if not callable(fn) or inspect.isclass(fn):
             continue
         params = list(inspect.signature(fn).parameters)
@@ -184,7 +194,7 @@ def text_readers():
 def call(name, model, x):
     if name in CALLS:
         return CALLS[name](model, x)
-    fn = getattr(interp, name)
+    fn = public_functions()[name]
     params = inspect.signature(fn).parameters
     text = next(p for p in params if p in TEXT_PARAMS)
     required = [p for p, v in list(params.items())[1:] if v.default is inspect.Parameter.empty and p != text

@@ -166,7 +166,7 @@ def test_tuned_lens_files_and_data_that_are_pipes_are_refused(tmp_path, model, p
     interp.TunedLens(model).save(tmp_path / "lens")
     os.remove(tmp_path / "lens" / "tuned_lens.json")
     p = pipes(tmp_path / "lens" / "tuned_lens.json")
-    refused(p, lambda: interp.TunedLens.load(tmp_path / "lens", model), "tuned-lens file")
+    refused(p, lambda: interp.TunedLens.load(model, tmp_path / "lens"), "tuned-lens file")
     data = tmp_path / "data"
     data.mkdir()
     (data / "a.txt").write_text("hello")
@@ -376,7 +376,7 @@ def test_a_lens_replaces_only_its_own_two_files(tmp_path, model):
     lens.save(tmp_path / "lens3")
     lens.translators[0].bias.data.fill_(0.5)
     lens.save(tmp_path / "lens3")  # both ours: replaced
-    assert torch.equal(interp.TunedLens.load(tmp_path / "lens3", model).translators[0].bias, lens.translators[0].bias)
+    assert torch.equal(interp.TunedLens.load(model, tmp_path / "lens3").translators[0].bias, lens.translators[0].bias)
     user = tmp_path / "notes.txt"
     user.write_text("mine")
     with pytest.raises(FileExistsError, match=rf"{user} is a file"):
@@ -393,12 +393,12 @@ def test_a_lens_with_integer_or_nan_tensors_is_refused_or_warned(tmp_path, model
     tensors = load_file(path)
     save_file({**tensors, "translators.0.bias": tensors["translators.0.bias"].long()}, path, metadata={"format": "sprout-tuned-lens"})
     with pytest.raises(ValueError, match=r"translators\.0\.bias \(torch\.int64\)"):
-        interp.TunedLens.load(tmp_path / "lens", model)
+        interp.TunedLens.load(model, tmp_path / "lens")
     nan = tensors["translators.1.weight"].clone()
     nan[0, 0] = float("nan")
     save_file({**tensors, "translators.1.weight": nan}, path, metadata={"format": "sprout-tuned-lens"})
     with pytest.warns(UserWarning, match=r"non-finite .* translators\.1\.weight"):
-        interp.TunedLens.load(tmp_path / "lens", model)
+        interp.TunedLens.load(model, tmp_path / "lens")
 
 
 def test_a_lens_whose_two_files_come_from_different_saves_is_refused(tmp_path, model):
@@ -408,7 +408,7 @@ def test_a_lens_whose_two_files_come_from_different_saves_is_refused(tmp_path, m
     b.save(tmp_path / "b")
     os.replace(tmp_path / "b" / "tuned_lens.safetensors", tmp_path / "a" / "tuned_lens.safetensors")
     with pytest.raises(ValueError, match=r"is not the file its tuned_lens\.json was saved with"):
-        interp.TunedLens.load(tmp_path / "a", model)
+        interp.TunedLens.load(model, tmp_path / "a")
 
 
 @pytest.mark.parametrize("field,value,words", [
@@ -422,11 +422,11 @@ def test_a_tampered_lens_json_names_the_file_and_field(tmp_path, model, field, v
     path = tmp_path / "lens" / "tuned_lens.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), field: value}))
     with pytest.raises(ValueError) as err:
-        interp.TunedLens.load(tmp_path / "lens", model)
+        interp.TunedLens.load(model, tmp_path / "lens")
     assert str(path) in str(err.value) and words in str(err.value), str(err.value)
     path.write_text("[" * 100_000)
     with pytest.raises(ValueError, match="nested too deeply"):
-        interp.TunedLens.load(tmp_path / "lens", model)
+        interp.TunedLens.load(model, tmp_path / "lens")
 
 
 def test_a_lens_with_nan_in_its_info_saves_as_json_null(tmp_path, model):
@@ -434,4 +434,4 @@ def test_a_lens_with_nan_in_its_info_saves_as_json_null(tmp_path, model):
     lens.info = {"held_out_kl": [float("nan"), 1.5]}
     lens.save(tmp_path / "lens")
     assert "NaN" not in (tmp_path / "lens" / "tuned_lens.json").read_text()
-    assert interp.TunedLens.load(tmp_path / "lens", model).info["held_out_kl"] == [None, 1.5]
+    assert interp.TunedLens.load(model, tmp_path / "lens").info["held_out_kl"] == [None, 1.5]

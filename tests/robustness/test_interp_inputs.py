@@ -87,7 +87,7 @@ def test_nan_weights_give_nan_quantiles_beside_a_nan_mean():
 
 def test_log_histogram_quantiles_match_torch_and_ignore_nothing():
     values = torch.rand(10_000).double() * 10 + 0.01
-    h = interp.residual.LogHistogram()
+    h = interp.measures.LogHistogram()
     h.add(values)
     for q in (0.0, 0.05, 0.5, 0.95, 1.0):
         assert h.quantile(q) == pytest.approx(torch.quantile(values, q).item(), rel=0.006)

@@ -6,7 +6,7 @@ import threading
 import pytest
 import torch
 
-from interp._model import str_tokens
+from interp._core.model import str_tokens
 from sprout import Sprout
 from sprout.tokenizer import char_tokenizer
 from tests.conftest import TINY, randomize_gains

@@ -160,9 +160,8 @@ def test_return_types_and_extras(model):
     assert torch.equal(out, tokens) and torch.equal(given, prompt)
     _, by_hand = model.run_with_cache(tokens, names_filter="blocks.0.hook_resid_post")
     torch.testing.assert_close(cache["blocks.0.hook_resid_post"], by_hand["blocks.0.hook_resid_post"])
-    with pytest.warns(DeprecationWarning, match="max_new_tokens"):  # the course's keyword, for one release
-        course = model.generate(prompt, max_new=3, stop_at_eos=False, verbose=False)
-    assert course.shape == (1, prompt.size(1) + 3)
+    with pytest.raises(TypeError, match=r"max_new"):  # the course's keyword is sprout.model.GPT's, not this one's
+        model.generate(prompt, max_new=3, stop_at_eos=False, verbose=False)
 
 
 def test_sampling_is_transformer_lens_sample_logits(model):

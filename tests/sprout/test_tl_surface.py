@@ -87,7 +87,6 @@ def test_the_weight_names_are_read_only(model):
 def test_each_name_reads_its_component(model):
     assert torch.equal(model.W_Q, model.weights.stack("attn", "W_Q"))
     assert torch.equal(model.W_Q[0], model.blocks[0].attn.W_Q)
-    assert torch.equal(model.all_composition_scores("V"), model.weights.all_composition_scores("V"))
     assert model.tl_parameters().keys() == model.weights.tl_parameters().keys()
     assert torch.equal(model.to_tokens("abc"), model.codec.to_tokens("abc"))
     assert model.tokenizer is model.codec.tokenizer is not None
@@ -98,8 +97,8 @@ def test_help_shows_the_same_docstrings_and_signatures():
     assert Sprout.generate.__doc__ == TextCodec.generate.__doc__
     assert Sprout.set_use_split_qkv_input.__doc__ == HookFlagRules.set_use_split_qkv_input.__doc__
     model = Sprout(TINY)
-    for name in ("to_tokens", "generate", "get_token_position", "all_composition_scores", "set_use_attn_in"):
-        component = {"all_composition_scores": model.weights, "set_use_attn_in": model.hook_flags}.get(name, model.codec)
+    for name in ("to_tokens", "generate", "get_token_position", "set_use_attn_in"):
+        component = {"set_use_attn_in": model.hook_flags}.get(name, model.codec)
         assert inspect.signature(getattr(model, name)) == inspect.signature(getattr(component, name)), name
 
 

@@ -132,7 +132,6 @@ def test_weights_against_transformer_lens_bridge_folding(model, tmp_path):
     close(model.W_U - model.W_U.mean(-1, keepdim=True), bridge.W_U, atol=1e-6)
     theirs = {k for k in bridge.tl_parameters() if not k.endswith(".w")}  # their (unit) norm gains after folding
     assert set(model.tl_parameters()) == theirs
-    close(model.all_composition_scores("K"), bridge.all_composition_scores("K").scores, atol=1e-6)
 
 
 # --- TransformerLens' helpers that read the weights ---------------------------------------------------
@@ -157,19 +156,6 @@ def test_full_decomposition_with_neurons_sums_to_the_stream(run):
     assert len(labels) == L * H + L * F + 2 and labels[-2:] == ["embed", "bias"]
     close(parts.sum(0), cache[f"blocks.{L - 1}.hook_resid_post"])
     assert not parts[-1].any()  # no biases
-
-
-def test_composition_scores_match_a_dense_computation(model):
-    for mode in ("Q", "K", "V"):
-        scores = model.all_composition_scores(mode)
-        assert scores.shape == (L, H, L, H)
-        for (l1, h1, l2, h2) in ((0, 1, 1, 3), (0, 3, 1, 0)):
-            ov = model.W_V[l1, h1] @ model.W_O[l1, h1]
-            qk = model.W_Q[l2, h2] @ model.W_K[l2, h2].T
-            right = {"Q": qk, "K": qk.T, "V": model.W_V[l2, h2] @ model.W_O[l2, h2]}[mode]
-            want = (ov @ right).norm() / (ov.norm() * right.norm())
-            close(scores[l1, h1, l2, h2], want)
-        assert not scores[1, :, 0].any() and not scores[1, :, 1].any()  # only later layers read earlier ones
 
 
 def top_singular_directions(matrix: torch.Tensor, W_U: torch.Tensor, n: int) -> torch.Tensor:

@@ -179,7 +179,7 @@ def test_wrong_width_is_refused_naming_the_hook():
         sae.encode(torch.randn(3, D_IN + 1))
 
 
-@pytest.mark.parametrize("name", ["sae", "train"])
+@pytest.mark.parametrize("name", ["sae", "training.train"])
 def test_docstring_examples(name):
     import doctest
     import importlib

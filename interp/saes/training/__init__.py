@@ -1,0 +1,11 @@
+"""Training dictionaries (apart from `interp.saes`, as in SAELens: loading one never imports the trainer).
+
+    settings.py    the checked settings of a training run
+    harvest.py     activations for training: a tensor, or a model run over text in buffered blocks
+    train.py       train_sae / train_transcoder (one process or torchrun)
+    checkpoint.py  a run's checkpoint, to resume
+"""
+from .settings import SettingsError, TrainSettings
+from .train import train_sae, train_transcoder
+
+__all__ = ["SettingsError", "TrainSettings", "train_sae", "train_transcoder"]

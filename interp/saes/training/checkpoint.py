@@ -1,0 +1,113 @@
+"""A training run's checkpoint: every dictionary's weights, Adam's state and the data position, in one folder.
+
+    trainer.json          format, step, settings, hooks, the data's and the model's fingerprints, and
+                          per dictionary its input scales, sparsity coefficient
+    trainer.safetensors   "{i}.sae.<name>" (parameters and buffers, in training's scaled units),
+                          "{i}.opt.<param>.exp_avg" / "exp_avg_sq" (Adam's moments; its step count in the JSON), "{i}.since_fired"
+
+Written whole by rank 0 (`sprout.files.folders.write_folder`: a folder that is not a checkpoint of ours is
+never replaced). Resuming checks the settings, hooks, data and model and names what differs; since
+every step's batch is a function of the step alone, the resumed run takes the steps the uninterrupted
+one would have taken.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch.distributed as dist
+from safetensors.torch import load as load_bytes
+from safetensors.torch import save as save_bytes
+
+from sprout.files import write_bytes, write_folder
+
+from ..._core.identity import PathLike
+from ..files import SAEFileError, read_bytes, read_json
+from .settings import TrainSettings
+
+FORMAT = "sprout-sae-trainer"
+META, TENSORS = "trainer.json", "trainer.safetensors"
+
+
+def _is_ours(folder: Path) -> bool:
+    try:
+        return json.loads((Path(folder) / META).read_text()).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return False
+
+
+def write(folder: PathLike, units: list, s: TrainSettings, meta: dict, step: int) -> None:
+    """Write the checkpoint at `step` (rank 0; the others wait for it)."""
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        tensors, scalars = {}, []
+        for i, u in enumerate(units):
+            tensors.update({f"{i}.sae.{n}": t.detach().cpu().contiguous().clone() for n, t in u.sae.state_dict().items()})
+            for j, (m, v) in enumerate(zip(u.opt.m, u.opt.v)):
+                tensors[f"{i}.opt.{j}.exp_avg"], tensors[f"{i}.opt.{j}.exp_avg_sq"] = m.contiguous().clone(), v.contiguous().clone()
+            tensors[f"{i}.since_fired"] = u.since_fired.clone()
+            scalars.append({"scale_in": u.scale_in, "scale_out": u.scale_out, "coef": u.coef, "adam_t": u.opt.t})
+        record = {"format": FORMAT, "version": 1, "step": step, "settings": s.to_dict(), **meta, "units": scalars}
+        text, blob = json.dumps(record, indent=1) + "\n", save_bytes(tensors)
+
+        def fill(tmp: Path) -> None:
+            write_bytes(tmp / TENSORS, blob)
+            write_bytes(tmp / META, text.encode())
+
+        write_folder(folder, fill, frozenset({META, TENSORS}), _is_ours, "an SAE training checkpoint")
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def refuse_existing(folder: PathLike) -> None:
+    """A new run does not overwrite another run's checkpoint (as `sprout train` refuses without --resume)."""
+    if (Path(folder) / META).exists():
+        raise FileExistsError(f"{folder} already holds an SAE training checkpoint: pass resume=True to continue it, "
+                              "or use another checkpoint folder")
+
+
+def restore(folder: PathLike, units: list, s: TrainSettings, meta: dict) -> int:
+    """Load the checkpoint in `folder` into `units`; returns its step (0 when there is none yet).
+
+    Raises:
+        ValueError: the checkpoint was made with other settings, hooks, data or model (names which).
+    """
+    if folder is None:
+        raise ValueError("resume=True needs checkpoint=: the folder the run writes its checkpoint to")
+    folder = Path(folder)
+    if not (folder / META).exists():
+        return 0
+    record = _read_record(folder)
+    _check_same(folder, record, s, meta)
+    tensors = load_bytes(read_bytes(folder / TENSORS, 1 << 36))
+    for i, u in enumerate(units):
+        own = {n: tensors[f"{i}.sae.{n}"] for n in u.sae.state_dict()}
+        u.sae.load_state_dict(own)
+        for j, (m, v) in enumerate(zip(u.opt.m, u.opt.v)):
+            m.copy_(tensors[f"{i}.opt.{j}.exp_avg"])
+            v.copy_(tensors[f"{i}.opt.{j}.exp_avg_sq"])
+        u.since_fired = tensors[f"{i}.since_fired"].clone()
+        sc = record["units"][i]
+        u.scale_in, u.scale_out, u.coef = float(sc["scale_in"]), float(sc["scale_out"]), float(sc["coef"])
+        u.opt.t = int(sc["adam_t"])
+    return int(record["step"])
+
+
+def _read_record(folder: Path) -> dict:
+    path = folder / META
+    record = read_json(path)
+    if record.get("format") != FORMAT or not isinstance(record.get("step"), int) or not isinstance(record.get("units"), list):
+        raise SAEFileError(f"{path} is not an SAE training checkpoint of ours (format {record.get('format')!r})")
+    return record
+
+
+def _check_same(folder: Path, record: dict, s: TrainSettings, meta: dict) -> None:
+    saved = record.get("settings") or {}
+    now = s.to_dict()
+    diff = [f"{k}: checkpoint {saved.get(k)!r}, now {now.get(k)!r}" for k in sorted(set(saved) | set(now))
+            if saved.get(k) != now.get(k)]
+    for key, what in (("hooks", "hooks"), ("data", "data fingerprint"), ("model", "model fingerprint")):
+        if record.get(key) != meta[key]:
+            diff.append(f"{what}: checkpoint {record.get(key)!r}, now {meta[key]!r}")
+    if diff:
+        raise ValueError(f"resume: the checkpoint at {folder} was made with other settings, refusing to continue "
+                         f"it ({'; '.join(diff)}); use another checkpoint folder for a new run")

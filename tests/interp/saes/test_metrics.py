@@ -1,0 +1,133 @@
+"""sae_metrics against the same quantities computed by hand, one window at a time."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import interp
+import sprout
+from sprout.names import act_name
+
+from .test_splice import LN2, MLP_OUT, RESID, HandSAE
+
+
+def hand_metrics(model, sae, rows, target, source):
+    """Every metric from plain forwards and explicit hooks, one row at a time, in float64."""
+    xs, recs, acts, ce, kl = [], [], [], {"clean": [], "spliced": [], "zero": []}, {"spliced": [], "zero": []}
+    for ids in rows:
+        ids = ids[None]
+        with torch.no_grad():
+            clean_logits, cache = model.run_with_cache(ids, names_filter=[target, source])
+            f = torch.relu(cache[source] @ sae.W_enc + sae.b_enc)
+            rec = f @ sae.W_dec + sae.b_dec
+            if source == target:
+                spliced = model.run_with_hooks(ids, fwd_hooks=[(target, lambda x, hook: rec)])
+            else:
+                spliced = model.run_with_hooks(ids, fwd_hooks=[(source, lambda x, hook: None), (target, lambda x, hook: rec)])
+            zero = model.run_with_hooks(ids, fwd_hooks=[(target, lambda x, hook: torch.zeros_like(x))])
+        xs.append(cache[target][0].double()), recs.append(rec[0].double()), acts.append(f[0])
+        for name, lg in (("clean", clean_logits), ("spliced", spliced), ("zero", zero)):
+            ce[name].append(F.cross_entropy(lg[0, :-1].double(), ids[0, 1:], reduction="none"))
+            if name != "clean":
+                p = F.log_softmax(clean_logits[0].double(), -1)
+                kl[name].append((p.exp() * (p - F.log_softmax(lg[0].double(), -1))).sum(-1))
+    x, rec, f = torch.cat(xs), torch.cat(recs), torch.cat(acts)
+    fvu = (x - rec).pow(2).sum() / (x - x.mean(0)).pow(2).sum()
+    ce = {k: torch.cat(v).mean().item() for k, v in ce.items()}
+    freq = (f > 0).double().mean(0)
+    return dict(fvu=fvu.item(), l0=(f > 0).sum(-1).double().mean().item(), dead_fraction=(freq == 0).double().mean().item(),
+                dense_fraction=(freq > 0.1).double().mean().item(), ce_clean=ce["clean"], ce_spliced=ce["spliced"],
+                ce_zero=ce["zero"], ce_loss_recovered=(ce["zero"] - ce["spliced"]) / (ce["zero"] - ce["clean"]),
+                kl_spliced=torch.cat(kl["spliced"]).mean().item(), kl_zero=torch.cat(kl["zero"]).mean().item(),
+                n_tokens=len(x))
+
+
+@pytest.fixture
+def rows():
+    g = torch.Generator().manual_seed(4)
+    return [torch.randint(0, 256, (n,), generator=g) for n in (20, 20, 13, 64, 7)]
+
+
+@pytest.mark.parametrize("kind", ["sae", "transcoder"])
+def test_metrics_equal_a_hand_computation(tiny_model, tiny_cfg, rows, kind):
+    if kind == "sae":
+        sae, target, source = HandSAE(tiny_cfg.d_model, 128, RESID), RESID, RESID
+    else:
+        sae, target, source = HandSAE(tiny_cfg.d_model, 128, LN2, MLP_OUT), MLP_OUT, LN2
+    with torch.no_grad():
+        sae.b_enc[:16], sae.b_enc[16:24] = -100.0, 100.0  # some latents dead, some dense
+    ours = interp.sae_metrics(tiny_model, sae, rows, batch_size=2)
+    assert len(ours) == 1 and ours.kind[0] == kind and ours.hook_out[0] == target
+    hand = hand_metrics(tiny_model, sae, rows, target, source)
+    for key, value in hand.items():
+        if key == "ce_loss_recovered":  # a ratio of small differences on a random model: checked below
+            continue
+        assert ours[key][0] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    assert ours.explained_variance[0] == pytest.approx(1 - hand["fvu"], rel=1e-4)
+    gap = ours.ce_zero[0] - ours.ce_clean[0]
+    assert ours.ce_loss_recovered[0] == pytest.approx((ours.ce_zero[0] - ours.ce_spliced[0]) / gap, rel=1e-9)
+    assert 16 / 128 <= hand["dead_fraction"] < 1 and 8 / 128 <= hand["dense_fraction"] < 1
+
+
+def test_a_perfect_dictionary_recovers_everything(tiny_model, tiny_cfg, rows):
+    """An SAE whose decoder inverts its encoder on the positive and negative halves: x = relu(x) - relu(-x)."""
+    d = tiny_cfg.d_model
+    sae = HandSAE(d, 2 * d, RESID)
+    with torch.no_grad():
+        eye = torch.eye(d)
+        sae.W_enc.copy_(torch.cat([eye, -eye], 1)), sae.b_enc.zero_()
+        sae.W_dec.copy_(torch.cat([eye, -eye], 0)), sae.b_dec.zero_()
+    m = interp.sae_metrics(tiny_model, sae, rows)
+    assert m.fvu[0] == pytest.approx(0, abs=1e-9) and m.ce_loss_recovered[0] == pytest.approx(1, abs=1e-4)
+    assert m.kl_spliced[0] == pytest.approx(0, abs=1e-6) and m.kl_zero[0] > 0
+
+
+def test_padding_counts_in_nothing(tiny_model, tiny_cfg, rows):
+    sae = HandSAE(tiny_cfg.d_model, 64, RESID)
+    short = rows[:3]
+    width = max(len(r) for r in short)
+    ids = torch.zeros(len(short), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(short):  # right-, left- and un-padded rows
+        at = width - len(r) if i == 2 else 0
+        ids[i, at:at + len(r)], mask[i, at:at + len(r)] = r, 1
+    padded = interp.sae_metrics(tiny_model, sae, ids, attention_mask=mask)
+    plain = interp.sae_metrics(tiny_model, sae, short, batch_size=1)
+    assert padded.n_tokens[0] == plain.n_tokens[0] == sum(len(r) for r in short)
+    for key in ("fvu", "l0", "ce_clean", "ce_spliced", "ce_zero", "kl_spliced", "dead_fraction"):
+        assert padded[key][0] == pytest.approx(plain[key][0], rel=1e-4, abs=1e-6), key
+
+
+def test_bad_input_is_refused(tiny_model, tiny_cfg, rows):
+    sae = HandSAE(tiny_cfg.d_model, 64, RESID)
+    with pytest.raises(ValueError, match="no hook point"):
+        interp.sae_metrics(tiny_model, HandSAE(tiny_cfg.d_model, 8, "blocks.7.hook_resid_post"), rows)
+    with pytest.raises(ValueError, match="attention_mask has shape"):
+        interp.sae_metrics(tiny_model, sae, torch.zeros(2, 8, dtype=torch.long), attention_mask=torch.ones(2, 7))
+    with pytest.raises(ValueError, match="no real"):
+        interp.sae_metrics(tiny_model, sae, torch.zeros(2, 8, dtype=torch.long), attention_mask=torch.zeros(2, 8))
+    with pytest.raises(ValueError, match="d_in=32"):
+        interp.sae_metrics(tiny_model, HandSAE(32, 8, RESID), rows)
+    nan = HandSAE(tiny_cfg.d_model, 8, RESID)
+    with torch.no_grad():
+        nan.b_enc[0] = math.nan
+    with pytest.raises(ValueError, match="NaN"):
+        interp.sae_metrics(tiny_model, nan, rows)
+
+
+def test_dead_fractions_equal_sae_metrics_on_the_same_tokens():
+    model = sprout.load("gpt-1").eval()
+    d = int(model.cfg.d_model)
+    sae = interp.SAE(d, 64, kind="topk", k=4, hook_name=act_name("resid_post", 0), seed=1)
+    tc = interp.Transcoder(d, 48, d, kind="topk", k=3, layer=0, seed=2)
+    with torch.no_grad():
+        sae.b_enc[:20] -= 1e3  # never in the top k: dead
+        tc.b_enc[:6] += 1e3  # 3 of these 6 are each token's top 3: the other 42 never fire
+    text = interp.held_out_stories(3_000, seed=9)
+    dead, n = interp.saes.dead_fractions(model, [sae, tc], text)
+    ids = interp.data.stream_windows(model, text)
+    assert n == ids.numel()
+    for got, d_ in zip(dead, (sae, tc)):
+        assert got == pytest.approx(float(interp.sae_metrics(model, d_, ids).iloc[0].dead_fraction), abs=1e-12)
+    assert dead[0] >= 20 / 64 and 42 / 48 <= dead[1] <= 45 / 48
