@@ -8,8 +8,7 @@ import pytest
 import torch
 
 import interp
-from interp.measures import ngram
-from interp.measures import KneserNey
+from interp.measures import KneserNey, ngram
 from sprout import Sprout, SproutConfig
 
 # the toy text 0 1 0 2 0 1 over 4 ids (3 is never seen)
