@@ -1,0 +1,13 @@
+"""Attribution graphs (Ameisen et al. 2025, "Circuit Tracing"; circuit-tracer's conventions and formats).
+
+    dictionaries.py  the transcoders a graph runs on (the extension point for cross-layer sets)
+    replacement.py   ReplacementModel: patterns and norm scales frozen, MLPs replaced by transcoders + errors
+    attribute.py     attribute: the graph of one prompt, rows by batched backward passes
+    graph.py         Graph: adjacency and node tables with circuit-tracer's field names, save / load
+"""
+from .attribute import attribute
+from .dictionaries import Dictionaries
+from .graph import Graph
+from .replacement import ReplacementModel
+
+__all__ = ["Dictionaries", "Graph", "ReplacementModel", "attribute"]
