@@ -4,10 +4,12 @@
     replacement.py   ReplacementModel: patterns and norm scales frozen, MLPs replaced by transcoders + errors
     attribute.py     attribute: the graph of one prompt, rows by batched backward passes
     graph.py         Graph: adjacency and node tables with circuit-tracer's field names, save / load
+    prune.py         prune_graph, graph_scores (replacement and completeness scores)
 """
 from .attribute import attribute
 from .dictionaries import Dictionaries
 from .graph import Graph
+from .prune import PrunedGraph, graph_scores, prune_graph
 from .replacement import ReplacementModel
 
-__all__ = ["Dictionaries", "Graph", "ReplacementModel", "attribute"]
+__all__ = ["Dictionaries", "Graph", "PrunedGraph", "ReplacementModel", "attribute", "graph_scores", "prune_graph"]
