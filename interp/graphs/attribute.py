@@ -175,13 +175,13 @@ class _Rows:
     """Rows of the adjacency over all sources [active features | errors | tokens], `batch` targets per pass."""
 
     def __init__(self, rm: ReplacementModel, frozen: FrozenPrompt, active: torch.Tensor, values: torch.Tensor,
-                 batch: int) -> None:
+                 batch: int, extra_hooks: Sequence = ()) -> None:
         self.rm, self.frozen, self.batch, self.passes = rm, frozen, batch, 0
         self.active, self.values = active, values
         self.errors = frozen.errors.clone()
         self.errors[:, :frozen.prefix] = 0  # the prefix's errors are constants, not nodes
         self.by_layer = [(active[:, 0] == l).nonzero(as_tuple=True)[0] for l in range(rm.n_layers)]
-        self.run: FrozenRun = rm.run(frozen, batch=batch, grad=True)  # kept for every pass
+        self.run: FrozenRun = rm.run(frozen, batch=batch, grad=True, extra_hooks=extra_hooks)  # kept for every pass
 
     @property
     def n_cols(self) -> int:

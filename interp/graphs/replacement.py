@@ -20,6 +20,7 @@ the same way; the mean subtraction is linear) are both served.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
@@ -157,7 +158,7 @@ class ReplacementModel:
 
     def run(self, frozen: FrozenPrompt, *, batch: int = 1, embed: Optional[torch.Tensor] = None,
             acts: Optional[Sequence[torch.Tensor]] = None, errors: Optional[torch.Tensor] = None,
-            grad: bool = False) -> FrozenRun:
+            grad: bool = False, extra_hooks: Sequence[tuple[str, Callable]] = ()) -> FrozenRun:
         """The frozen linear model on `batch` copies of the prompt, from these sources (default: the prompt's).
 
         Args:
@@ -168,6 +169,7 @@ class ReplacementModel:
             errors: [n_layers, pos, d_model] or [n_layers, batch, pos, d_model].
             grad: make `embed` and each layer's errors leaves that require grad (the gradient at an error
                 leaf is the gradient at that MLP output).
+            extra_hooks: more (name, hook) pairs for this forward (e.g. routing gradients through one head).
 
         Returns:
             FrozenRun: the logits and what the features read, in the autograd graph.
@@ -187,7 +189,8 @@ class ReplacementModel:
         for l in range(d.n_layers):
             hooks.append((d.input_hook(l), _capture(x_in, l)))
             hooks.append((d.output_hook(l), _mlp_output(d, l, x_in, fixed[l] + err_in[l])))
-        with torch.enable_grad():
+        hooks += list(extra_hooks)
+        with torch.enable_grad() if grad else contextlib.nullcontext():
             logits = self.model.run_with_hooks(frozen.tokens[None].expand(B, T), fwd_hooks=hooks)
         return FrozenRun(embed_in, err_in, x_in, logits)
 
