@@ -5,13 +5,16 @@
     attribute.py     attribute: the graph of one prompt, rows by batched backward passes
     graph.py         Graph: adjacency and node tables with circuit-tracer's field names, save / load
     prune.py         prune_graph, graph_scores (replacement and completeness scores)
+    export.py        graph_json: circuit-tracer's graph JSON (its page's and Neuronpedia's format)
     heads.py         head_loadings: edges split exactly over one block's attention heads
 """
 from .attribute import attribute
 from .dictionaries import Dictionaries
+from .export import graph_json
 from .graph import Graph
 from .heads import head_loadings
 from .prune import PrunedGraph, graph_scores, prune_graph
 from .replacement import ReplacementModel
 
-__all__ = ["Dictionaries", "Graph", "PrunedGraph", "ReplacementModel", "attribute", "graph_scores", "head_loadings", "prune_graph"]
+__all__ = ["Dictionaries", "Graph", "PrunedGraph", "ReplacementModel", "attribute", "graph_json", "graph_scores",
+           "head_loadings", "prune_graph"]
