@@ -7,14 +7,16 @@
     prune.py         prune_graph, graph_scores (replacement and completeness scores)
     export.py        graph_json: circuit-tracer's graph JSON (its page's and Neuronpedia's format)
     heads.py         head_loadings: edges split exactly over one block's attention heads
+    interventions.py intervene: set or scale features in the real model, measured beside the graph's prediction
 """
 from .attribute import attribute
 from .dictionaries import Dictionaries
 from .export import graph_json
 from .graph import Graph
 from .heads import head_loadings
+from .interventions import intervene
 from .prune import PrunedGraph, graph_scores, prune_graph
 from .replacement import ReplacementModel
 
 __all__ = ["Dictionaries", "Graph", "PrunedGraph", "ReplacementModel", "attribute", "graph_json", "graph_scores",
-           "head_loadings", "prune_graph"]
+           "head_loadings", "intervene", "prune_graph"]
