@@ -73,7 +73,7 @@ def intervene(model: Union[HookedModel, ReplacementModel], graph: Graph, feature
 
 
 def _check_features(graph: Graph, features: Sequence[int]) -> list[int]:
-    items = [features] if isinstance(features, int) else list(features)
+    items: list = [features] if isinstance(features, int) else list(features)
     if not items:
         raise ValueError("features is empty: give feature node indices of the graph")
     bad = [f for f in items if isinstance(f, bool) or not isinstance(f, int) or not 0 <= f < graph.n_features]
