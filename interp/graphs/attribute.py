@@ -238,18 +238,19 @@ def _dot(grad: Optional[torch.Tensor], vectors: torch.Tensor, batch: int) -> tor
     return (grad * vectors).sum(-1)
 
 
-def _normalised(rows: torch.Tensor) -> torch.Tensor:
-    a = rows.abs()
-    return a / a.sum(1, keepdim=True).clamp_min(1e-30)
+def _normalised(rows: torch.Tensor, n_active: int) -> torch.Tensor:
+    """|rows| scaled to sum 1 over all their columns, restricted to the feature columns (no full-size copy)."""
+    total = torch.linalg.vector_norm(rows, ord=1, dim=1, keepdim=True).clamp_min(1e-30)
+    return rows[:, :n_active].abs() / total
 
 
 def _influence(logit_rows, feature_rows, visited, weights, n_active) -> torch.Tensor:
     """Each active feature's influence on the logits through the rows known so far: w A + w A^2 + ..."""
-    current = weights.to(logit_rows) @ _normalised(logit_rows)[:, :n_active]
+    current = weights.to(logit_rows) @ _normalised(logit_rows, n_active)
     total = current.clone()
     if not visited:
         return total
-    A = _normalised(feature_rows)[:, :n_active]
+    A = _normalised(feature_rows, n_active)
     idx = torch.tensor(visited, dtype=torch.long)
     for _ in range(n_active):
         current = current[idx] @ A
