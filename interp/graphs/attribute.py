@@ -123,6 +123,7 @@ def logit_targets(model: HookedModel, last_logits: Float[torch.Tensor, " d_vocab
                   max_n_logits: int = 10, desired_logit_prob: float = 0.95) -> LogitTargets:
     """The logit nodes for the last position's logits (see `attribute`'s `target`)."""
     V = last_logits.numel()
+    last_logits = last_logits.detach().cpu()
     probs = torch.softmax(last_logits.double(), -1).to(last_logits.dtype)
     if isinstance(target, torch.Tensor) and target.is_floating_point():
         dirs = target[None] if target.dim() == 1 else target
@@ -189,6 +190,7 @@ class _Rows:
 
     def logit_rows(self, directions: torch.Tensor) -> torch.Tensor:
         out = []
+        directions = directions.to(self.run.logits)
         for i in range(0, len(directions), self.batch):
             d = directions[i:i + self.batch]
             inject = torch.zeros(self.batch, d.shape[1], dtype=d.dtype, device=d.device)
@@ -218,9 +220,9 @@ class _Rows:
         grads = torch.autograd.grad(objective, leaves, retain_graph=True, allow_unused=True)
         self.passes += 1
         g_embed, g_out = grads[0], list(grads[1:])
-        tokens = _dot(g_embed, self.frozen.embed, self.batch)
+        tokens = _dot(g_embed, self.frozen.embed, self.batch)  # every row on the model's device until the end
         errors = torch.cat([_dot(g, e, self.batch) for g, e in zip(g_out, self.errors)], dim=1)
-        features = torch.zeros(self.batch, len(self.active), dtype=tokens.dtype)
+        features = torch.zeros(self.batch, len(self.active), dtype=tokens.dtype, device=tokens.device)
         for s, idx in enumerate(self.by_layer):
             written = [g_out[o] @ d.decoder(s, o).T for o in d.writes(s) if g_out[o] is not None]
             if not written or not len(idx):
@@ -228,13 +230,13 @@ class _Rows:
             dense = sum(written[1:], written[0])  # [batch, pos, d_sae]
             _, pos, feat = self.active[idx].unbind(1)
             features[:, idx] = dense[:, pos, feat] * self.values[idx]
-        return torch.cat([features, errors, tokens], dim=1).detach()
+        return torch.cat([features, errors, tokens], dim=1).detach().cpu()  # rows are kept on the CPU
 
 
 def _dot(grad: Optional[torch.Tensor], vectors: torch.Tensor, batch: int) -> torch.Tensor:
     """[batch, pos]: each position's gradient dotted with its source vector (zeros where unused)."""
     if grad is None:
-        return torch.zeros(batch, vectors.shape[0], dtype=vectors.dtype)
+        return torch.zeros(batch, vectors.shape[0], dtype=vectors.dtype, device=vectors.device)
     return (grad * vectors).sum(-1)
 
 

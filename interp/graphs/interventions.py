@@ -152,4 +152,4 @@ def _measure(rm: ReplacementModel, frozen, graph: Graph, fractions: dict[int, fl
     hooks += [(d.output_hook(out), (lambda x: lambda act, hook: act + x.to(act.dtype))(add)) for out, add in adds.items()]
     with torch.no_grad():
         logits = rm.model.run_with_hooks(frozen.tokens[None], fwd_hooks=hooks)[0, -1]
-    return directions @ (logits - frozen.logits[-1])
+    return directions @ (logits - frozen.logits[-1]).cpu()

@@ -50,7 +50,7 @@ def check_token_share_by_forward(rm, graph, frame, node, layer, pos):
             base = rm.run(frozen)
         moved = _target(rm, run, graph, node) - _target(rm, base, graph, node)
         share = frame[(frame.source == src) & (frame["head"] == h)].share
-        assert float(moved) == pytest.approx(float(share.iloc[0]) if len(share) else 0.0, abs=1e-10)
+        assert float(moved.detach()) == pytest.approx(float(share.iloc[0]) if len(share) else 0.0, abs=1e-10)
 
 
 def _target(rm, run, graph, node):
