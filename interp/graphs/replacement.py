@@ -141,6 +141,7 @@ class ReplacementModel:
     def freeze(self, prompt: TextOrTokens) -> FrozenPrompt:
         """The clean forward of `prompt`, and every value the replacement model holds."""
         tokens = self.tokens(prompt)
+        _check_no_dropout(self.model)
         d = self.dicts
         inputs = [d.input_hook(l) for l in range(d.n_layers)]
         outputs = [d.output_hook(l) for l in range(d.n_layers)]
@@ -244,6 +245,13 @@ def _check_finite(tensors: dict) -> None:
     if bad:
         raise ValueError(f"NaN or infinite activations at {', '.join(bad[:3])}: the model (or its transcoders) "
                          "gives no finite values on this prompt, so no graph can be built")
+
+
+def _check_no_dropout(model: HookedModel) -> None:
+    live = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Dropout) and m.p > 0 and m.training]
+    if live:
+        raise ValueError(f"{model_name(model)} is in training mode with dropout ({live[0]}): a graph of a random "
+                         "forward is no graph of the model; call model.eval() first")
 
 
 def _model_dtype(model: HookedModel) -> torch.dtype:

@@ -65,3 +65,11 @@ def test_nan_activations(model, tcs):
         bad[0].W_dec[:] = float("inf")
     with pytest.raises(ValueError, match="NaN or infinite activations at the transcoder of layer 0"):
         attribute(model, IDS, bad)
+
+
+def test_dropout_in_training_mode():
+    from sprout.walkthrough import build_step
+
+    model = build_step("4.10", dropout=0.2).double().train()
+    with pytest.raises(ValueError, match="training mode with dropout.*model.eval"):
+        attribute(model, IDS[:5], random_transcoders(model))
