@@ -248,7 +248,8 @@ def _check_finite(tensors: dict) -> None:
 
 
 def _check_no_dropout(model: HookedModel) -> None:
-    live = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Dropout) and m.p > 0 and m.training]
+    modules = model.named_modules() if isinstance(model, torch.nn.Module) else []
+    live = [n for n, m in modules if isinstance(m, torch.nn.Dropout) and m.p > 0 and m.training]
     if live:
         raise ValueError(f"{model_name(model)} is in training mode with dropout ({live[0]}): a graph of a random "
                          "forward is no graph of the model; call model.eval() first")
