@@ -3,9 +3,11 @@
 A graph reads each dictionary's features at one input hook per layer (`blocks.{l}.ln2.hook_normalized`)
 and writes their decoder vectors into MLP outputs (`blocks.{l}.hook_mlp_out`). A per-layer transcoder
 (`interp.Transcoder`) reads layer l and writes layer l only; a cross-layer transcoder reads layer l and
-writes every layer l' >= l. Attribution and interventions only call the methods of `Dictionaries`
-below, so a cross-layer set is another class with the same methods (`writes(l)` returning
-`range(l, n_layers)` and `decoder(l, l')` its [d_sae, d_model] block), and nothing else changes.
+writes every layer l' >= l. Attribution, head loadings and interventions only call the methods of
+`Dictionaries` below (input_hook, output_hook, d_sae, encoder, pre_acts, encode, writes, decoder, bias,
+skip, to, dtype, scan, n_layers), so a cross-layer set is a subclass overriding them (`writes(l)` returning
+`range(l, n_layers)`, `decoder(l, l')` its [d_sae, d_model] block, `bias(l')` and `skip(l', x)` the output
+layer's) and nothing else changes: `as_dictionaries` and `ReplacementModel` take any `Dictionaries` as it is.
 """
 from __future__ import annotations
 
