@@ -16,7 +16,8 @@ On a prompt, three things are held at their values and every non-linearity goes 
 Then the logits and each feature's pre-activation (x_in @ W_enc + b_enc at its input hook) are affine
 in the sources: token embeddings (`hook_embed`), feature decoder vectors times activations, errors.
 Everything goes through hook names, so Sprout and the walkthrough GPT (LayerNorm: its scale is frozen
-the same way; the mean subtraction is linear) are both served.
+the same way; the mean subtraction is linear; its learned position embeddings are a constant, the token
+nodes being `hook_embed`) are both served.
 """
 from __future__ import annotations
 
@@ -142,6 +143,7 @@ class ReplacementModel:
         """The clean forward of `prompt`, and every value the replacement model holds."""
         tokens = self.tokens(prompt)
         _check_no_dropout(self.model)
+        _check_flags(self.model)
         d = self.dicts
         inputs = [d.input_hook(l) for l in range(d.n_layers)]
         outputs = [d.output_hook(l) for l in range(d.n_layers)]
@@ -175,6 +177,7 @@ class ReplacementModel:
         Returns:
             FrozenRun: the logits and what the features read, in the autograd graph.
         """
+        _check_flags(self.model)
         d, B, T = self.dicts, batch, frozen.n_pos
         embed_in = _batched(frozen.embed if embed is None else embed, B)
         acts_in = [_batched(a, B) for a in (frozen.acts if acts is None else acts)]
@@ -245,6 +248,13 @@ def _check_finite(tensors: dict) -> None:
     if bad:
         raise ValueError(f"NaN or infinite activations at {', '.join(bad[:3])}: the model (or its transcoders) "
                          "gives no finite values on this prompt, so no graph can be built")
+
+
+def _check_flags(model: HookedModel) -> None:
+    on = [f for f in ("use_split_qkv_input", "use_attn_in") if getattr(model.cfg, f, False)]
+    if on:
+        raise ValueError(f"model.cfg.{on[0]} is on: each head then normalises its own copy of the stream and "
+                         "ln1's frozen scale would not reach the heads; call model.set_" + on[0] + "(False) first")
 
 
 def _check_no_dropout(model: HookedModel) -> None:

@@ -73,3 +73,12 @@ def test_dropout_in_training_mode():
     model = build_step("4.10", dropout=0.2).double().train()
     with pytest.raises(ValueError, match="training mode with dropout.*model.eval"):
         attribute(model, IDS[:5], random_transcoders(model))
+
+
+def test_split_inputs_are_refused(model, tcs):
+    model.set_use_split_qkv_input(True)
+    try:
+        with pytest.raises(ValueError, match="use_split_qkv_input is on"):
+            attribute(model, IDS, tcs)
+    finally:
+        model.set_use_split_qkv_input(False)
