@@ -14,6 +14,7 @@ and the names below are the headline analyses of each:
     interp.induction  the chapter's study of induction (built from the rooms above)
     interp.measures   numbers about the whole model: losses, residual RMS, parameters, RoPE
     interp.saes       dictionaries: SAEs and transcoders (training in interp.saes.training)
+    interp.graphs     how is one prediction computed? attribution graphs through transcoders
 """
 # what an analysis takes: a model, heads and components; the identity saved files record
 from ._core.identity import fingerprint
@@ -22,6 +23,9 @@ from ._core.specs import Component, Head
 
 # probe material
 from .data import everyday_english, held_out_stories, repeated_tokens
+
+# graphs: one prediction traced through features (attribution graphs)
+from .graphs import Graph, ReplacementModel, attribute, graph_json, graph_scores, head_loadings, intervene, prune_graph
 
 # heads: what each head does
 from .heads import ablate_heads, attention_patterns, composition_scores, head_scores, ov_copying_scores, positional_qk_scores
@@ -71,6 +75,8 @@ __all__ = [
     "Component", "Head", "HookedModel", "fingerprint",
     # probe material
     "everyday_english", "held_out_stories", "repeated_tokens",
+    # graphs
+    "Graph", "ReplacementModel", "attribute", "graph_json", "graph_scores", "head_loadings", "intervene", "prune_graph",
     # lens
     "TunedLens", "first_top1_layer", "lens_comparison", "lens_dataset_summary", "lens_summary", "load_tuned_lens",
     "logit_attribution", "logit_lens", "train_tuned_lens", "tuned_lens",

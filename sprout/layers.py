@@ -37,12 +37,17 @@ class NormHooks(nn.Module):
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         """x / rms(x) [..., d_model], without the gain and without firing hooks: `hook_normalized` for any x,
         what pairs with the folded `W_U` (TransformerLens' gainless ln_final under fold_ln)."""
-        xf = x.float()
+        xf = _upcast(x)
         return (xf * (xf.pow(2).mean(-1, keepdim=True) + self.norm.module.eps).rsqrt()).type_as(x)
 
 
+def _upcast(x: torch.Tensor) -> torch.Tensor:
+    """x in float32 at least: half precisions are raised, float64 stays (a float64 model is exact)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 class RMSNorm(nn.Module):
-    """Rescale a vector to unit root-mean-square, then apply a learned gain (computed in float32)."""
+    """Rescale a vector to unit root-mean-square, then apply a learned gain (computed in float32, or float64)."""
 
     def __init__(self, dim: int, eps: float = 1e-6) -> None:
         super().__init__()
@@ -51,8 +56,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, hooks: Optional[NormHooks] = None) -> torch.Tensor:
         if hooks is None or not hooked(hooks.hook_scale, hooks.hook_normalized):
-            return F.rms_norm(x.float(), (x.size(-1),), self.weight.float(), self.eps).type_as(x)
-        xf = x.float()
+            return F.rms_norm(_upcast(x), (x.size(-1),), _upcast(self.weight), self.eps).type_as(x)
+        xf = _upcast(x)
         ms = xf.pow(2).mean(-1, keepdim=True) + self.eps
         scale, same = through(hooks.hook_scale, editable(ms.sqrt(), hooks.hook_scale))
         if not same:
@@ -64,7 +69,7 @@ class RMSNorm(nn.Module):
             normalized = xf * ms.rsqrt()
             if scale.requires_grad and torch.is_grad_enabled():
                 normalized = normalized.detach() + (xf / scale - (xf / scale).detach())
-        return (hooks.hook_normalized(normalized) * self.weight.float()).type_as(x)
+        return (hooks.hook_normalized(normalized) * _upcast(self.weight)).type_as(x)
 
 
 def rope_tables(d_head: int, context: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -381,7 +381,7 @@ def test_the_cycle_finder_finds_a_circle_and_passes_a_chain():
 CORE = "interp._core"
 SUBROOMS = ("interp.saes.training",)
 EXPECTED_ROOMS = {CORE, "interp.data", "interp.lens", "interp.heads", "interp.patching", "interp.induction",
-                  "interp.measures", "interp.saes", "interp.saes.training"}
+                  "interp.measures", "interp.saes", "interp.saes.training", "interp.graphs", "interp.discovery"}
 CONSUMERS = ("interp", "interp.cli")  # the curated top and the command line: above every room
 
 

@@ -169,19 +169,19 @@ def copy_into_buffer(buffer: torch.Tensor, name: str) -> Callable[[torch.Tensor,
 
 
 def through(point: HookPoint, x: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """point(x), and whether its hooks left x's values as they were.
+    """point(x), and whether its hooks left x as it was: returned x itself (or None), unedited in place.
 
-    An in-place edit bumps x's version counter, so a hook that returns x (or None) untouched costs no
-    copy; a returned tensor is compared with x. Inference-mode tensors keep no version counter: there
-    a copy of x is compared instead."""
+    Only identity counts as "no edit". A hook that returns another tensor, even one equal in value (a
+    stored copy, `act.detach()`: TransformerLens' stop-gradient idiom for freezing a norm scale or an
+    attention pattern), has replaced x, and the caller must use that tensor for the values and for the
+    gradients, so what a freezing hook returns is what autograd sees. An in-place edit bumps x's version
+    counter; inference-mode tensors keep none, so there a copy of x is compared instead."""
     if not point._forward_hooks or reads_only(point):
         return point(x), True
     if x.is_inference():
         before = x.clone()
         out = point(x)
-        return out, torch.equal(out, before)
+        return out, out is x and torch.equal(out, before)
     version = x._version
     out = point(x)
-    if x._version != version:
-        return out, False
-    return out, out is x or torch.equal(out, x)
+    return out, out is x and x._version == version

@@ -5,14 +5,16 @@ Without a hook on `hook_attn_scores` or `hook_pattern` the attention runs PyTorc
 `scaled_dot_product_attention`, which never forms the [batch, head, query, key] pattern. With one, the
 pattern must exist, and `softmax(scores) @ v` differs from the fused kernel by float32 rounding (about
 1e-7 per attention, 1e-5 in the logits of a small model), so an identity or caching hook would move the
-logits past `torch.allclose`'s defaults. So when the hooks leave scores and pattern as they were (the
-hook returned None or the tensor unchanged: no in-place edit, and `torch.equal` for a returned tensor), z is the fused kernel's
+logits past `torch.allclose`'s defaults. So when the hooks leave scores and pattern as they were (each
+hook returned None or the very tensor it was given, not edited in place), z is the fused kernel's
 result, bit for bit the unhooked forward's. Gradients still flow through the materialised pattern, so
 backward hooks on it fire and gradients are those of `pattern @ v`: z = fused + (p - p.detach()) @ v +
 p.detach() @ (v - v.detach()), whose added terms are exactly zero in value. A hook that edits either
-tensor gets `pattern @ v` of its edit, as before. The price, only while such a hook is on: one fused
-attention, a comparison where a hook returns a new tensor, and under `torch.inference_mode` (whose tensors
-keep no version counter) a copy of each hooked [batch, head, pos, pos] tensor. Caching hooks (`run_with_cache`) return None and
+tensor gets `pattern @ v` of its edit, as before; so does one returning a value-equal copy (a stored
+pattern, `pattern.detach()`: freezing), whose returned tensor then carries the values and the gradients.
+The price, only while such a hook is on: one fused attention, and under `torch.inference_mode` (whose
+tensors keep no version counter) a copy of each hooked [batch, head, pos, pos] tensor. Caching hooks
+(`run_with_cache`) return None and
 edit nothing, so where they are the only hooks none of this is checked.
 """
 from __future__ import annotations

@@ -1,0 +1,53 @@
+"""The shipped gpt-4 demo with its shipped transcoders (transcoders=None), in float32: the replacement
+model's logits are the model's, every row of the graph plus its constant is its target's value, and the
+scores are those of a dictionary set that explains most of the prediction; in float64 the identity holds to 1e-9."""
+import copy
+
+import pytest
+import torch
+
+import interp
+import sprout
+from tests.interp.graphs.tiny import target_values, zero_sources
+
+
+@pytest.fixture(scope="module")
+def gpt4():
+    return sprout.load("gpt-4").eval()
+
+
+def test_gpt4_graph_with_the_shipped_transcoders_is_exact(gpt4):
+    rm = interp.ReplacementModel(gpt4)
+    prompt = "The king said to his"
+    tokens = rm.tokens(prompt)
+    with torch.no_grad():
+        want = gpt4(tokens[None])[0]
+    assert (rm.forward(prompt) - want).abs().max() <= 1e-5 * want.abs().max()
+    graph = interp.attribute(gpt4, prompt)
+    assert graph.scan == rm.dicts.scan and graph.input_string == prompt and graph.n_features > 300
+    frozen = rm.freeze(tokens)
+    with torch.no_grad():
+        value = target_values(rm, rm.run(frozen), graph)[0]
+        constant = target_values(rm, rm.run(frozen, **dict(zip(("embed", "acts", "errors"), zero_sources(frozen)))),
+                                 graph)[0]
+    s = graph.slices()
+    rows = torch.cat([graph.adjacency_matrix[s["feature"]], graph.adjacency_matrix[s["logit"]]])
+    torch.testing.assert_close(rows.sum(1) + constant, value, atol=1e-4, rtol=1e-4)
+    scores = interp.graph_scores(graph).set_index("graph")
+    assert 0.7 < scores.loc["full", "replacement"] < 1 and 0.9 < scores.loc["full", "completeness"] < 1
+    assert scores.loc["pruned", "n_features"] < graph.n_features / 4
+
+
+def test_gpt4_graph_in_float64_is_exact_to_1e9(gpt4):
+    graph = interp.attribute(gpt4, "The king said", dtype=torch.float64)
+    assert graph.adjacency_matrix.dtype == torch.float64
+    rm = interp.ReplacementModel(copy.deepcopy(gpt4).double(), interp.graphs.Dictionaries(
+        [interp.load_transcoder(gpt4, layer) for layer in range(4)], 4).to(torch.float64))
+    frozen = rm.freeze(graph.input_tokens)
+    with torch.no_grad():
+        value = target_values(rm, rm.run(frozen), graph)[0]
+        constant = target_values(rm, rm.run(frozen, **dict(zip(("embed", "acts", "errors"), zero_sources(frozen)))),
+                                 graph)[0]
+    s = graph.slices()
+    rows = torch.cat([graph.adjacency_matrix[s["feature"]], graph.adjacency_matrix[s["logit"]]])
+    torch.testing.assert_close(rows.sum(1) + constant, value, atol=1e-9, rtol=0)
