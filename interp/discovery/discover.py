@@ -67,11 +67,11 @@ def edge_scores(model: Any, clean: Int[torch.Tensor, "batch pos"], corrupted: Op
     Returns:
         one row per edge: sender, receiver, via, sender_layer, receiver_layer, score, method. `score`
         estimates metric(clean) - metric(edge ablated) (exact, EAP, EAP-IG), or ranks the same way
-        (ACDC: the largest surviving threshold; edge pruning: the mask logit).
+        (ACDC: the largest surviving threshold; edge pruning: the learned mask weight in (0, 1)).
 
     Example:
-        >>> from interp.planted import induction_model, induction_pair, induction_metric
-        >>> model = induction_model()
+        >>> from interp.discovery.planted import induction_metric, induction_pair, planted_model
+        >>> model = planted_model("induction")
         >>> clean, corrupted = induction_pair()
         >>> frame = edge_scores(model, clean, corrupted, induction_metric(clean), method="eap-ig")
         >>> frame.sort_values("score").iloc[-1][["sender", "receiver", "via"]].tolist() in [
@@ -128,7 +128,7 @@ def select(scores: pd.DataFrame, budget: Optional[float] = None, threshold: Opti
     if method == "acdc":
         return scores["score"] > 0
     if method == "edge-pruning":
-        return scores["score"] > 0
+        return scores["score"] > 0.5
     return magnitude >= 0.01 * magnitude.max()
 
 

@@ -10,7 +10,8 @@ metric's units.
 
 Edge pruning (Bhaskar et al. 2024, with a sigmoid mask instead of their hard-concrete one): a weight
 keep = sigmoid(theta) per edge, optimised with Adam to keep the metric at its clean value,
-((m(keep) - m(clean)) / |m(clean) - m(none)|)^2, plus `sparsity` x the mean weight; the score is theta.
+((m(keep) - m(clean)) / |m(clean) - m(none)|)^2, plus `sparsity` x the mean weight; the score is the
+learned weight sigmoid(theta), and the circuit the edges above 1/2.
 """
 from __future__ import annotations
 
@@ -32,13 +33,28 @@ def acdc_order(graph: EdgeGraph) -> list[int]:
     return order
 
 
+def _node_sender(graph: EdgeGraph, r: int) -> int:
+    """The sender index of the node that receiver column `r` belongs to (-1 for the logits)."""
+    if r == graph.logits_column:
+        return -1
+    l, i = divmod(r, 3 * graph.n_heads + 1)
+    return 1 + l * (graph.n_heads + 1) + (graph.n_heads if i == 3 * graph.n_heads else i % graph.n_heads)
+
+
 def acdc_circuit(model: Any, graph: EdgeGraph, clean: torch.Tensor, ablated: torch.Tensor, metric: Metric,
                  tau: float) -> Float[torch.Tensor, " edge"]:
-    """ACDC at one threshold `tau` (in the metric's units): keep [edge], 1 for the edges it keeps, 0 else."""
+    """ACDC at one threshold `tau` (in the metric's units): keep [edge], 1 for the edges it keeps, 0 else.
+
+    A node none of whose outgoing edges is kept reaches nothing, so its incoming edges go without a
+    forward (ACDC only visits nodes still connected to the output)."""
+    s, r = graph.index()
     keep = torch.ones(graph.n_edges)
     current = circuit_metric(model, graph, clean, ablated, metric, keep)
     for e in acdc_order(graph):
+        node = _node_sender(graph, int(r[e]))
         keep[e] = 0.0
+        if node >= 0 and not bool((keep[s == node] > 0).any()):
+            continue
         trial = circuit_metric(model, graph, clean, ablated, metric, keep)
         if abs(trial - current) < tau:
             current = trial
@@ -68,7 +84,7 @@ def acdc_scores(model: Any, graph: EdgeGraph, clean: torch.Tensor, ablated: torc
 
 def mask_scores(model: Any, graph: EdgeGraph, clean: torch.Tensor, ablated: torch.Tensor, metric: Metric,
                 steps: int = 200, sparsity: float = 0.1, lr: float = 0.1, seed: int = 0) -> Float[torch.Tensor, " edge"]:
-    """Edge pruning with a sigmoid mask: the learned logits theta [edge] (higher: kept more surely)."""
+    """Edge pruning with a sigmoid mask: the learned weights sigmoid(theta) [edge] in (0, 1) (1: kept)."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a whole number >= 1 (optimiser steps of the mask), got {steps!r}")
     n = graph.n_edges
@@ -95,4 +111,4 @@ def mask_scores(model: Any, graph: EdgeGraph, clean: torch.Tensor, ablated: torc
     finally:
         for p in frozen:
             p.requires_grad_(True)
-    return theta.detach().double()
+    return torch.sigmoid(theta.detach().double())
