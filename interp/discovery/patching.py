@@ -72,7 +72,8 @@ class EdgePass:
     """The hooks of one forward pass over the edge graph.
 
     keep: None (no edge ablated) or [edge] weights (1 keep, 0 ablate). ablated: every sender's ablated
-    output [batch, pos, sender, d_model]. input_fn / sender_fn replace senders' outputs as they are made
+    output [batch, pos, sender, d_model]; keep [copy, edge] runs one copy of the batch per row (the
+    tokens repeated copy times). sender_fn replace senders' outputs as they are made
     (EAP-IG's interpolations). With `track`, the embedding is made a leaf that requires grad and every
     receiver's input is kept in `received` (for gradients)."""
 
@@ -94,10 +95,15 @@ class EdgePass:
     def _receive(self, cols: slice, x: torch.Tensor) -> torch.Tensor:
         """x [batch, pos, n, d_model] (n receivers' copies) minus the ablated edges' differences."""
         if self.coef is not None:
-            coef = self.coef[:, cols]
             n_up = self.graph.upstream(cols.start)
-            diff = torch.cat(self.outs, dim=2)[:, :, :n_up] - self.ablated[:, :, :n_up]
-            x = x - torch.einsum("bpsd,sn->bpnd", diff, coef[:n_up])
+            coef = self.coef[..., :n_up, cols]
+            outs = torch.cat(self.outs, dim=2)[:, :, :n_up]
+            if coef.dim() == 2:
+                x = x - torch.einsum("bpsd,sn->bpnd", outs - self.ablated[:, :, :n_up], coef)
+            else:  # one copy of the batch per row of keep: [copy * batch, ...]
+                k, b = coef.size(0), self.ablated.size(0)
+                diff = outs.unflatten(0, (k, b)) - self.ablated[None, :, :, :n_up]
+                x = x - torch.einsum("kbpsd,ksn->kbpnd", diff, coef).flatten(0, 1)
         if self.track:
             self.received[cols.start] = x
         return x
@@ -167,17 +173,30 @@ def circuit_metric(model: Any, graph: EdgeGraph, clean: torch.Tensor, ablated: t
         return float(metric_value(metric, run_pass(model, clean, EdgePass(graph, ablated, keep))))
 
 
-def exact_scores(model: Any, graph: EdgeGraph, clean: torch.Tensor, ablated: torch.Tensor, metric: Metric
-                 ) -> Float[torch.Tensor, " edge"]:
-    """metric(clean) - metric(that edge alone ablated), one forward per edge: the reference every method approximates."""
+def circuit_metrics(model: Any, graph: EdgeGraph, clean: torch.Tensor, ablated: torch.Tensor, metric: Metric,
+                    keeps: Float[torch.Tensor, "copy edge"]) -> list[float]:
+    """The metric under each row of `keeps` [copy, edge], all rows in one forward of the repeated batch."""
+    k, b = keeps.size(0), clean.size(0)
+    with torch.no_grad():
+        logits = run_pass(model, clean.repeat(k, 1), EdgePass(graph, ablated, keeps))
+    return [float(metric_value(metric, part)) for part in logits.split(b)]
+
+
+def exact_scores(model: Any, graph: EdgeGraph, clean: torch.Tensor, ablated: torch.Tensor, metric: Metric,
+                 chunk: int = 0) -> Float[torch.Tensor, " edge"]:
+    """metric(clean) - metric(that edge alone ablated), one patched copy of the batch per edge (`chunk`
+    copies per forward; 0 sizes chunks to ~64 MB of residual copies): the reference every method approximates."""
     n = graph.n_edges
     full = circuit_metric(model, graph, clean, ablated, metric, torch.ones(n))
-    out = torch.empty(n, dtype=torch.float64)
-    for e in range(n):
-        keep = torch.ones(n)
-        keep[e] = 0.0
-        out[e] = full - circuit_metric(model, graph, clean, ablated, metric, keep)
-    return out
+    per_copy = clean.numel() * graph.n_senders * ablated.size(-1) * ablated.element_size()
+    chunk = chunk or max(1, min(n, (64 << 20) // max(per_copy, 1)))
+    values: list[float] = []
+    for start in range(0, n, chunk):
+        rows = torch.arange(start, min(n, start + chunk))
+        keeps = torch.ones(len(rows), n)
+        keeps[torch.arange(len(rows)), rows] = 0.0
+        values += circuit_metrics(model, graph, clean, ablated, metric, keeps)
+    return full - torch.tensor(values, dtype=torch.float64)
 
 
 def patch_edges(model: Any, clean: Int[torch.Tensor, "batch pos"], corrupted: Optional[Int[torch.Tensor, "batch pos"]],

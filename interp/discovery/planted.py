@@ -102,7 +102,7 @@ def _lookup_mlp(model: Sprout, layer: int, read: int, write: int, table: torch.T
 
 @torch.no_grad()
 def planted_model(kind: str = "induction", *, const: float = 10.0, prev_gain: float = 3.0, induction_gain: float = 3.0,
-                  out_scale: float = 30.0, backup_scale: float = 12.0, final_gain: float = 1.0,
+                  out_scale: float = 30.0, backup_scale: float = 20.0, final_gain: float = 0.5,
                   dtype: torch.dtype = torch.float32) -> Sprout:
     """A Sprout with a planted circuit of `kind` ("induction", "backup", "mlp"; see the module doc).
 
@@ -151,15 +151,25 @@ def planted_model(kind: str = "induction", *, const: float = 10.0, prev_gain: fl
 
 
 def induction_pair(n_seqs: int = 8, half_len: int = 12, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(clean [A A], corrupted [B C]), each [n_seqs, 2 half_len]: no token repeats inside a half (ids 0..15)."""
+    """(clean [A A], corrupted [B C]), each [n_seqs, 2 half_len]: no token repeats inside a half (ids 0..15),
+    and no corrupted token equals the clean answer at its position (so the embedding's direct path to the
+    logits cannot help or hurt the answer by chance)."""
     if not 1 < half_len <= VOCAB:
         raise ValueError(f"half_len must be in 2..{VOCAB} (distinct tokens per half), got {half_len}")
     g = torch.Generator().manual_seed(seed)
 
-    def half() -> torch.Tensor:
-        return torch.stack([torch.randperm(VOCAB, generator=g)[:half_len] for _ in range(n_seqs)])
-    first = half()
-    return torch.cat([first, first], dim=1), torch.cat([half(), half()], dim=1)
+    def order() -> torch.Tensor:
+        return torch.randperm(VOCAB, generator=g)[:half_len]
+    clean, corrupted = [], []
+    for _ in range(n_seqs):
+        first = order()
+        row = torch.cat([first, first])
+        other = torch.cat([order(), order()])
+        while (other[half_len:-1] == row[half_len + 1:]).any():
+            other = torch.cat([other[:half_len], order()])
+        clean.append(row)
+        corrupted.append(other)
+    return torch.stack(clean), torch.stack(corrupted)
 
 
 def induction_metric(clean: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
