@@ -34,12 +34,12 @@ construction; `tests/interp/discovery/test_planted.py` checks it against exact p
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
 from sprout import Sprout, SproutConfig
-from sprout.layers import rope_rows, rope_tables
+from sprout.layers import RMSNorm, rope_rows, rope_tables
 
 CFG = SproutConfig(vocab_size=16, context=64, n_layer=2, n_head=3, d_model=192, d_ff=32)
 D_HEAD, VOCAB = 64, 16
@@ -62,6 +62,11 @@ def _positional_qk(cfg: SproutConfig) -> tuple[torch.Tensor, torch.Tensor]:
     return u, u * cos_rows[1, 0] + u.roll(half, dims=-1) * sin_rows[1, 0]
 
 
+def _block(model: Sprout, layer: int) -> Any:
+    """Block `layer` of the model (typed loosely: its modules are read and written by name)."""
+    return model.blocks[layer]
+
+
 def _rows(h: int) -> slice:
     return slice(h * D_HEAD, (h + 1) * D_HEAD)
 
@@ -72,7 +77,7 @@ def _eye() -> torch.Tensor:
 
 def _previous_token(model: Sprout, layer: int, h: int, slot: int | None) -> None:
     """Head `h` of `layer` attends to the previous position; with a slot, it writes that token there."""
-    attn, d = model.blocks[layer].attn, CFG.d_model
+    attn, d = _block(model, layer).attn, CFG.d_model
     u, k = _positional_qk(CFG)
     attn.qkv.weight[_rows(h), CONST] = u
     attn.qkv.weight[d:][_rows(h), CONST] = k
@@ -83,7 +88,7 @@ def _previous_token(model: Sprout, layer: int, h: int, slot: int | None) -> None
 
 def _induction(model: Sprout, h: int, value_slot: int, out_slot: int, scale: float) -> None:
     """Head `h` of layer 1: query = token, key = L0H0's slot, value = `value_slot`, writes scale x it into `out_slot`."""
-    attn, d = model.blocks[1].attn, CFG.d_model
+    attn, d = _block(model, 1).attn, CFG.d_model
     attn.qkv.weight[_rows(h)][16:32, :VOCAB] = _eye()
     attn.qkv.weight[d:][_rows(h)][16:32, PREV:PREV + VOCAB] = _eye()
     attn.qkv.weight[2 * d:][_rows(h)][:VOCAB, value_slot:value_slot + VOCAB] = _eye()
@@ -93,7 +98,7 @@ def _induction(model: Sprout, h: int, value_slot: int, out_slot: int, scale: flo
 def _lookup_mlp(model: Sprout, layer: int, read: int, write: int, table: torch.Tensor, scale: float, sharp: float) -> None:
     """MLP `layer` as a lookup: unit t fires silu(sharp x_t) x_t on the one-hot slot at `read` and
     writes scale e_table[t] at `write`; a slot of zeros gives exactly zero."""
-    ffn = model.blocks[layer].ffn
+    ffn = _block(model, layer).ffn
     for t in range(VOCAB):
         ffn.w1.weight[t, read + t] = sharp
         ffn.w3.weight[t, read + t] = 1.0
@@ -126,13 +131,12 @@ def planted_model(kind: str = "induction", *, const: float = 10.0, prev_gain: fl
     model.embed.weight[:, :VOCAB] = _eye()
     model.embed.weight[:, CONST] = const
     for module in model.modules():
-        if module.__class__.__name__ == "RMSNorm":
+        if isinstance(module, RMSNorm):
             module.weight.fill_(1.0)
     model.norm.weight.fill_(final_gain)
-    model.blocks[0].attn.q_norm.weight.fill_(prev_gain)
-    model.blocks[0].attn.k_norm.weight.fill_(prev_gain)
-    model.blocks[1].attn.q_norm.weight.fill_(induction_gain)
-    model.blocks[1].attn.k_norm.weight.fill_(induction_gain)
+    for layer, gain in ((0, prev_gain), (1, induction_gain)):
+        _block(model, layer).attn.q_norm.weight.fill_(gain)
+        _block(model, layer).attn.k_norm.weight.fill_(gain)
     _previous_token(model, 0, 0, PREV)
     _previous_token(model, 0, 1, DECOY)
     if kind == "mlp":
