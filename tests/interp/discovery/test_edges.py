@@ -1,4 +1,7 @@
 """The edge graph: counts by the formula and the issue's numbers, one row per edge, the dense/flat views."""
+import doctest
+import importlib
+
 import pytest
 import torch
 
@@ -36,3 +39,9 @@ def test_edge_graph_of_a_sprout_and_its_rows():
     assert torch.equal(graph.flat(graph.dense(values)), values)
     assert graph.edge_ids([("L0H1", "L1H0", "v")]) == [frame.index[(frame.sender == "L0H1") & (frame.receiver == "L1H0")
                                                                    & (frame.via == "v")][0]]
+
+
+@pytest.mark.parametrize("name", ["interp.discovery.edges", "interp.discovery.discover"])
+def test_docstring_examples(name):
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
