@@ -21,12 +21,13 @@ from .patching import Metric, ablated_outputs, check_pair, exact_scores, split_i
 from .search import acdc_scores, mask_scores
 
 METHODS = ("exact", "eap", "eap-ig-inputs", "eap-ig-activations", "acdc", "edge-pruning")
-ALIASES = {"eap-ig": "eap-ig-inputs", "mask": "edge-pruning", "edge_pruning": "edge-pruning"}
+ALIASES = {"eap-ig": "eap-ig-inputs", "mask": "edge-pruning", "ig": "eap-ig-inputs"}
 
 
 def method_name(method: str) -> str:
     """The canonical name of `method` (aliases resolved); a clear error for an unknown one."""
-    name = ALIASES.get(method, method)
+    key = method.lower().replace("_", "-") if isinstance(method, str) else method
+    name = ALIASES.get(key, key)
     if name not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {METHODS} (or {sorted(ALIASES)})")
     return name

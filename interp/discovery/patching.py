@@ -36,7 +36,8 @@ def split_inputs(model: Any) -> Iterator[EdgeGraph]:
     saved = {f: getattr(cfg, f, False) for f in ("use_attn_in", "use_split_qkv_input", "use_hook_mlp_in", "use_attn_result")}
     was_training = model.training
     try:
-        model.set_use_attn_in(False) if hasattr(model, "set_use_attn_in") else None
+        if saved["use_attn_in"]:
+            model.set_use_attn_in(False)
         model.set_use_split_qkv_input(True)
         model.set_use_hook_mlp_in(True)
         model.set_use_attn_result(True)
@@ -158,12 +159,13 @@ def ablated_outputs(model: Any, graph: EdgeGraph, clean: Int[torch.Tensor, "batc
 
 
 def metric_value(metric: Metric, logits: torch.Tensor) -> torch.Tensor:
-    """The metric of logits as a 0-d tensor; a clear error for anything else."""
+    """The metric of logits as a 0-d tensor (a tensor of several values, e.g. one per prompt, is averaged);
+    a clear error for anything else."""
     value = metric(logits)
-    if not isinstance(value, torch.Tensor) or value.numel() != 1:
-        raise ValueError(f"metric must return one number as a tensor (e.g. a mean logit difference), got "
+    if not isinstance(value, torch.Tensor) or value.numel() == 0 or not value.is_floating_point():
+        raise ValueError(f"metric must return a float tensor (e.g. a mean logit difference), got "
                          f"{type(value).__name__}{'' if not isinstance(value, torch.Tensor) else tuple(value.shape)}")
-    return value.reshape(())
+    return value.mean()
 
 
 def circuit_metric(model: Any, graph: EdgeGraph, clean: torch.Tensor, ablated: torch.Tensor, metric: Metric,

@@ -117,3 +117,20 @@ def test_bad_input(model, pair):
         mod_dict = {k: v for k, v in model.mod_dict.items() if "input" not in k}
     with pytest.raises(ValueError, match="no split inputs .*hook_q_input"):
         edge_scores(NoSplit(), clean, corrupted, metric, method="eap")
+
+
+def test_the_walkthrough_gpt_has_the_same_edges():
+    """The walkthrough GPT (LayerNorm, learned positions, biases) has split inputs too: the same graph, and
+    ablating every edge by resampling is its corrupted run."""
+    from sprout import build_step
+
+    torch.manual_seed(0)
+    gpt = build_step("final", vocab_size=30, d_model=32, n_head=2, n_layer=2, context=16, dropout=0.0).eval()
+    graph = edge_graph(gpt)
+    assert graph.n_edges == 46
+    g = torch.Generator().manual_seed(1)
+    clean, corrupted = torch.randint(0, 30, (2, 8), generator=g), torch.randint(0, 30, (2, 8), generator=g)
+    every = list(graph.edges[["sender", "receiver", "via"]].itertuples(index=False))
+    with torch.no_grad():
+        expected = float(metric(gpt(corrupted)))
+    assert patch_edges(gpt, clean, corrupted, metric, every) == pytest.approx(expected, abs=1e-5)
