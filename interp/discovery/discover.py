@@ -85,7 +85,7 @@ def edge_scores(model: Any, clean: Int[torch.Tensor, "batch pos"], corrupted: Op
         outs, ablated = ablated_outputs(model, graph, clean, corrupted, ablation)
         scores = raw_scores(model, graph, clean, outs, ablated, metric, name, steps, taus)
     frame = graph.edges
-    frame["score"] = scores.double().numpy()
+    frame["score"] = scores.double().cpu().numpy()
     frame["method"] = name
     return frame
 

@@ -79,10 +79,10 @@ class EdgeGraph:
     def dense(self, values: Float[torch.Tensor, "*copy edge"], fill: float = 0.0) -> Float[torch.Tensor, "*copy sender receiver"]:
         """A [sender, receiver] matrix holding `values` [edge] at the edges and `fill` elsewhere (differentiable);
         values [copy, edge] give one matrix per copy."""
-        s, r = self.index()
+        s, r = (t.to(values.device) for t in self.index())
         flat = values.reshape(-1, values.size(-1))
         out = torch.full((flat.size(0), self.n_senders, self.n_receivers), fill, dtype=values.dtype, device=values.device)
-        out = out.index_put((torch.arange(flat.size(0))[:, None], s[None], r[None]), flat)
+        out = out.index_put((torch.arange(flat.size(0), device=values.device)[:, None], s[None], r[None]), flat)
         return out.reshape(*values.shape[:-1], self.n_senders, self.n_receivers)
 
     def flat(self, matrix: Float[torch.Tensor, "sender receiver"]) -> Float[torch.Tensor, " edge"]:

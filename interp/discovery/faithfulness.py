@@ -83,7 +83,7 @@ def faithfulness_curve(model: Any, clean: Int[torch.Tensor, "batch pos"], corrup
             if base == "random":
                 ranks["random"] = np.random.default_rng(seed).standard_normal(graph.n_edges)
             elif base == "exact":
-                ranks.setdefault("exact", raw_scores(model, graph, clean, outs, ablated, metric, "exact").numpy())
+                ranks.setdefault("exact", raw_scores(model, graph, clean, outs, ablated, metric, "exact").cpu().numpy())
             else:
                 raise ValueError(f"unknown baseline {base!r}; choose from 'random', 'exact'")
         n = graph.n_edges

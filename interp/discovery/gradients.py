@@ -86,8 +86,8 @@ def eap_ig_activations(model: Any, graph: EdgeGraph, clean: torch.Tensor, outs: 
                        metric: Metric, steps: int = 5) -> Float[torch.Tensor, " edge"]:
     """EAP-IG on the activations: each group of senders moves alone along its path; steps x (1 + 2L) passes."""
     alphas = _alphas(steps)
-    dense = torch.zeros(graph.n_senders, graph.n_receivers, dtype=torch.float64)
     delta = outs - ablated
+    dense = torch.zeros(graph.n_senders, graph.n_receivers, dtype=torch.float64, device=delta.device)
     for first, count in _groups(graph):
         total: Optional[torch.Tensor] = None
         for a in alphas:

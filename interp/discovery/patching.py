@@ -81,7 +81,7 @@ class EdgePass:
     def __init__(self, graph: EdgeGraph, ablated: torch.Tensor, keep: Optional[torch.Tensor] = None,
                  sender_fn: Optional[SenderFn] = None, track: bool = False) -> None:
         self.graph, self.ablated, self.sender_fn, self.track = graph, ablated, sender_fn, track
-        self.coef = None if keep is None else graph.dense(1 - keep.to(ablated.dtype))  # [sender, receiver]
+        self.coef = None if keep is None else graph.dense(1 - keep.to(ablated))  # [sender, receiver]
         self.outs: list[torch.Tensor] = []  # senders' outputs in this pass, each [batch, pos, k, d_model]
         self.received: dict[int, torch.Tensor] = {}  # receiver column -> its input as read
 

@@ -183,7 +183,7 @@ def induction_metric(clean: torch.Tensor) -> Callable[[torch.Tensor], torch.Tens
 
     def metric(logits: torch.Tensor) -> torch.Tensor:
         logp = logits[:, half:-1].log_softmax(-1)
-        return logp.gather(-1, target[..., None]).mean()
+        return logp.gather(-1, target[..., None].to(logp.device)).mean()
     return metric
 
 
