@@ -108,6 +108,15 @@ class Circuit:
         """The circuit's edges only."""
         return self.edges[self.edges["in_circuit"]].reset_index(drop=True)
 
+    @property
+    def edge_set(self) -> set[tuple[str, str, str]]:
+        """The circuit's edges as (sender, receiver, via) triples, e.g. ("L0H0", "L1H0", "k")."""
+        kept = self.kept
+        return set(zip(kept["sender"], kept["receiver"], kept["via"]))
+
+    def __repr__(self) -> str:
+        return f"Circuit({self.method}, {self.ablation} ablation: {int(self.edges['in_circuit'].sum())} of {len(self.edges)} edges)"
+
 
 def select(scores: pd.DataFrame, budget: Optional[float] = None, threshold: Optional[float] = None) -> pd.Series:
     """Which edges are in the circuit: the top `budget` fraction by |score|, or |score| >= `threshold`.

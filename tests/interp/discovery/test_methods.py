@@ -88,7 +88,8 @@ def test_faithfulness_curve_on_the_planted_circuit(planted_curve):
 def test_discover_returns_a_drawable_circuit(planted_curve):
     model, clean, corrupted, _, _ = planted_curve
     circuit = interp.discover(model, clean, corrupted, induction_metric(clean), method="eap-ig", budget=5 / 75)
-    assert set(zip(circuit.kept.sender, circuit.kept.receiver, circuit.kept.via)) == truth("induction")
+    assert circuit.edge_set == truth("induction") == set(zip(circuit.kept.sender, circuit.kept.receiver, circuit.kept.via))
+    assert repr(circuit) == "Circuit(eap-ig-inputs, resample ablation: 5 of 75 edges)"
     assert set(circuit.nodes[circuit.nodes.in_circuit].node) == {"embed", "L0H0", "L1H0", "logits"}
     assert list(circuit.edges.columns) == ["sender", "receiver", "via", "sender_layer", "receiver_layer", "score", "method",
                                            "in_circuit"]
