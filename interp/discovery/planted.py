@@ -202,12 +202,17 @@ def truth(kind: str = "induction", ablation: str = "resample") -> set[tuple[str,
     "resample" and "mean": the edges that carry the token information (a counterfactual keeps the
     constant, so the positional queries and keys of the previous-token heads are untouched).
     "zero": also the edges that carry the constant where a reader needs it: the embedding into
-    L0H0's query and key (its position signal) and into the logits (the final norm's reference)."""
+    L0H0's query and key (its position signal) and, where the induction head writes the answer itself
+    (kinds "induction" and "backup"), into the logits (the constant is the final norm's reference there;
+    in kind "mlp" MLP1's large write is). Zero ablation also gives the distractors small effects (a
+    missing write changes the norms downstream): at most a fifth of the smallest planted edge's."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if ablation not in ("resample", "mean", "zero"):
         raise ValueError(f"ablation must be 'resample', 'mean' or 'zero', got {ablation!r}")
     edges = set(_TRUTH[kind])
     if ablation == "zero":
-        edges |= {("embed", "L0H0", "q"), ("embed", "L0H0", "k"), ("embed", "logits", "logits")}
+        edges |= {("embed", "L0H0", "q"), ("embed", "L0H0", "k")}
+        if kind != "mlp":
+            edges.add(("embed", "logits", "logits"))
     return edges

@@ -39,7 +39,8 @@ def split(frame, kind, ablation="resample"):
 
 
 @pytest.mark.parametrize("kind,ablation,gap", [("induction", "resample", 100), ("backup", "resample", 20), ("mlp", "resample", 1000),
-                                               ("induction", "mean", 100), ("induction", "zero", 5)])
+                                               ("induction", "mean", 100), ("induction", "zero", 5), ("backup", "zero", 5),
+                                               ("mlp", "zero", 100)])
 def test_truth_is_what_exact_patching_finds(kind, ablation, gap):
     on, off = split(scores(kind, "exact", ablation), kind, ablation)
     assert on.min() > gap * off.max()
