@@ -13,11 +13,11 @@ from typing import Any, Optional, Sequence
 
 import pandas as pd
 import torch
-from jaxtyping import Int
 
+from .._inputs import TextOrTokens
 from .edges import EdgeGraph
 from .gradients import eap, eap_ig_activations, eap_ig_inputs
-from .patching import Metric, ablated_outputs, check_pair, exact_scores, split_inputs
+from .patching import Metric, ablated_outputs, exact_scores, split_inputs, token_pair
 from .search import acdc_scores, mask_scores
 
 METHODS = ("exact", "eap", "eap-ig-inputs", "eap-ig-activations", "acdc", "edge-pruning")
@@ -49,7 +49,7 @@ def raw_scores(model: Any, graph: EdgeGraph, clean: torch.Tensor, outs: torch.Te
     return mask_scores(model, graph, clean, ablated, metric, steps=200 if steps is None else steps)
 
 
-def edge_scores(model: Any, clean: Int[torch.Tensor, "batch pos"], corrupted: Optional[Int[torch.Tensor, "batch pos"]],
+def edge_scores(model: Any, clean: TextOrTokens, corrupted: Optional[TextOrTokens],
                 metric: Metric, method: str = "eap-ig", ablation: str = "resample", steps: Optional[int] = None,
                 taus: Optional[Sequence[float]] = None) -> pd.DataFrame:
     """A score for every edge of the model's edge graph by one method.
@@ -80,7 +80,7 @@ def edge_scores(model: Any, clean: Int[torch.Tensor, "batch pos"], corrupted: Op
         True
     """
     name = method_name(method)
-    check_pair(clean, corrupted, ablation)
+    clean, corrupted = token_pair(model, clean, corrupted, ablation)
     with split_inputs(model) as graph:
         outs, ablated = ablated_outputs(model, graph, clean, corrupted, ablation)
         scores = raw_scores(model, graph, clean, outs, ablated, metric, name, steps, taus)
@@ -154,7 +154,7 @@ def node_table(edges: pd.DataFrame, n_layers: int, n_heads: int) -> pd.DataFrame
     return frame
 
 
-def discover(model: Any, clean: Int[torch.Tensor, "batch pos"], corrupted: Optional[Int[torch.Tensor, "batch pos"]],
+def discover(model: Any, clean: TextOrTokens, corrupted: Optional[TextOrTokens],
              metric: Metric, method: str = "eap-ig", ablation: str = "resample", budget: Optional[float] = None,
              threshold: Optional[float] = None, steps: Optional[int] = None, taus: Optional[Sequence[float]] = None) -> Circuit:
     """Find the circuit for a task: `edge_scores` by `method`, then the edges kept by budget or threshold.

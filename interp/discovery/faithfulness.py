@@ -16,11 +16,11 @@ from typing import Any, Iterable, Optional, Sequence
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Int
 
+from .._inputs import TextOrTokens
 from .discover import raw_scores
 from .edges import EdgeGraph
-from .patching import Metric, ablated_outputs, check_pair, circuit_metric, split_inputs
+from .patching import Metric, ablated_outputs, circuit_metric, split_inputs, token_pair
 
 GRID = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 RANKINGS = ("signed", "absolute")
@@ -57,7 +57,7 @@ def _rankings(scores: pd.DataFrame, n_edges: int) -> dict[str, np.ndarray]:
     return out
 
 
-def faithfulness_curve(model: Any, clean: Int[torch.Tensor, "batch pos"], corrupted: Optional[Int[torch.Tensor, "batch pos"]],
+def faithfulness_curve(model: Any, clean: TextOrTokens, corrupted: Optional[TextOrTokens],
                        metric: Metric, scores: Optional[pd.DataFrame] = None, ablation: str = "resample",
                        fractions: Sequence[float] = GRID, baselines: Iterable[str] = ("random", "exact"),
                        seed: int = 0) -> pd.DataFrame:
@@ -73,7 +73,7 @@ def faithfulness_curve(model: Any, clean: Int[torch.Tensor, "batch pos"], corrup
         one row per method, ranking ("signed", "absolute") and fraction: method, ranking, fraction,
         n_edges, metric, faithfulness.
     """
-    check_pair(clean, corrupted, ablation)
+    clean, corrupted = token_pair(model, clean, corrupted, ablation)
     if not fractions or any(isinstance(k, bool) or not 0 < k <= 1 for k in fractions):
         raise ValueError(f"fractions of edges kept must each be in (0, 1], got {list(fractions)}")
     with split_inputs(model) as graph:

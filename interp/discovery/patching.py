@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 from jaxtyping import Float, Int
 
+from .._inputs import TextOrTokens, token_batch
 from .edges import EdgeGraph, edge_graph
 
 ABLATIONS = ("resample", "mean", "zero")
@@ -52,21 +53,31 @@ def split_inputs(model: Any) -> Iterator[EdgeGraph]:
         model.train(was_training)
 
 
-def check_pair(clean: torch.Tensor, corrupted: Optional[torch.Tensor], ablation: str) -> None:
-    """Clear errors for token batches of the wrong kind or shape and for an unknown ablation."""
+def token_pair(model: Any, clean: TextOrTokens, corrupted: Optional[TextOrTokens], ablation: str
+               ) -> tuple[Int[torch.Tensor, "batch pos"], Optional[Int[torch.Tensor, "batch pos"]]]:
+    """Both inputs as ids [batch, pos] on the model's device, through interp's one token contract (float ids
+    are refused with the forward's words); clear errors for padding, shapes that differ, and an unknown
+    ablation."""
     if ablation not in ABLATIONS:
         raise ValueError(f"ablation must be one of {ABLATIONS}, got {ablation!r}")
-    for name, t in (("clean", clean), ("corrupted", corrupted)):
-        if t is None:
+    pair: list[Optional[torch.Tensor]] = []
+    for name, data in (("clean", clean), ("corrupted", corrupted)):
+        if data is None:
+            pair.append(None)
             continue
-        if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"{name} must be token ids, an integer tensor [batch, pos], got "
-                             f"{getattr(t, 'dtype', type(t).__name__)} of shape {tuple(getattr(t, 'shape', ()))}")
-    if ablation == "resample" and corrupted is None:
+        ids, mask = token_batch(model, data)
+        if mask is not None:
+            raise ValueError(f"{name} has rows of unequal length (padding): edge patching ablates every position, "
+                             "so give rows of equal length")
+        pair.append(ids)
+    clean_ids, corrupted_ids = pair
+    assert clean_ids is not None
+    if ablation == "resample" and corrupted_ids is None:
         raise ValueError("ablation='resample' needs corrupted tokens (the counterfactual); or use 'mean' or 'zero'")
-    if corrupted is not None and corrupted.shape != clean.shape:
-        raise ValueError(f"clean and corrupted must have the same shape [batch, pos], got {tuple(clean.shape)} "
-                         f"and {tuple(corrupted.shape)}: patching swaps activations position by position")
+    if corrupted_ids is not None and corrupted_ids.shape != clean_ids.shape:
+        raise ValueError(f"clean and corrupted must have the same shape [batch, pos], got {tuple(clean_ids.shape)} "
+                         f"and {tuple(corrupted_ids.shape)}: patching swaps activations position by position")
+    return clean_ids, corrupted_ids
 
 
 class EdgePass:
@@ -201,13 +212,13 @@ def exact_scores(model: Any, graph: EdgeGraph, clean: torch.Tensor, ablated: tor
     return full - torch.tensor(values, dtype=torch.float64)
 
 
-def patch_edges(model: Any, clean: Int[torch.Tensor, "batch pos"], corrupted: Optional[Int[torch.Tensor, "batch pos"]],
+def patch_edges(model: Any, clean: TextOrTokens, corrupted: Optional[TextOrTokens],
                 metric: Metric, ablate: Any, ablation: str = "resample") -> float:
     """The metric with the listed edges ablated and every other edge kept.
 
     Args:
         model: a hooked model with split inputs (`edge_graph`).
-        clean: token ids [batch, pos] of the run.
+        clean: token ids [batch, pos] of the run (or texts / id rows of equal length).
         corrupted: counterfactual token ids [batch, pos] (for "resample"), or None.
         metric: logits [batch, pos, vocab] -> a 0-d tensor.
         ablate: (sender, receiver, via) triples, e.g. [("L0H0", "L1H0", "k")].
@@ -216,7 +227,7 @@ def patch_edges(model: Any, clean: Int[torch.Tensor, "batch pos"], corrupted: Op
     Returns:
         the metric's value (a float).
     """
-    check_pair(clean, corrupted, ablation)
+    clean, corrupted = token_pair(model, clean, corrupted, ablation)
     with split_inputs(model) as graph:
         outs, ablated = ablated_outputs(model, graph, clean, corrupted, ablation)
         keep = torch.ones(graph.n_edges)
