@@ -64,7 +64,9 @@ def test_exact_scores_are_one_patch_each_and_flags_are_restored(model, pair):
     frame = edge_scores(model, clean, corrupted, metric, method="exact")
     assert len(frame) == edge_graph(model).n_edges
     row = frame[(frame.sender == "L0H1") & (frame.receiver == "L2H0") & (frame.via == "k")].iloc[0]
-    assert row.score == pytest.approx(float(metric(model(clean))) - by_hand(model, clean, corrupted, "L0H1", "L2H0", "k"))
+    with torch.no_grad():
+        full = float(metric(model(clean)))
+    assert row.score == pytest.approx(full - by_hand(model, clean, corrupted, "L0H1", "L2H0", "k"))
     assert not model.cfg.use_split_qkv_input and not model.cfg.use_hook_mlp_in and not model.cfg.use_attn_result
 
 
