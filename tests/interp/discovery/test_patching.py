@@ -74,7 +74,9 @@ def test_ablating_every_edge_is_the_ablated_model(model, pair):
     """Zero ablation of every edge into the logits leaves the final stream empty; resample of every edge is the corrupted run."""
     clean, corrupted = pair
     every = edge_graph(model).edges[["sender", "receiver", "via"]].itertuples(index=False)
-    assert patch_edges(model, clean, corrupted, metric, list(every)) == pytest.approx(float(metric(model(corrupted))), abs=1e-9)
+    with torch.no_grad():
+        corrupted_run = float(metric(model(corrupted)))
+    assert patch_edges(model, clean, corrupted, metric, list(every)) == pytest.approx(corrupted_run, abs=1e-9)
     into_logits = [(s, "logits", "logits") for s in ["embed"] + [f"L{l}H{h}" for l in range(3) for h in range(2)]
                    + [f"MLP{l}" for l in range(3)]]
     assert patch_edges(model, clean, None, metric, into_logits, ablation="zero") == pytest.approx(0.0, abs=1e-9)
