@@ -15,6 +15,7 @@ and the names below are the headline analyses of each:
     interp.measures   numbers about the whole model: losses, residual RMS, parameters, RoPE
     interp.saes       dictionaries: SAEs and transcoders (training in interp.saes.training)
     interp.graphs     how is one prediction computed? attribution graphs through transcoders
+    interp.discovery  which edges carry a task? circuit discovery scored against planted circuits
 """
 # what an analysis takes: a model, heads and components; the identity saved files record
 from ._core.identity import fingerprint
@@ -23,6 +24,9 @@ from ._core.specs import Component, Head
 
 # probe material
 from .data import everyday_english, held_out_stories, repeated_tokens
+
+# discovery: the circuit of a task, found edge by edge
+from .discovery import discover, edge_graph, edge_scores, faithfulness_curve, planted
 
 # graphs: one prediction traced through features (attribution graphs)
 from .graphs import Graph, ReplacementModel, attribute, graph_json, graph_scores, head_loadings, intervene, prune_graph
@@ -75,6 +79,8 @@ __all__ = [
     "Component", "Head", "HookedModel", "fingerprint",
     # probe material
     "everyday_english", "held_out_stories", "repeated_tokens",
+    # discovery
+    "discover", "edge_graph", "edge_scores", "faithfulness_curve", "planted",
     # graphs
     "Graph", "ReplacementModel", "attribute", "graph_json", "graph_scores", "head_loadings", "intervene", "prune_graph",
     # lens

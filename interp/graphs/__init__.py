@@ -2,14 +2,14 @@
 
     dictionaries.py  the transcoders a graph runs on (the extension point for cross-layer sets)
     replacement.py   ReplacementModel: patterns and norm scales frozen, MLPs replaced by transcoders + errors
-    attribute.py     attribute: the graph of one prompt, rows by batched backward passes
+    attribution.py   attribute: the graph of one prompt, rows by batched backward passes
     graph.py         Graph: adjacency and node tables with circuit-tracer's field names, save / load
     prune.py         prune_graph, graph_scores (replacement and completeness scores)
     export.py        graph_json: circuit-tracer's graph JSON (its page's and Neuronpedia's format)
     heads.py         head_loadings: edges split exactly over one block's attention heads
     interventions.py intervene: set or scale features in the real model, measured beside the graph's prediction
 """
-from .attribute import attribute
+from .attribution import attribute
 from .dictionaries import Dictionaries
 from .export import graph_json
 from .graph import Graph

@@ -19,7 +19,7 @@ import torch
 from sprout.names import act_name
 
 from .._core.model import HookedModel, n_heads
-from .attribute import _replacement, _Rows, active_features
+from .attribution import _replacement, _Rows, active_features
 from .dictionaries import TranscoderInput
 from .graph import Graph
 from .replacement import ReplacementModel

@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 
 from .._core.model import HookedModel
-from .attribute import _replacement
+from .attribution import _replacement
 from .dictionaries import TranscoderInput
 from .graph import Graph
 from .replacement import ReplacementModel, frozen_hook_names
