@@ -25,6 +25,8 @@ from .phase import control_pairs, icl_score, phase_change, phase_heads, phase_me
 from .residual import LogHistogram, residual_rms
 from .rope import rope_distance_check
 from .saes import SAE, Transcoder, load_sae, load_transcoder, run_with_saes, sae_metrics, spliced, train_sae, train_transcoder
+from .saes.describe import describe_latent
+from .saes.score import interpretability_score, interpretability_summary
 from .texts import HELD_OUT_SEED, everyday_english, held_out_stories
 from .tuned_lens import TunedLens, lens_comparison, load_tuned_lens, tuned_lens
 from .tuned_lens_train import train_tuned_lens
@@ -41,3 +43,4 @@ __all__ = [
     "load_transcoder", "train_sae", "train_transcoder", "target_mask", "train_tuned_lens", "tuned_lens", "TunedLens",
     "run_with_saes", "sae_metrics", "spliced", "stream_windows", "unigram_log_probs", "windows",
 ]
+__all__ += ["describe_latent", "interpretability_score", "interpretability_summary"]

@@ -9,11 +9,17 @@
     train.py    train_sae / train_transcoder (one process or torchrun)
     checkpoint.py  a run's checkpoint, to resume
     metrics.py  reconstruction, sparsity and the spliced model's loss
+    baselines.py  what a dictionary must beat at the same L0: a PCA code, regression, the MLP's top neurons
     splice.py   dictionaries spliced into the forward, their latents as hook points
     features.py what latents fire on and write: top contexts, histograms, logit effects, clamping
+    clamp.py    clamping against random latents and random directions clamped the same way
+    describe.py a latent's description chosen on one text, scored on another (precision, recall, AUROC, fuzzing)
+    score.py    a whole dictionary's interpretability score beside PCA and random directions
 """
+from .describe import describe_latent
 from .metrics import sae_metrics
 from .sae import SAE, Transcoder
+from .score import interpretability_score, interpretability_summary
 from .settings import SettingsError, TrainSettings
 from .shipped import load_sae, load_transcoder
 from .splice import run_with_saes, spliced
@@ -22,3 +28,4 @@ from .train import train_sae, train_transcoder
 __all__ = ["SAE", "SettingsError", "TrainSettings", "Transcoder", "load_sae", "load_transcoder", "train_sae",
            "train_transcoder"]
 __all__ += ["run_with_saes", "sae_metrics", "spliced"]
+__all__ += ["describe_latent", "interpretability_score", "interpretability_summary"]

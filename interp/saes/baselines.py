@@ -19,7 +19,7 @@ fit on the measured text itself only favours the baselines.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +30,9 @@ from sprout.names import act_name, layer_of
 from .._batching import TextOrTokens, batches, token_rows
 from .._model import HookedModel
 from .splice import is_transcoder
+
+if TYPE_CHECKING:
+    from .sae import SAE
 
 SAE_BASELINES = ("pca",)
 TRANSCODER_BASELINES = ("regression", "top_neurons")
@@ -126,14 +129,15 @@ class _FitSums:
         self.sums[key] = value if key not in self.sums else self.sums[key] + value
 
 
-def _fit_names(model: HookedModel, sae) -> list[str]:
-    if not is_transcoder(sae):
-        return [sae.hook_name]
-    return [sae.hook_name, sae.hook_name_out]
+def _fit_names(model: HookedModel, sae: SAE) -> list[str]:
+    """[the hook read] for an SAE (its target too); [the hook read, the hook replaced] for a transcoder."""
+    if sae.hook_name is None:
+        raise ValueError("fit_baselines: the dictionary has no hook_name (the hook it reads)")
+    return [sae.hook_name, str(getattr(sae, "hook_name_out"))] if is_transcoder(sae) else [sae.hook_name]
 
 
 @torch.inference_mode()
-def fit_baselines(model: HookedModel, sae, data: TextOrTokens, batch_size: int = 8,
+def fit_baselines(model: HookedModel, sae: SAE, data: TextOrTokens, batch_size: int = 8,
                   seq_len: Optional[int] = None) -> Baselines:
     """The baselines of `sae` (an SAE or a transcoder) fitted on every token of `data`.
 
@@ -164,7 +168,7 @@ def fit_baselines(model: HookedModel, sae, data: TextOrTokens, batch_size: int =
     if not is_transcoder(sae):
         return Baselines(False, mean, s.n, basis=_principal(_centred_cov(s.sums["yy"], s.sums["y"], s.n)))
     W_reg, b_reg = _solve(s.sums["gram"], s.sums["cross"])
-    layer = layer_of(sae.hook_name_out)
+    layer = layer_of(names[-1])
     W_out, b_out = getattr(model, "W_out", None), getattr(model, "b_out", None)
     if W_out is None:
         raise ValueError(f"fit_baselines: the model has no W_out [n_layers, d_mlp, d_model]: the top-neuron baseline of "
@@ -178,9 +182,9 @@ def _stop(model: HookedModel, name: str) -> Optional[int]:
     return None if layer is None or layer + 1 >= int(model.cfg.n_layers) else layer + 1
 
 
-def hidden_name(sae) -> str:
+def hidden_name(sae: SAE) -> str:
     """The MLP's hidden neurons a transcoder's top-neuron baseline reads."""
-    return act_name("mlp_post", layer_of(sae.hook_name_out))
+    return act_name("mlp_post", layer_of(str(getattr(sae, "hook_name_out"))))
 
 
 def outputs(fit: Baselines, x_in: torch.Tensor, hidden: Optional[torch.Tensor],

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from interp.saes.describe import REPEATED, Tokens, auroc, choose, describe_latent, score_description, token_classes
+from interp.saes.score import interpretability_score, interpretability_summary
 from sprout.material import generator_can_draw, unseen_texts
 from sprout.material.unseen import FRAMES
 
@@ -107,3 +108,35 @@ def test_unseen_material_names_are_beyond_the_generator():
     invented = [w for w in names if not generator_can_draw(w) and w not in " ".join(FRAMES)]
     assert len(invented) >= 30
     assert all(sum(t.count(w) for t in texts) >= 2 for w in invented)
+
+
+class TokenDictionary(torch.nn.Module):
+    """Latent t fires exactly on token t (t < 32) at the embedding."""
+
+    def __init__(self, model):
+        super().__init__()
+        latents = [TokenLatent(model, t) for t in range(32)]
+        self.W_enc = torch.cat([lat.W_enc[:, :1] for lat in latents], 1)
+        self.b_enc = torch.cat([lat.b_enc[:1] for lat in latents])
+        self.W_dec = torch.zeros(32, self.W_enc.shape[0])
+        self.hook_name = "blocks.0.hook_resid_pre"
+
+    def encode(self, x):
+        return torch.relu(x @ self.W_enc + self.b_enc)
+
+
+def test_a_dictionary_of_token_latents_scores_one_and_directions_match_its_density(tiny_model):
+    g = torch.Generator().manual_seed(3)
+    train, test = [torch.randint(0, 64, (64,), generator=g) for _ in range(8)], [torch.randint(0, 64, (64,), generator=g) for _ in range(6)]
+    scores = interpretability_score(tiny_model, TokenDictionary(tiny_model), train, test, n=10)
+    assert list(scores.source.value_counts().sort_index().items()) == [("dictionary", 10), ("pca", 10), ("random", 10)]
+    lat = scores[scores.source == "dictionary"]
+    assert (lat.auroc == 1).all() and (lat.kind == "tokens").all()
+    assert len(set(lat["index"])) == 10 and set(lat["index"]) <= set(range(32))
+    summary = interpretability_summary(scores).set_index("source")
+    assert summary.share_good["dictionary"] == 1.0
+    for source in ("pca", "random"):
+        part = scores[scores.source == source]
+        assert summary.share_good[source] == pytest.approx((part.auroc >= 0.8).mean())
+        # each direction fires on about the latents' median share of tokens (on its own train text)
+        assert part.density.median() == pytest.approx(lat.density.median(), abs=0.03)
