@@ -17,18 +17,19 @@ EFFECT_COLUMNS = ["latent", "direction", "rank", "token_str", "effect"]
 WIDTH = 1000  # px: inside a 1400 px window with the page's margins
 
 
-def feature_overview(table: pd.DataFrame, title: str = "Latents") -> go.Figure:
+def feature_overview(table: pd.DataFrame, title: str = "Latents", shown_label: str = "shown below") -> go.Figure:
     """Every live latent as a point: how often it fires (log density) against its mean activation.
 
     Args:
         table: `FeatureReport.table` (one row per latent; `shown` ones are drawn larger, with their summary
             on hover).
+        shown_label: the legend's name for the shown latents (where the figure's reader finds them).
     """
     require(table, TABLE_COLUMNS, "feature_overview")
     live = table[table.density > 0]
     dead = int((table.density == 0).sum())
     traces = [go.Scatter(
-        x=np.log10(g.density), y=g.mean_act, mode="markers", name="shown below" if shown else "other latents",
+        x=np.log10(g.density), y=g.mean_act, mode="markers", name=shown_label if shown else "other latents",
         marker=dict(size=9 if shown else 5, color=PALETTE[1] if shown else PALETTE[0], opacity=0.9 if shown else 0.45),
         customdata=np.stack([g.latent, g.density, [escape_token(s) for s in g.summary]], -1),
         hovertemplate="latent %{customdata[0]}<br>density %{customdata[1]:.2%}<br>mean activation %{y:.3g}"

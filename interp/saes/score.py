@@ -10,7 +10,7 @@ those with held-out detection AUROC >= 0.8: the score.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -48,13 +48,14 @@ def _directions(x_tr: torch.Tensor, n: int, seed: int) -> dict[str, torch.Tensor
 
 def interpretability_score(model: HookedModel, sae: SAE, train: TextOrTokens, test: TextOrTokens, n: int = 64,
                            baselines: bool = True, seed: int = 0, max_units: int = 8, min_count: int = 2,
-                           seq_len: Optional[int] = None) -> pd.DataFrame:
+                           seq_len: Optional[int] = None, latents: Optional[Sequence[int]] = None) -> pd.DataFrame:
     """Held-out description scores of n random live latents (and of n PCA and n random directions).
 
     Args:
         model, sae: a hooked model and an `interp.SAE` / `interp.Transcoder` trained on it.
         train, test: the text descriptions are chosen on, and the held-out text they are scored on.
         n: latents (and directions of each baseline) described; baselines: also the PCA and random directions.
+        latents: describe these latents instead of n random live ones (a page's shown latents with its sample).
 
     Returns:
         One row per latent or direction: `source` ("dictionary", "pca", "random"), `index` (latent id or
@@ -71,12 +72,14 @@ def interpretability_score(model: HookedModel, sae: SAE, train: TextOrTokens, te
     live = (a_tr > 0).any(0).nonzero().flatten()
     if len(live) == 0:
         raise ValueError("interpretability_score: no latent fires on the train text")
-    pick = live[torch.randperm(len(live), generator=torch.Generator().manual_seed(seed))[:n]].tolist()
+    pick = live[torch.randperm(len(live), generator=torch.Generator().manual_seed(seed))[:n]].tolist() \
+        if latents is None else [int(j) for j in latents]
     toks = (tok_tr, tok_te)
     rows = [_described(model, "dictionary", j, toks, (a_tr[:, j].numpy(), a_te[:, j].numpy()), max_units, min_count)
             for j in pick]
     if baselines:
         density = float(np.median([(a_tr[:, j] > 0).double().mean().item() for j in pick]))
+        density = density if density > 0 else 1 / len(x_tr)
         mean = x_tr.double().mean(0)
         for source, dirs in _directions(x_tr, min(n, x_tr.shape[1]), seed).items():
             for i, u in enumerate(dirs):
