@@ -234,6 +234,7 @@ def run(models, out, args) -> list[dict]:
 
 BLOCK = "features"  # the README block this section is written into (experiments.readme)
 README_MODEL, N_STORIES, CLAMP_CHARS = "gpt-4", 60, 6_000
+N_BASELINES = 20  # random latents, and random unit directions, each latent's clamping is compared with
 
 
 def name_pieces(model, n_stories: int = N_STORIES, seed: int = 1):
@@ -269,49 +270,42 @@ def _token_latents(model, sae, text: str, n: int) -> list[tuple[int, str]]:
 
 
 def _clamp_line(model, sae, latent: int, text: str) -> dict:
-    eff = interp_features.clamp_effect(model, sae, latent, text, k=10)
+    """The latent clamped beside N_BASELINES random latents and as many random unit directions (same value,
+    positions and error term): it "does what its logit effects say" only above their 95th percentile."""
+    eff = interp_features.clamp_effect(model, sae, latent, text, k=10, baselines=N_BASELINES)
     up, down = eff[eff.direction == "top"], eff[eff.direction == "bottom"]
-    return dict(value=float(eff.value.iloc[0]), promotes=", ".join(f"`{t!r}`" for t in up.token_str[:4]),
-                suppresses=", ".join(f"`{t!r}`" for t in down.token_str[:4]),
-                up=float(up.delta_logprob.mean()), down=float(down.delta_logprob.mean()),
-                confirmed=bool(up.delta_logprob.mean() > 0 > down.delta_logprob.mean()))
+    first = eff.iloc[0]
+    return dict(value=float(first.value), promotes=", ".join(f"`{t!r}`" for t in up.token_str[:4]),
+                suppresses=", ".join(f"`{t!r}`" for t in down.token_str[:4]), agreement=float(first.agreement),
+                p95=float(first.baseline_p95), confirmed=bool(first.beats_baselines),
+                pass_rate=float(first.baseline_pass_rate))
 
 
 def readme_section(model, root=None) -> str:
     """The Markdown between the README's features markers, computed from the shipped dictionaries (or those
-    of `root`, a demo-like folder with saes/ in it)."""
+    of `root`, a demo-like folder with saes/ in it). Each latent's claim is its description chosen on
+    generated stories and scored on held-out texts whose names the generator cannot draw (`describe_latent`),
+    and its clamping check is made against random latents and random directions (`clamp_effect`)."""
     n = int(model.cfg.n_layers)
     text = interp.held_out_stories(CLAMP_CHARS, seed=interp.HELD_OUT_SEED + 2)
+    unseen = "\n\n".join(unseen_texts(120, seed=38))
     rows, masks = name_pieces(model)
     tc = interp.load_transcoder(model, n - 1, root=root)
     sel = interp_features.latent_selectivity(model, tc, rows, masks)
-    best = sel[sel.fire_on >= 0.3].iloc[0]
-    picks = [(f"MLP {n - 1} transcoder", tc, int(best.latent),
-              f"the later pieces of repeated invented names ({best.fire_on:.0%} of them; {best.fire_off:.1%} of other "
-              f"tokens; {best.precision:.0%} of the tokens it fires on are such pieces)")]
+    picks = [(f"MLP {n - 1} transcoder", tc, int(sel[sel.fire_on >= 0.3].iloc[0].latent))]
     sae = interp.load_sae(model, act_name("resid_post", n - 1), root=root)
-    for j, token in _token_latents(model, sae, text, 2):
-        marks = [r == model.to_single_token(token) for r in rows] if _single(model, token) else []
-        # the token may not occur in the name stories at all: then no selectivity to state
-        sel = interp_features.latent_selectivity(model, sae, rows, marks) if any(m.any() for m in marks) else None
-        on = "" if sel is None else (f" ({float(sel.set_index('latent').fire_on[j]):.0%} of them; "
-                                     f"{float(sel.set_index('latent').fire_off[j]):.1%} of other tokens)")
-        picks.append((f"resid_post {n - 1} SAE", sae, j, f"the token `{token!r}`{on}"))
-    lines = ["| dictionary | latent | fires on | promotes (logit effect) | suppresses | clamped to | "
-             "mean Δ log p, 10 most promoted / suppressed | as its logit effects say |", "|---|---|---|---|---|---|---|---|"]
-    for label, d, j, fires in picks:
+    picks += [(f"resid_post {n - 1} SAE", sae, j) for j, _ in _token_latents(model, sae, text, 2)]
+    lines = ["| dictionary | latent | held-out description | precision / recall / AUROC | promotes (logit effect) | "
+             "suppresses | clamped to | agreement: mean Δ log p, 10 promoted − 10 suppressed | 95th percentile of "
+             f"{N_BASELINES} random latents and {N_BASELINES} random directions | does what its logit effects say |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for label, d, j in picks:
+        h = interp.describe_latent(model, d, j, text, unseen).iloc[0]
         c = _clamp_line(model, d, j, text)
-        lines.append(f"| {label} | {j} | {fires} | {c['promotes']} | {c['suppresses']} | {c['value']:.2f} | "
-                     f"{c['up']:+.2f} / {c['down']:+.2f} | {'yes' if c['confirmed'] else 'no'} |")
+        lines.append(f"| {label} | {j} | {h.description} | {h.precision:.2f} / {h.recall:.2f} / {h.auroc:.2f} | "
+                     f"{c['promotes']} | {c['suppresses']} | {c['value']:.2f} | {c['agreement']:+.2f} | {c['p95']:+.2f} | "
+                     f"{'yes' if c['confirmed'] else 'no'} |")
     return "\n".join(lines)
-
-
-def _single(model, token: str) -> bool:
-    try:
-        model.to_single_token(token)
-        return True
-    except ValueError:
-        return False
 
 
 def readme(path: str, threads: int = 1) -> int:
