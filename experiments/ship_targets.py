@@ -25,9 +25,18 @@ KEYS = ("explained_variance", "fvu", "l0", "dense_fraction", "ce_clean", "ce_spl
         "ev_margin", "ce_margin", "ce_zero_margin")
 
 
+K_FRACTION = 0.8  # the recipes' k, of max_l0: BatchTopK's one threshold fired 18.1 latents a token on held-out
+# English where it kept 16 in training (gpt-4 block 3, 8 d_model, 600 steps: docs/features.md), 13% over k
+
+
 def max_l0(d_model: int) -> int:
-    """The largest L0 a shipped dictionary may have, and the k the recipes train at: d_model // 12."""
+    """The largest L0 a shipped dictionary may have on held-out text: d_model // 12 (16 on 192, 10 on 128)."""
     return max(1, int(d_model * L0_FRACTION))
+
+
+def default_k(d_model: int) -> int:
+    """The k the recipes train at: 0.8 of max_l0 (12 on gpt-4, 8 on sprout-mini), so that held-out L0 stays under it."""
+    return max(1, int(K_FRACTION * max_l0(d_model)))
 
 
 class BaselineFits:

@@ -16,6 +16,11 @@ batch (clean, spliced, zero-ablated), and returns one row:
 - `kl_spliced`, `kl_zero`: mean KL(clean || spliced) and KL(clean || zero-ablated) of the next-token
   distributions, over every real token.
 
+With `baselines=True` (issue 38) the row also measures, on the same tokens, the codes a dictionary must
+beat at the same L0 (`interp.saes.baselines`: an SAE's PCA code, a transcoder's least-squares regression
+and the MLP's own top neurons), CE recovered against mean ablation beside zero ablation, and the margins
+of the dictionary over the best baseline (`ev_margin`, `ce_margin`, `ce_zero_margin`).
+
 Padding: ids [batch, pos] with an `attention_mask` [batch, pos] (1 token, 0 padding) run with that
 mask, and padded positions count in nothing; a list of texts is tokenized text by text (no padding).
 """

@@ -29,6 +29,7 @@ def test_failures_name_each_missed_target(kind, change, says):
     assert ship.failures(kind, GOOD, 192) == []
     assert ship.failures(kind, {**GOOD, **change}, 192) == [says]
     assert ship_targets.max_l0(192) == 16 and ship_targets.max_l0(128) == 10
+    assert ship_targets.default_k(192) == 12 and ship_targets.default_k(128) == 8
 
 
 def test_dead_fractions_equal_sae_metrics_on_the_same_tokens():
@@ -64,7 +65,7 @@ def test_recipes_fit_the_size_budget(name):
                for skip in ([False] if part == "resid" else rl.skips)
                for e in [rl.expansion if part == "resid" else rl.transcoder_expansion])
     assert size / 2**20 < ship.MAX_MB / 2  # both demos together within the budget
-    k = ship_targets.max_l0(d) if r.k is None else r.k
+    k = ship_targets.default_k(d) if r.k is None else r.k
     assert k <= d / 12 and r.expansion >= ship_targets.MIN_EXPANSION and set(r.skips) == {True, False}
 
 
@@ -77,7 +78,7 @@ def test_overrides_name_real_dictionaries_and_fit_the_budget(name):
     for part in ship.PARTS:
         for layer in range(cfg["n_layer"]):
             rl = r.at(part, layer)
-            k = ship_targets.max_l0(cfg["d_model"]) if rl.k is None else rl.k
+            k = ship_targets.default_k(cfg["d_model"]) if rl.k is None else rl.k
             assert rl.overrides == {} and k < min(rl.expansion, rl.transcoder_expansion) * cfg["d_model"]
 
 
