@@ -23,7 +23,7 @@ import figures.features as ff
 import interp
 import interp.saes.features as interp_features
 import sprout
-from interp._inputs import token_rows
+from interp.saes.describe import tokens_of
 from interp.saes.features import feature_report
 from interp.saes.score import interpretability_score, interpretability_summary
 from sprout.material import generate_story, unseen_texts
@@ -200,7 +200,7 @@ def run(models, out, args) -> list[dict]:
         (out.dir / model_label).mkdir(parents=True, exist_ok=True)
         js = os.path.relpath(out.plotly_js(), out.dir / model_label).replace(os.sep, "/")
         text = held_out_text(model, args.chars, folder=folder)
-        windows = token_rows(model, text)
+        windows = tokens_of(model, text)[1]  # the windows feature_report reads: contexts' (row, pos) index them
         items = []
         for i, (label, sae) in enumerate(found):
             rep = feature_report(model, sae, text, n_show=args.show, before=24, after=8)
