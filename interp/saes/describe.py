@@ -129,9 +129,12 @@ def hook_acts(model: HookedModel, hook: str, rows: list[torch.Tensor], batch_siz
     return torch.cat(out)
 
 
+PAIR = 1 << 32  # a pair's key: (previous id + 1) * PAIR + id, the same on every text (ids are < 2^32)
+
+
 def _units(tok: Tokens, kind: str) -> np.ndarray:
-    vocab = int(max(tok.ids.max(), tok.prev.max())) + 2
-    return {"tokens": tok.ids, "after": tok.prev, "bigrams": (tok.prev + 1) * vocab + tok.ids}[kind].astype(np.int64)
+    prev, ids = tok.prev.astype(np.int64), tok.ids.astype(np.int64)
+    return {"tokens": ids, "after": prev, "bigrams": (prev + 1) * PAIR + ids}[kind]
 
 
 def _greedy(units: np.ndarray, fire: np.ndarray, max_units: int, min_count: int) -> tuple[dict, float]:
@@ -173,10 +176,9 @@ class Description:
 
 
 def _words_of(model: HookedModel, kind: str, units: dict, tok: Tokens) -> str:
-    vocab = int(max(tok.ids.max(), tok.prev.max())) + 2
     ids = [u for u in units]
     if kind == "bigrams":
-        pairs = [(u // vocab - 1, u % vocab) for u in ids]
+        pairs = [(u // PAIR - 1, u % PAIR) for u in ids]
         return "the pairs " + ", ".join(f"{_show(model, a)}→{_show(model, b)}" for a, b in pairs[:6])
     shown = ", ".join(_show(model, u) for u in ids[:6])
     return ("the tokens " if kind == "tokens" else "the token after ") + shown + (" ..." if len(ids) > 6 else "")

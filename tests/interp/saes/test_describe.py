@@ -140,3 +140,20 @@ def test_a_dictionary_of_token_latents_scores_one_and_directions_match_its_densi
         assert summary.share_good[source] == pytest.approx((part.auroc >= 0.8).mean())
         # each direction fires on about the latents' median share of tokens (on its own train text)
         assert part.density.median() == pytest.approx(lat.density.median(), abs=0.03)
+
+
+def test_a_pair_latent_is_described_by_its_pair_on_a_text_of_other_ids():
+    def tokens(ids):
+        ids = np.array(ids)
+        prev = np.concatenate([[-1], ids[:-1]])
+        strs = [f"#{i}" for i in ids]
+        return Tokens(ids, prev, np.zeros(len(ids), int), np.arange(len(ids)), strs, token_classes([strs]))
+
+    rng = np.random.default_rng(0)
+    train = tokens(rng.integers(0, 6, 3000))  # ids 0-5 only
+    fire = (train.prev == 2) & (train.ids == 3)
+    desc = choose(_Model(), train, fire)
+    assert desc.kind == "bigrams" and desc.text == "the pairs '#2'→'#3'"
+    test = tokens(np.concatenate([rng.integers(0, 6, 2000), [4000, 2, 3, 4000]]))  # a much larger id too
+    s = score_description(desc, test, ((test.prev == 2) & (test.ids == 3)).astype(float))
+    assert (s["precision"], s["recall"], s["auroc"]) == (1.0, 1.0, 1.0)
