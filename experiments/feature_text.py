@@ -48,12 +48,11 @@ def starts_word(text: str) -> bool:
 
 def whole_words(example: pd.DataFrame) -> pd.DataFrame:
     """One example's context rows (ordered by offset) trimmed to whole words: from the first token that
-    starts a word (or the window's first token of its row) to the last token before a word start, never
-    cutting the peak (offset 0)."""
+    starts a word to the last token before a word start, never cutting the peak (offset 0). A window's
+    first token is no word start of itself: windows are cut from a stream of text, often mid-word."""
     ex = example.sort_values("offset").reset_index(drop=True)
     toks = ex.token_str.tolist()
     peak = int(ex.index[ex.offset == 0][0]) if (ex.offset == 0).any() else 0
-    first = next((i for i in range(len(toks)) if starts_word(toks[i]) or ex.pos[i] == 0), peak)
-    first = min(first, peak)
+    first = min(next((i for i in range(len(toks)) if starts_word(toks[i])), peak), peak)
     last = next((i - 1 for i in range(len(toks) - 1, peak, -1) if starts_word(toks[i])), len(toks) - 1)
     return ex.iloc[first:max(last, peak) + 1]

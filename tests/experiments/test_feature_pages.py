@@ -68,3 +68,10 @@ def test_tokens_are_visible_and_contexts_whole_words():
                            token_str=["ing", " the", " Zor", "bin", " sat", " do", "wn"]))
     kept = whole_words(ex[::-1]).token_str.tolist()
     assert kept == [" the", " Zor", "bin", " sat"]  # "ing" ends a cut word; " do" "wn" would cut the last one
+
+
+def test_a_context_never_starts_mid_word_even_at_its_window_start():
+    ex = pd.DataFrame(dict(offset=range(-3, 1), pos=range(0, 4), token_str=["ene", " me", " thar", "."]))
+    assert whole_words(ex).token_str.tolist() == [" me", " thar", "."]
+    alone = pd.DataFrame(dict(offset=[-1, 0], pos=[0, 1], token_str=["ab", "cd"]))
+    assert whole_words(alone).token_str.tolist() == ["cd"]  # no word start before the peak: the peak alone
