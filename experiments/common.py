@@ -193,6 +193,7 @@ class Output:
     js_dir: Optional[Path] = None
     figures: list = field(default_factory=list)
     extra: dict = field(default_factory=dict)  # figures kept for the README only, not written or indexed
+    links: list = field(default_factory=list)  # (path inside dir, text): pages the index links (feature pages)
 
     def __post_init__(self):
         self.dir = Path(self.dir)

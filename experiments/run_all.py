@@ -127,6 +127,7 @@ def write_index(done: dict, models: dict, out: Path) -> Path:
     for name, (module, o, rows) in done.items():
         parts += [f"<h2 id='{name}'>{name.replace('_', ' ')}</h2>", f"<p class=what>{html.escape(module.SUMMARY)}</p>",
                   f"<p>Files: <a href='{name}/'>{name}/</a> · <code>python -m experiments.{name}</code></p>",
+                  *[f"<p><a href='{name}/{href}'>{html.escape(text)}</a></p>" for href, text in o.links],
                   _numbers_table(rows)]
         for f in o.figures:
             div = f.fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig{k}",

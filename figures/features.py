@@ -17,18 +17,19 @@ EFFECT_COLUMNS = ["latent", "direction", "rank", "token_str", "effect"]
 WIDTH = 1000  # px: inside a 1400 px window with the page's margins
 
 
-def feature_overview(table: pd.DataFrame, title: str = "Latents") -> go.Figure:
+def feature_overview(table: pd.DataFrame, title: str = "Latents", shown_label: str = "shown below") -> go.Figure:
     """Every live latent as a point: how often it fires (log density) against its mean activation.
 
     Args:
         table: `FeatureReport.table` (one row per latent; `shown` ones are drawn larger, with their summary
             on hover).
+        shown_label: the legend's name for the shown latents (where the figure's reader finds them).
     """
     require(table, TABLE_COLUMNS, "feature_overview")
     live = table[table.density > 0]
     dead = int((table.density == 0).sum())
     traces = [go.Scatter(
-        x=np.log10(g.density), y=g.mean_act, mode="markers", name="shown below" if shown else "other latents",
+        x=np.log10(g.density), y=g.mean_act, mode="markers", name=shown_label if shown else "other latents",
         marker=dict(size=9 if shown else 5, color=PALETTE[1] if shown else PALETTE[0], opacity=0.9 if shown else 0.45),
         customdata=np.stack([g.latent, g.density, [escape_token(s) for s in g.summary]], -1),
         hovertemplate="latent %{customdata[0]}<br>density %{customdata[1]:.2%}<br>mean activation %{y:.3g}"
@@ -78,3 +79,34 @@ def feature_card(histograms: pd.DataFrame, effects: pd.DataFrame, latent: int, t
               "template": None}  # a page draws dozens of cards: a named template costs 15x the rest of a card
     fig = go.Figure(data=[hist, bars], layout=layout)
     return fig
+
+
+FRONTIER_COLUMNS = ["dictionary", "method", "l0", "explained_variance", "ce_loss_recovered_mean"]
+
+
+def frontier_figure(table: pd.DataFrame, title: str = "EV and CE recovered against L0") -> go.Figure:
+    """Held-out explained variance (left) and CE loss recovered against mean ablation (right) against L0: one
+    line per dictionary and method (the dictionary solid, its baselines dotted), points sorted by L0.
+
+    Args:
+        table: rows of `experiments.frontier.frontier` (`dictionary`, `method`, `l0`, `explained_variance`,
+            `ce_loss_recovered_mean`).
+    """
+    require(table, FRONTIER_COLUMNS, "frontier_figure")
+    traces = []
+    names = list(dict.fromkeys(table.dictionary))
+    for (dictionary, method), g in table.groupby(["dictionary", "method"], sort=False):
+        g = g.sort_values("l0")
+        color = PALETTE[names.index(dictionary) % len(PALETTE)]
+        line = dict(color=color, dash="solid" if method == "dictionary" else "dot")
+        for col, axes in (("explained_variance", ("x", "y")), ("ce_loss_recovered_mean", ("x2", "y2"))):
+            traces.append(go.Scatter(x=g.l0, y=g[col], mode="lines+markers", line=line, xaxis=axes[0], yaxis=axes[1],
+                                     name=f"{dictionary}: {method}", legendgroup=f"{dictionary}{method}",
+                                     showlegend=col == "explained_variance",
+                                     hovertemplate=f"{dictionary}, {method}<br>L0 %{{x:.1f}}: %{{y:.3f}}<extra></extra>"))
+    layout = base_layout(title, width=WIDTH, height=460, margin=dict(l=60, r=30, t=80, b=60),
+                         xaxis=dict(domain=[0, 0.45], title="L0 (latents, or coefficients, per token)"),
+                         yaxis=dict(title="explained variance"),
+                         xaxis2=dict(domain=[0.55, 1], title="L0", anchor="y2"),
+                         yaxis2=dict(title="CE recovered (mean ablation)", anchor="x2"))
+    return go.Figure(data=traces, layout=layout)

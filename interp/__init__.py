@@ -71,7 +71,18 @@ from .measures import loss_table, mean_loss, param_table, repeat_loss, residual_
 from .patching import attribution_patch, attribution_summary, patch, path_patch
 
 # saes: dictionaries (training apart)
-from .saes import SAE, Transcoder, load_sae, load_transcoder, run_with_saes, sae_metrics, spliced
+from .saes import (
+    SAE,
+    Transcoder,
+    describe_latent,
+    interpretability_score,
+    interpretability_summary,
+    load_sae,
+    load_transcoder,
+    run_with_saes,
+    sae_metrics,
+    spliced,
+)
 from .saes.training import train_sae, train_transcoder
 
 __all__ = [
@@ -97,6 +108,6 @@ __all__ = [
     # measures
     "loss_table", "mean_loss", "param_table", "repeat_loss", "residual_rms", "rope_distance_check",
     # saes
-    "SAE", "Transcoder", "load_sae", "load_transcoder", "run_with_saes", "sae_metrics", "spliced", "train_sae",
-    "train_transcoder",
+    "SAE", "Transcoder", "describe_latent", "interpretability_score", "interpretability_summary", "load_sae",
+    "load_transcoder", "run_with_saes", "sae_metrics", "spliced", "train_sae", "train_transcoder",
 ]

@@ -6,13 +6,21 @@
     files.py     SAELens' folder layout, reading ours and theirs
     shipped.py   the demos' dictionaries, found by fingerprint (load_sae, load_transcoder)
     metrics.py   reconstruction, sparsity and the spliced model's loss
+    baselines.py what a dictionary must beat at the same L0: a PCA code, regression, the MLP's top neurons
     splice.py    dictionaries spliced into the forward, their latents as hook points
     features.py  what latents fire on and write: top contexts, histograms, logit effects, clamping
+    clamp.py     clamping against random latents and random directions clamped the same way
+    describe.py  a latent's description chosen on one text, scored on another (precision, recall, AUROC)
+    score.py     a whole dictionary's interpretability score beside PCA and random directions
+    convert.py   BatchTopK as JumpReLU with the same outputs (the kind circuit-tracer reads)
     training/    train_sae / train_transcoder, their settings, activation harvesting, checkpoints
 """
+from .describe import describe_latent
 from .metrics import dead_fractions, sae_metrics
 from .sae import SAE, Transcoder
+from .score import interpretability_score, interpretability_summary
 from .shipped import load_sae, load_transcoder
 from .splice import run_with_saes, spliced
 
-__all__ = ["SAE", "Transcoder", "dead_fractions", "load_sae", "load_transcoder", "run_with_saes", "sae_metrics", "spliced"]
+__all__ = ["SAE", "Transcoder", "dead_fractions", "describe_latent", "interpretability_score", "interpretability_summary",
+           "load_sae", "load_transcoder", "run_with_saes", "sae_metrics", "spliced"]

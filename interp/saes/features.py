@@ -23,6 +23,7 @@ from jaxtyping import Bool, Int
 
 from .._core.batching import TextOrTokens, batches, token_rows
 from .._core.model import HookedModel, str_tokens
+from .clamp import clamp_baselines, clamp_verdict
 from .files import hook_layer
 from .splice import _as_list, _spliced, is_transcoder, latent_name
 
@@ -210,17 +211,24 @@ def _histograms(h: _Harvest, latents: list[int]) -> pd.DataFrame:
 
 
 def clamp_effect(model: HookedModel, sae: SAE, latent: int, data: TextOrTokens, value: Optional[float] = None, k: int = 10,
-                 batch_size: int = 8, seq_len: Optional[int] = None) -> pd.DataFrame:
+                 batch_size: int = 8, seq_len: Optional[int] = None, baselines: int = 0, seed: int = 0) -> pd.DataFrame:
     """The next-token log-probability change when one latent is clamped to `value` at every position.
 
     The dictionary is spliced in with its error term, so the clamped run differs from the clean model by
     the latent's change times its decoder row alone. `value` defaults to the latent's largest activation
     on the data. Measured on every real token of `data`.
 
+    With `baselines` = n > 0, the same clamp is applied to n random latents and n random unit directions
+    (`interp.saes.clamp.clamp_baselines`: same value, positions and error term), and the latent "does what
+    its logit effects say" only when its agreement (mean Δ log p of its promoted minus its suppressed
+    tokens) beats the 95th percentile of theirs.
+
     Returns:
         For the latent's k most promoted and k most suppressed tokens (`logit_effects`): `latent`,
         `direction`, `rank`, `token`, `token_str`, `effect`, `value`, `delta_logprob` (mean over positions
-        of the clamped minus the clean log-probability of that token as the next one).
+        of the clamped minus the clean log-probability of that token as the next one). With `baselines`,
+        also (the same on every row) `agreement`, `baseline_p95`, `beats_baselines`, `baseline_pass_rate`
+        (`interp.saes.clamp.clamp_verdict`).
     """
     (sae,) = _as_list([sae])
     if hasattr(sae, "check_model"):
@@ -245,8 +253,12 @@ def clamp_effect(model: HookedModel, sae: SAE, latent: int, data: TextOrTokens, 
                 out = model.run_with_hooks(ids, fwd_hooks=[(latent_name(sae), clamp)])
             delta += (F.log_softmax(out.float(), -1)[..., tokens] - clean).double().sum((0, 1)).cpu()
             n += ids.numel()
-    return effects.assign(value=float(value), delta_logprob=(delta / n).numpy(),
-                          kind="transcoder" if is_transcoder(sae) else "sae")
+    out = effects.assign(value=float(value), delta_logprob=(delta / n).numpy(),
+                         kind="transcoder" if is_transcoder(sae) else "sae")
+    if baselines:
+        table = clamp_baselines(model, sae, latent, data, float(value), baselines, k, seed, batch_size, seq_len)
+        out = out.assign(**clamp_verdict(table))
+    return out
 
 
 def latent_selectivity(model: HookedModel, sae: SAE, rows: Sequence[Int[torch.Tensor, " pos"]],

@@ -19,12 +19,17 @@ batch (clean, spliced, zero-ablated), and returns one row:
 `dead_fractions(model, saes, data)` counts the dead fraction alone for several dictionaries at once, from
 one forward per batch that stops after the last block they read (the shipped dictionaries' check).
 
+With `baselines=True` (issue 38) the row also measures, on the same tokens, the codes a dictionary must
+beat at the same L0 (`interp.saes.baselines`: an SAE's PCA code, a transcoder's least-squares regression
+and the MLP's own top neurons), CE recovered against mean ablation beside zero ablation, and the margins
+of the dictionary over the best baseline (`ev_margin`, `ce_margin`, `ce_zero_margin`).
+
 Padding: ids [batch, pos] with an `attention_mask` [batch, pos] (1 token, 0 padding) run with that
 mask, and padded positions count in nothing; a list of texts is tokenized text by text (no padding).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Union
 
 import pandas as pd
 import torch
@@ -36,6 +41,7 @@ from sprout.names import layer_of
 from .._core.batching import TextOrTokens, batches, token_rows
 from .._core.inputs import stream_windows
 from .._core.model import HookedModel, require_hooks
+from .baselines import Baselines, baseline_columns, ce_kl, fit_baselines, hidden_name, outputs
 from .splice import _as_list, _spliced, is_transcoder, latent_name
 
 if TYPE_CHECKING:
@@ -65,13 +71,15 @@ def _chunks(model: HookedModel, data: TextOrTokens, batch_size: int, seq_len: Op
 class _Sums:
     """Running float64 sums over batches (memory does not grow with the data)."""
 
-    def __init__(self, d_sae: int):
+    def __init__(self, d_sae: int, fit: Optional[Baselines] = None):
+        self.fit = fit
+        self.methods = {m: dict(sse=0.0, ce=0.0, kl=0.0, l0=0.0) for m in (fit.names if fit is not None else ())}
         self.n = 0
         self.sse = self.sq = self.l0 = 0.0
         self.sum_x: Optional[torch.Tensor] = None
         self.fires = torch.zeros(d_sae, dtype=torch.float64)
-        self.ce = {"clean": 0.0, "spliced": 0.0, "zero": 0.0}
-        self.kl = {"spliced": 0.0, "zero": 0.0}
+        self.ce = {"clean": 0.0, "spliced": 0.0, "zero": 0.0, "mean": 0.0}
+        self.kl = {"spliced": 0.0, "zero": 0.0, "mean": 0.0}
         self.n_pred = 0
 
     def add_recons(self, x, recons, acts):
@@ -103,12 +111,15 @@ class _Sums:
         freq = self.fires / self.n
         ce = {k: v / self.n_pred for k, v in self.ce.items()} if self.n_pred else dict.fromkeys(self.ce, float("nan"))
         gap = ce["zero"] - ce["clean"]
-        return dict(n_tokens=self.n, fvu=fvu, explained_variance=1 - fvu, mse=self.sse / (self.n * self.sum_x.numel()),
-                    l0=self.l0 / self.n, dead_fraction=dead_fraction(self.fires),
-                    dense_fraction=float((freq > dense_threshold).double().mean()),
-                    ce_clean=ce["clean"], ce_spliced=ce["spliced"], ce_zero=ce["zero"],
-                    ce_loss_recovered=(ce["zero"] - ce["spliced"]) / gap if gap != 0 else float("nan"),
-                    kl_spliced=self.kl["spliced"] / self.n, kl_zero=self.kl["zero"] / self.n, n_predictions=self.n_pred)
+        row = dict(n_tokens=self.n, fvu=fvu, explained_variance=1 - fvu, mse=self.sse / (self.n * self.sum_x.numel()),
+                   l0=self.l0 / self.n, dead_fraction=dead_fraction(self.fires),
+                   dense_fraction=float((freq > dense_threshold).double().mean()),
+                   ce_clean=ce["clean"], ce_spliced=ce["spliced"], ce_zero=ce["zero"],
+                   ce_loss_recovered=(ce["zero"] - ce["spliced"]) / gap if gap != 0 else float("nan"),
+                   kl_spliced=self.kl["spliced"] / self.n, kl_zero=self.kl["zero"] / self.n, n_predictions=self.n_pred)
+        if self.fit is None:
+            return row
+        return baseline_columns(row, ce["mean"], self.kl["mean"] / self.n, self.methods, self.n, self.n_pred, tss)
 
 
 def dead_fraction(fires: Float[torch.Tensor, " d_sae"]) -> float:
@@ -164,7 +175,10 @@ def _batch(model: HookedModel, sae, ids, mask, sums: _Sums) -> None:
             seen[name] = x
         return hook
 
-    clean = model.run_with_hooks(ids, fwd_hooks=[(target, keep("target"))], **forward)
+    extra = [] if sums.fit is None else [(sae.hook_name, keep("input"))]
+    if sums.fit is not None and is_transcoder(sae):
+        extra.append((hidden_name(sae), keep("hidden")))
+    clean = model.run_with_hooks(ids, fwd_hooks=[(target, keep("target")), *extra], **forward)
     _check_finite(seen["target"], f"the activation at {target}")
     with _spliced(model, [sae], use_error_term=False):
         fwd = [(latent_name(sae, "hook_sae_acts_post"), keep("acts")), (latent_name(sae, "hook_sae_recons"), keep("recons"))]
@@ -173,10 +187,37 @@ def _batch(model: HookedModel, sae, ids, mask, sums: _Sums) -> None:
     _check_finite(seen["acts"], f"the latents of the dictionary at {sae.hook_name}")
     sums.add_recons(seen["target"][mask], seen["recons"][mask], seen["acts"][mask])
     sums.add_logits(ids, mask, clean, spliced_logits, zero)
+    if sums.fit is not None:
+        _baseline_batch(model, sums, ids, mask, forward, seen, clean, target)
+
+
+def _baseline_batch(model: HookedModel, sums: _Sums, ids, mask, forward: dict, seen: dict, clean, target: str) -> None:
+    """Mean ablation and each baseline spliced in at the target, on the same tokens (issue 38)."""
+    fit = sums.fit
+    assert fit is not None
+    shape, log_p = seen["target"].shape, F.log_softmax(clean.float(), -1)
+    mean = fit.mean.to(seen["target"])
+
+    def put(values):
+        return lambda x, hook: values.to(x.dtype).reshape(shape)
+
+    ce, kl = ce_kl(ids, mask, log_p, model.run_with_hooks(ids, fwd_hooks=[(target, put(mean.expand(shape)))], **forward))
+    sums.ce["mean"] += ce
+    sums.kl["mean"] += kl
+    l0 = (seen["acts"] != 0).flatten(0, -2).sum(-1)
+    hidden = seen["hidden"].flatten(0, -2) if "hidden" in seen else None
+    x = seen["target"].flatten(0, -2).double()
+    for name, out in outputs(fit, seen["input"].flatten(0, -2), hidden, l0).items():
+        ce, kl = ce_kl(ids, mask, log_p, model.run_with_hooks(ids, fwd_hooks=[(target, put(out))], **forward))
+        m, real = sums.methods[name], mask.flatten()
+        m["ce"], m["kl"] = m["ce"] + ce, m["kl"] + kl
+        m["sse"] += (x - out)[real].pow(2).sum().item()
+        m["l0"] += float(seen["input"].shape[-1] * int(real.sum()) if name == "regression" else l0[real].sum())
 
 
 def sae_metrics(model: HookedModel, sae: SAE, data: TextOrTokens, batch_size: int = 8, seq_len: Optional[int] = None,
-                attention_mask: Optional[Int[torch.Tensor, "batch pos"]] = None, dense_threshold: float = 0.1) -> pd.DataFrame:
+                attention_mask: Optional[Int[torch.Tensor, "batch pos"]] = None, dense_threshold: float = 0.1,
+                baselines: bool = False, baseline_fit: Union[TextOrTokens, Baselines, None] = None) -> pd.DataFrame:
     """Reconstruction, sparsity and spliced-model loss of an SAE or a transcoder on `data` (one row).
 
     Args:
@@ -187,11 +228,22 @@ def sae_metrics(model: HookedModel, sae: SAE, data: TextOrTokens, batch_size: in
             (default the model's context) and streamed `batch_size` windows at a time.
         attention_mask: [batch, pos] for padded ids (1 token, 0 padding); padding counts in nothing.
         dense_threshold: a latent firing on more than this fraction of tokens counts as dense.
+        baselines: also measure, on the same tokens, the codes a dictionary must beat at the same L0
+            (`interp.saes.baselines`: an SAE's PCA code; a transcoder's least-squares regression and the
+            MLP's own top neurons) and mean ablation beside zero ablation.
+        baseline_fit: what the baselines are fitted on: a fitted `Baselines` (`fit_baselines`), or text /
+            texts / ids to fit them on (the dictionary's training text, for an out-of-sample comparison);
+            default `data` itself (an in-sample fit, which only favours the baselines).
 
     Returns:
         One row: `hook`, `hook_out`, `kind`, `d_sae`, `n_tokens`, `fvu`, `explained_variance`, `mse`, `l0`,
         `dead_fraction`, `dense_fraction`, `ce_clean`, `ce_spliced`, `ce_zero`, `ce_loss_recovered`,
-        `kl_spliced`, `kl_zero`, `n_predictions` (definitions in the module docstring).
+        `kl_spliced`, `kl_zero`, `n_predictions` (definitions in the module docstring). With `baselines`,
+        also `ce_mean`, `ce_loss_recovered_mean` (against mean ablation), `kl_mean`; per baseline b
+        (`pca`; or `regression`, `top_neurons`) `{b}_explained_variance`, `{b}_ce_loss_recovered`,
+        `{b}_ce_loss_recovered_mean`, `{b}_kl`, `{b}_l0`; `best_baseline` (highest EV) and the margins
+        of the dictionary over the best baseline of each column: `ev_margin`, `ce_margin` (CE recovered
+        against mean ablation), `ce_zero_margin`.
 
     Example:
         >>> interp.sae_metrics(model, sae, interp.held_out_stories(20_000))[["explained_variance", "l0"]]  # doctest: +SKIP
@@ -202,7 +254,16 @@ def sae_metrics(model: HookedModel, sae: SAE, data: TextOrTokens, batch_size: in
     require_hooks(model, [sae.hook_name, _target_name(sae)])
     if hasattr(sae, "check_model"):
         sae.check_model(model, f"the {type(sae).__name__} at {sae.hook_name!r}")
-    sums = _Sums(int(sae.W_enc.shape[1]))
+    fit = None
+    if baselines:
+        fit = baseline_fit if isinstance(baseline_fit, Baselines) else \
+            fit_baselines(model, sae, data if baseline_fit is None else baseline_fit, batch_size, seq_len)
+        if fit.transcoder != is_transcoder(sae):
+            raise ValueError("baseline_fit: fitted for " + ("a transcoder" if fit.transcoder else "an SAE")
+                             + f", but the dictionary at {sae.hook_name!r} is not one")
+    elif baseline_fit is not None:
+        raise ValueError("baseline_fit is for baselines=True")
+    sums = _Sums(int(sae.W_enc.shape[1]), fit)
     for ids, mask in _chunks(model, data, batch_size, seq_len, attention_mask):
         if mask.any():
             _batch(model, sae, ids, mask, sums)

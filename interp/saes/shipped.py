@@ -1,6 +1,7 @@
 """The dictionaries shipped with the demo models, found by the weights' fingerprint (as `load_tuned_lens`
 finds a demo's tuned lens): `sprout/demo/<name>/saes/<hook>/` for an SAE, `.../saes/transcoder-<layer>/`
-for the transcoder of block `layer`, each a folder of `files`' layout."""
+for the skip transcoder of block `layer` and `.../saes/transcoder-<layer>-noskip/` for the one without a skip,
+each a folder of `files`' layout."""
 from __future__ import annotations
 
 import json
@@ -13,12 +14,15 @@ from .files import CFG, is_ours
 from .sae import SAE, Transcoder
 
 
-def shipped_folder(root: PathLike, hook: Optional[str] = None, layer: Optional[int] = None) -> Path:
+def shipped_folder(root: PathLike, hook: Optional[str] = None, layer: Optional[int] = None, skip: bool = True) -> Path:
     """Where a demo ships its dictionaries: `<root>/saes/<hook>/` for an SAE, `<root>/saes/transcoder-<layer>/`
-    for the transcoder of block `layer` (root: the demo's folder, e.g. sprout/demo/gpt-4)."""
+    for the skip transcoder of block `layer`, `transcoder-<layer>-noskip/` for the one without (root: the
+    demo's folder, e.g. sprout/demo/gpt-4)."""
     if (hook is None) == (layer is None):
         raise ValueError("give one of hook= (an SAE) or layer= (a transcoder)")
-    return Path(root) / "saes" / (hook if hook is not None else f"transcoder-{int(cast(int, layer))}")  # one of the two: checked above
+    if hook is not None:
+        return Path(root) / "saes" / hook
+    return Path(root) / "saes" / f"transcoder-{int(cast(int, layer))}{'' if skip else '-noskip'}"  # one of the two: checked above
 
 
 def _find(model: HookedModel, root, name_of, what: str, expect: type[SAE]) -> SAE:
@@ -52,10 +56,11 @@ def load_sae(model: HookedModel, hook: str, root: Optional[PathLike] = None) -> 
     return _find(model, root, lambda r: shipped_folder(r, hook=hook), f"SAE at {hook!r}", SAE)
 
 
-def load_transcoder(model: HookedModel, layer: int, root: Optional[PathLike] = None) -> Transcoder:
-    """The transcoder shipped for this model's MLP in block `layer` (`saes/transcoder-<layer>/`)."""
+def load_transcoder(model: HookedModel, layer: int, root: Optional[PathLike] = None, skip: bool = True) -> Transcoder:
+    """The transcoder shipped for this model's MLP in block `layer`: with a skip (`saes/transcoder-<layer>/`),
+    or without one (`skip=False`: `saes/transcoder-<layer>-noskip/`)."""
     if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < int(model.cfg.n_layers):
         raise ValueError(f"layer must be a block of {model_name(model)} (0..{int(model.cfg.n_layers) - 1}), got {layer!r}")
     # load(expect=Transcoder) refuses anything else
-    return cast(Transcoder, _find(model, root, lambda r: shipped_folder(r, layer=layer), f"transcoder for layer {layer}",
-                                  Transcoder))
+    what = f"transcoder for layer {layer}" + ("" if skip else " without a skip")
+    return cast(Transcoder, _find(model, root, lambda r: shipped_folder(r, layer=layer, skip=skip), what, Transcoder))

@@ -7,23 +7,26 @@ import pytest
 
 import interp
 import sprout
-from experiments import ship
+from experiments import ship, ship_targets
 from sprout.files import demo_dir
 
-GOOD = dict(explained_variance=0.95, ce_loss_recovered=0.98, l0=32.0, dead_fraction=0.01)
+GOOD = dict(l0=16.0, dead_fraction=0.01, d_sae=1536, ev_margin=0.12, ce_margin=0.05, ce_loss_recovered_mean=0.93)
 
 
 @pytest.mark.parametrize("kind, change, says", [
-    ("sae", dict(explained_variance=0.929), "explained variance 0.929 < 0.93"),
-    ("sae", dict(ce_loss_recovered=0.969), "CE loss recovered 0.969 < 0.97"),
-    ("transcoder", dict(ce_loss_recovered=0.949), "CE loss recovered 0.949 < 0.95"),
-    ("transcoder", dict(l0=32.5), "L0 32.5 > 32"),
+    ("sae", dict(ev_margin=0.049), "explained variance +0.049 over the PCA code (< 0.05)"),
+    ("sae", dict(ce_margin=0.029), "CE recovered (mean ablation) +0.029 over the PCA code (< 0.03)"),
+    ("sae", dict(d_sae=1535), "1535 latents < 8 d_model"),
+    ("transcoder", dict(ev_margin=0.099), "explained variance +0.099 over the best of regression and top neurons (< 0.1)"),
+    ("transcoder", dict(ce_loss_recovered_mean=0.899), "CE recovered (mean ablation) 0.899 < 0.9"),
+    ("transcoder", dict(l0=16.5), "L0 16.5 > 16 (d_model / 12)"),
     ("sae", dict(dead_fraction=0.05), "dead fraction 5.0% >= 5%"),
 ])
 def test_failures_name_each_missed_target(kind, change, says):
-    assert ship.failures(kind, GOOD) == []
-    assert ship.failures("transcoder", {**GOOD, "explained_variance": 0.90, "ce_loss_recovered": 0.95}) == []
-    assert ship.failures(kind, {**GOOD, **change}) == [says]
+    assert ship.failures(kind, GOOD, 192) == []
+    assert ship.failures(kind, {**GOOD, **change}, 192) == [says]
+    assert ship_targets.max_l0(192) == 16 and ship_targets.max_l0(128) == 10
+    assert ship_targets.default_k(192) == 12 and ship_targets.default_k(128) == 8
 
 
 def test_share_takes_an_equal_part_of_each_text_past_the_skip():
@@ -37,11 +40,13 @@ def test_recipes_fit_the_size_budget(name):
     cfg = json.loads((demo_dir() / name / "config.json").read_text())
     r = ship.SHIP_PLANS[name]
     d, n = cfg["d_model"], cfg["n_layer"]
-    size = sum(4 * (2 * d * e * d + e * d + d) + 4 * d * d * (part == "transcoders" and rl.skip)
+    size = sum(4 * (2 * d * e * d + e * d + d + e) + 4 * d * d * skip  # + e: the JumpReLU threshold
                for part in ship.PARTS for rl in (r.at(part, layer) for layer in range(n))
+               for skip in ([False] if part == "resid" else rl.skips)
                for e in [rl.expansion if part == "resid" else rl.transcoder_expansion])
     assert size / 2**20 < ship.MAX_MB / 2  # both demos together within the budget
-    assert r.k <= ship.MAX_L0 and r.k < r.transcoder_expansion * d
+    k = ship_targets.default_k(d) if r.k is None else r.k
+    assert k <= d / 12 and r.expansion >= ship_targets.MIN_EXPANSION and set(r.skips) == {True, False}
 
 
 @pytest.mark.parametrize("name", list(ship.SHIP_PLANS))
@@ -53,7 +58,8 @@ def test_overrides_name_real_dictionaries_and_fit_the_budget(name):
     for part in ship.PARTS:
         for layer in range(cfg["n_layer"]):
             rl = r.at(part, layer)
-            assert rl.overrides == {} and rl.k < min(rl.expansion, rl.transcoder_expansion) * cfg["d_model"]
+            k = ship_targets.default_k(cfg["d_model"]) if rl.k is None else rl.k
+            assert rl.overrides == {} and k < min(rl.expansion, rl.transcoder_expansion) * cfg["d_model"]
 
 
 def test_an_override_of_the_held_out_texts_is_refused():
@@ -103,3 +109,22 @@ def test_phase_tables_come_only_from_the_run_the_weights_came_from(tmp_path):
         ship.ship_phase("gpt-4", sprout.load("gpt-4").eval(), tmp_path)
     with pytest.raises(SystemExit, match="keeps 1 snapshot"):  # its own weights, but nothing to follow over training
         ship.ship_phase("gpt-1", gpt1, tmp_path)
+
+
+def test_transcoders_train_with_and_without_skip_and_ship_as_jumprelu(monkeypatch):
+    def fake_train_transcoder(model, data, layers, skip, d_sae, k, kind, **kw):
+        d = int(model.cfg.d_model)
+        out = {}
+        for layer in layers:
+            tc = interp.Transcoder(d, d_sae, d, kind=kind, k=k, skip=skip, layer=layer)
+            tc.threshold.fill_(0.5)
+            out[layer] = tc
+        return out
+    monkeypatch.setattr(interp, "train_transcoder", fake_train_transcoder)
+    model = sprout.load("gpt-1").eval()
+    got = ship._train_group(model, ship.ShipPlan(), {"train": "abc", "train_desc": "{n}"}, "transcoders", [0, 1])
+    assert sorted(got) == [(0, False), (0, True), (1, False), (1, True)]
+    d = int(model.cfg.d_model)
+    for (layer, skip), tc in got.items():
+        assert tc.kind == "jumprelu" and tc.skip == skip and tc.layer == layer and (tc.threshold == 0.5).all()
+        assert tc.d_sae == 2 * d and tc.info["converted_from"] == "batchtopk"

@@ -1,0 +1,47 @@
+"""A thresholded dictionary as a JumpReLU one, for tools that read only JumpReLU or ReLU (circuit-tracer).
+
+BatchTopK and Matryoshka dictionaries fire at inference by one learned threshold: a latent is
+pre * (pre > threshold) * (pre > 0), which is JumpReLU's rule with that threshold repeated for every latent
+(`kinds.batchtopk` and `kinds.jumprelu` encode alike). `to_jumprelu` writes that dictionary as kind
+"jumprelu": the same weights, the threshold per latent, so every output is the same bit for bit.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from .kinds import THRESHOLD_KINDS
+from .sae import SAE, Transcoder
+
+
+def to_jumprelu(sae: SAE) -> SAE:
+    """The same dictionary (SAE or Transcoder, its skip kept) as kind "jumprelu" with a per-latent threshold.
+
+    Raises:
+        ValueError: the dictionary has no threshold to convert (relu and topk: a TopK's cut differs per token).
+    """
+    if sae.kind == "jumprelu":
+        return sae
+    if sae.kind not in THRESHOLD_KINDS or sae.threshold is None:
+        raise ValueError(f"to_jumprelu: a {sae.kind!r} dictionary has no inference threshold to convert (kinds with "
+                         f"one: {', '.join(THRESHOLD_KINDS)})")
+    w = sae.W_enc
+    common = dict(kind="jumprelu", dtype=w.dtype, device=w.device)
+    if isinstance(sae, Transcoder):
+        out: SAE = Transcoder(sae.d_in, sae.d_sae, sae.d_out, skip=sae.skip, layer=sae.layer, hook_name=sae.hook_name,
+                              hook_name_out=sae.hook_name_out, **common)  # type: ignore[arg-type]
+    else:
+        out = SAE(sae.d_in, sae.d_sae, hook_name=sae.hook_name, d_out=sae.d_out, **common)  # type: ignore[arg-type]
+    state = {k: v for k, v in sae.state_dict().items() if k != "threshold"}
+    state["threshold"] = sae.threshold.detach().expand(sae.d_sae).clone()
+    out.load_state_dict(state)
+    out.model_fingerprint, out.model_config = sae.model_fingerprint, copy.deepcopy(sae.model_config)
+    out.info = {**copy.deepcopy(sae.info), "converted_from": sae.kind}
+    return out
+
+
+def same_outputs(a: SAE, b: SAE, x: torch.Tensor) -> bool:
+    """Whether two dictionaries give the same latents and outputs on x [..., d_in] (a conversion's check)."""
+    with torch.no_grad():
+        return torch.equal(a.encode(x), b.encode(x)) and torch.equal(a(x), b(x))
