@@ -6,13 +6,13 @@ import re
 import pandas as pd
 import pytest
 import torch
-from interp._core.identity import fingerprint, model_config
 
 import interp
 import sprout
 from experiments.common import Models
 from experiments.feature_text import token_label, whole_words
 from experiments.run_all import run_all
+from interp._core.identity import fingerprint, model_config
 from sprout import Sprout, SproutConfig
 from sprout.material import generate_corpus
 from sprout.tokenizer import train_bpe
