@@ -1,0 +1,49 @@
+"""Read the documentation's code blocks and run them as a reader would: each page's blocks in order, in
+one namespace, in a fresh folder; `sprout ...` lines of bash blocks through the `sprout` command."""
+from __future__ import annotations
+
+import importlib
+import re
+import shlex
+from pathlib import Path
+
+import sprout_cli
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+BLOCK = re.compile(r"^```(python|bash)\n(.*?)^```", re.S | re.M)
+NEEDS = re.compile(r"<!-- needs: ([\w.]+) -->")  # a page whose code needs a name another branch adds
+
+
+def blocks(page: Path) -> list[tuple[str, str]]:
+    """(language, code) of every python and bash block of a page, in order."""
+    return [(m.group(1), m.group(2)) for m in BLOCK.finditer(page.read_text(encoding="utf-8"))]
+
+
+def missing_need(page: Path) -> str | None:
+    """The first `<!-- needs: module.name -->` of the page that does not import, or None."""
+    for need in NEEDS.findall(page.read_text(encoding="utf-8")):
+        module, _, name = need.rpartition(".")
+        try:
+            if not hasattr(importlib.import_module(module), name):
+                return need
+        except ImportError:
+            return need
+    return None
+
+
+def run_shell(code: str) -> None:
+    """Each `sprout ...` command of a bash block, in process (other lines are shown, not run)."""
+    for line in code.replace("\\\n", " ").splitlines():
+        line = line.split(" #")[0].strip()
+        if line.startswith("sprout "):
+            assert sprout_cli.main(shlex.split(line)[1:]) == 0, line
+
+
+def run_page(page: Path) -> dict:
+    namespace: dict = {"__name__": f"docs.{page.stem}"}
+    for language, code in blocks(page):
+        if language == "python":
+            exec(compile(code, str(page), "exec"), namespace)
+        else:
+            run_shell(code)
+    return namespace
