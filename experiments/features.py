@@ -7,7 +7,7 @@ from `interp.saes.features.feature_report` on held-out text. A model without dic
 checkpoint or shipped for its weights) is listed and skipped.
 
     python -m experiments.features [--model gpt-4] [--chars 12000] [--show 12]
-    python -m experiments.features --readme README.md     # the README's Features section (interventions)
+    python -m experiments.features --readme docs/guide/features.md  # the site's feature table (interventions)
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ figure{margin:1em 0;overflow-x:auto} section.latent{border-top:1px solid #ccc;ma
 def add_args(p):
     p.add_argument("--chars", type=positive, default=12_000, help="characters of held-out text to read the latents on")
     p.add_argument("--show", type=positive, default=8, help="latents shown per dictionary")
-    p.add_argument("--readme", default=None, metavar="README", help="rewrite the README's Features section and stop")
+    p.add_argument("--readme", default=None, metavar="README", help="rewrite this file's features block (docs/guide/features.md), stop")
 
 
 def dictionaries(model, folder=None) -> list:
@@ -157,7 +157,7 @@ def run(models, out, args) -> list[dict]:
 
 # --- the README's Features section: three gpt-4 latents, each checked by clamping it ------------------
 
-BLOCK = "features"  # the README block this section is written into (experiments.readme)
+BLOCK = "features"  # the block this section is written into (its file: experiments.readme.HOMES)
 README_MODEL, N_STORIES, CLAMP_CHARS = "gpt-4", 60, 6_000
 
 
