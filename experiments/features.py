@@ -29,7 +29,7 @@ from sprout.names import act_name
 from sprout.tokenizer import raw
 
 from . import readme as readme_file
-from .common import folder_of, held_out_text, number, positive, standalone
+from .common import figure_div, folder_of, held_out_text, number, positive, standalone
 
 NAME = "features"
 DOC = "Feature pages for the shipped SAEs and transcoders: top contexts, activation histograms, logit effects."
@@ -95,7 +95,7 @@ def _page(title: str, body: list[str], js: str) -> str:
 
 
 def _fig(fig, div_id: str) -> str:
-    return f"<figure>{fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config=dict(responsive=False))}</figure>"
+    return f"<figure>{figure_div(fig, div_id)}</figure>"
 
 
 def dictionary_page(label: str, model_label: str, rep, js: str) -> str:
