@@ -64,6 +64,12 @@ def half_len(model) -> int:
     """SETTINGS.half_len, or half the context for a model whose context is shorter than two halves."""
     return min(SETTINGS.half_len, int(model.cfg.n_ctx) // 2)
 
+def head_scores(model, kind: str, n_seqs: int = SETTINGS.n_seqs):
+    """`interp.head_scores` at the shared settings: every experiment that names a model's top head of a
+    kind (head_detection's numbers, attention_maps' figures, the demo table) reads it from this one call."""
+    return interp.head_scores(model, kind, half_len=half_len(model), n_seqs=n_seqs, seed=SETTINGS.seed)
+
+
 # The chapter's demo text: an invented name comes back, so only copying can predict it the second time.
 ZORBIN = ("Once there was a baker named Zorbin Plax. He baked bread for the whole town. One day a "
           "girl asked who made it, and the miller said: Zorbin Plax")

@@ -28,3 +28,27 @@ def test_a_figure_without_a_designed_width_fills_its_container():
     div = figure_div(go.Figure(go.Bar(x=[1], y=[1])), div_id="f0")
     assert "max-width" not in div and 'id="f0"' in div and re.search(r"width:\s*100%", div)
     assert standalone_html(figure(), "a", "plotly.min.js").startswith("<!doctype html><html><head><meta charset='utf-8'><title>a</title>")
+
+
+def test_the_index_page_names_one_top_head_per_kind(tmp_path):
+    """head_detection states the top heads and their scores; attention_maps draws the same heads, with the
+    same scores in its captions, and states no number of its own (it once used other settings)."""
+    import torch
+
+    import sprout
+    from experiments.run_all import run_all
+    from sprout import Sprout, SproutConfig
+    from sprout.material import generate_corpus
+    from sprout.tokenizer import train_bpe
+
+    torch.manual_seed(2)
+    tok = train_bpe(generate_corpus(15_000, seed=3) + " Zorbin Plax", vocab_size=300)
+    sprout.save(Sprout(SproutConfig(vocab_size=300, context=64, n_layer=2, n_head=2, d_model=32, d_ff=64), tok),
+                tmp_path / "tiny")
+    done = run_all({"tiny": sprout.load(tmp_path / "tiny")}, tmp_path / "results",
+                   only=["head_detection", "attention_maps"], progress=False)
+    stated = {r["quantity"]: r["measured"] for r in done["head_detection"][2]}
+    assert done["attention_maps"][2] == []
+    captions = {f.stem: f.caption for f in done["attention_maps"][1].figures}
+    assert stated["top induction head (score)"] in captions["induction_tiny"]
+    assert stated["top previous-token head (score)"] in captions["previous_token_tiny"]
