@@ -8,7 +8,7 @@ import pandas as pd
 import figures
 import interp
 
-from .common import ZORBIN, fit_text, head_scores, standalone
+from .common import ZORBIN, fit_text, head_scores, number, standalone
 
 NAME = "attention_maps"
 DOC = "Attention heatmaps (string tokens on both axes) for every layer's heads and for the top heads."
@@ -25,6 +25,7 @@ def run(models, out, args) -> list[dict]:
         text = fit_text(model, args.text, MAX_TOKENS)
         pat = interp.attention_patterns(model, text)
         tables.append(pat.assign(model=label))
+        rows.append(number("tokens of the text drawn", int(pat["query_pos"].max()) + 1, None, label))
         for layer in sorted(pat["layer"].unique()):
             out.figure(figures.attention_grid(pat, layer=int(layer), title=f"Attention, {label}"),
                        f"grid_{label}_layer{int(layer)}", f"{label}, layer {int(layer)}: every head's pattern on the text.")

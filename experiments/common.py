@@ -196,7 +196,7 @@ def figure_div(fig, div_id: Optional[str] = None) -> str:
 def standalone_html(fig, title: str, plotly_js: str) -> str:
     """A whole page holding one figure, titled (the browser's tab shows `title`)."""
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html_escape(title)}</title>"
-            f"<script src='{plotly_js}'></script></head><body>{figure_div(fig)}</body></html>")
+            f'<script src="{plotly_js}"></script></head><body>{figure_div(fig)}</body></html>')
 
 
 def kaleido_ready() -> bool:
