@@ -1,4 +1,4 @@
-"""Keywords renamed so that one idea has one name across interp (README, "Renamed keywords"): the old
+"""Keywords renamed so that one idea has one name across interp (docs/guide/analyses.md, "Renamed keywords"): the old
 keyword still works for one release, with a DeprecationWarning naming the new one.
 
 An error about the value names the keyword as the caller wrote it (`patches_per_forward must be ...`

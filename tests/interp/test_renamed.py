@@ -1,4 +1,4 @@
-"""The renamed keywords (README, "Renamed keywords"): the old one gives the same answer as the new one for
+"""The renamed keywords (docs/guide/analyses.md, "Renamed keywords"): the old one gives the same answer as the new one for
 one release, with a DeprecationWarning naming the new keyword; both at once, or a bad value, are refused."""
 import pandas as pd
 import pytest
