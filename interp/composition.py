@@ -124,8 +124,9 @@ def composition_scores(model: HookedModel, via: str = "k", baseline_samples: int
     Example:
         >>> import sprout, interp
         >>> keys = interp.composition_scores(sprout.load("gpt-4"), via="k")
-        >>> keys.sort_values("score").iloc[-1][["sender", "receiver"]].tolist()  # the strongest K-composition
-        ['L1H0', 'L3H2']
+        >>> top = keys.sort_values("score").iloc[-1]  # the strongest K-composition
+        >>> top.sender, top.receiver
+        ('L1H0', 'L3H2')
     """
     QK, OV = circuits(model)
     right = _right(via, QK, OV)

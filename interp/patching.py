@@ -71,7 +71,7 @@ def patch(model: HookedModel, clean: TextOrTokens, corrupted: TextOrTokens, metr
         >>> def metric(logits):  # mean log p of each second-copy token
         ...     return logits[:, 16:-1].log_softmax(-1).gather(-1, clean[:, 17:, None]).mean()
         >>> frame = interp.patch(model, clean, corrupted, metric, site="z", by="head")
-        >>> sorted(frame.sort_values("recovered").iloc[-3:]["label"])  # the heads that restore copying
+        >>> sorted(frame.sort_values("recovered").label.iloc[-3:])  # the heads that restore copying
         ['L0H1', 'L3H1', 'L3H2']
     """
     check_site(model, site, by)
