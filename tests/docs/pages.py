@@ -10,25 +10,29 @@ from pathlib import Path
 import sprout_cli
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-BLOCK = re.compile(r"^```(python|bash)\n(.*?)^```", re.S | re.M)
-NEEDS = re.compile(r"<!-- needs: ([\w.]+) -->")  # a page whose code needs a name another branch adds
+BLOCK = re.compile(r"^(?:<!-- needs: ([\w.]+) -->\n)?```(python|bash)\n(.*?)^```", re.S | re.M)
+NEEDS = re.compile(r"<!-- needs: ([\w.]+) -->\n\n")  # a page whose code needs a name another branch adds
+# (a marker right above a block, with no blank line between, skips only that block)
 
 
 def blocks(page: Path) -> list[tuple[str, str]]:
-    """(language, code) of every python and bash block of a page, in order."""
-    return [(m.group(1), m.group(2)) for m in BLOCK.finditer(page.read_text(encoding="utf-8"))]
+    """(language, code) of every python and bash block of a page whose needs are met, in order."""
+    found = BLOCK.finditer(page.read_text(encoding="utf-8"))
+    return [(m.group(2), m.group(3)) for m in found if not (m.group(1) and missing(m.group(1)))]
+
+
+def missing(need: str) -> bool:
+    """Whether `module.name` is not there (another branch adds it)."""
+    module, _, name = need.rpartition(".")
+    try:
+        return not hasattr(importlib.import_module(module), name)
+    except ImportError:
+        return True
 
 
 def missing_need(page: Path) -> str | None:
-    """The first `<!-- needs: module.name -->` of the page that does not import, or None."""
-    for need in NEEDS.findall(page.read_text(encoding="utf-8")):
-        module, _, name = need.rpartition(".")
-        try:
-            if not hasattr(importlib.import_module(module), name):
-                return need
-        except ImportError:
-            return need
-    return None
+    """The first page-wide `<!-- needs: module.name -->` that is not there, or None."""
+    return next((need for need in NEEDS.findall(page.read_text(encoding="utf-8")) if missing(need)), None)
 
 
 def run_shell(code: str) -> None:
