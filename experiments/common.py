@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 import pandas as pd
+import plotly.graph_objects as go
 import torch
 
 import interp
@@ -184,7 +185,7 @@ def fit_text(model, text: str, max_tokens: Optional[int] = None) -> str:
 
 # ----------------------------------------------------------------------------- output
 
-def figure_div(fig, div_id: Optional[str] = None) -> str:
+def figure_div(fig: go.Figure, div_id: Optional[str] = None) -> str:
     """A figure as a page's <div>: as wide as its container (plotly autosize, `figures.style.responsive`)
     but never wider than it was designed, and its designed height."""
     width, height = fig.layout.width, fig.layout.height
@@ -193,7 +194,7 @@ def figure_div(fig, div_id: Optional[str] = None) -> str:
     return f"<div style='max-width:{int(width)}px'>{div}</div>" if width else div
 
 
-def standalone_html(fig, title: str, plotly_js: str) -> str:
+def standalone_html(fig: go.Figure, title: str, plotly_js: str) -> str:
     """A whole page holding one figure, titled (the browser's tab shows `title`)."""
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html_escape(title)}</title>"
             f'<script src="{plotly_js}"></script></head><body>{figure_div(fig)}</body></html>')

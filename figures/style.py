@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import html
 import math
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import pandas as pd
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 # One sequential scale for every probability, attention weight and head score (all in [0, 1]), so the
 # same colour means the same number on every figure; a qualitative palette for models and components.
@@ -129,7 +132,7 @@ def base_layout(title: str, subtitle: str = "", **extra) -> dict:
     )
 
 
-def responsive(fig):
+def responsive(fig: "go.Figure") -> "go.Figure":
     """A copy of `fig` for a web page: plotly's `autosize`, so the plot takes its container's width and
     lays itself out again when that changes (with `RESPONSIVE` as the page's config), instead of a fixed
     width clipped by a narrower window. The designed width stays the most it needs: read it from the
