@@ -1,4 +1,4 @@
-"""What a BOS token does to the shipped demos' held-out loss: `python -m experiments.bos_loss [--readme README.md]`.
+"""What a BOS token does to the shipped demos' held-out loss: `python -m experiments.bos_loss [--readme docs/guide/transformerlens.md]`.
 
 The demos were trained on stories separated by blank lines, never on `<|endoftext|>`, so
 `model.cfg.default_prepend_bos` is False; this measures whether `prepend_bos=True` (GPT-2's BOS,
@@ -24,7 +24,7 @@ from . import readme
 from .common import folder_of, held_out_text, load_models, positive, set_threads
 
 MODELS = ["gpt-1", "gpt-4", "sprout-mini"]
-BLOCK = "bos-table"  # the README block this table is written into (experiments.readme)
+BLOCK = "bos-table"  # the block this table is written into (its file: experiments.readme.HOMES)
 
 
 @torch.inference_mode()

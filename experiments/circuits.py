@@ -28,7 +28,7 @@ def add_args(p):
     p.add_argument("--n-seqs", type=positive, default=2, help="sequences of repeated random tokens and of stories")
     p.add_argument("--story-len", type=positive, default=64, help="tokens per story (from the start)")
     p.add_argument("--max-snapshots", type=positive, default=6, help="snapshots measured per training run")
-    p.add_argument("--readme", default=None, metavar="README.md",
+    p.add_argument("--readme", default=None, metavar="docs/guide/circuits.md",
                    help="rewrite the block between <!-- circuit:MODEL --> and <!-- /circuit:MODEL --> with each model's circuit")
 
 

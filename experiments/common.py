@@ -13,14 +13,17 @@ import os
 import shutil
 import sys
 from dataclasses import dataclass, field
+from html import escape as html_escape
 from pathlib import Path
 from typing import Optional, Union
 
 import pandas as pd
+import plotly.graph_objects as go
 import torch
 
 import interp
 import sprout
+from figures.style import RESPONSIVE, responsive
 from interp.cli import positive
 from sprout.files import demo_dir, demo_names, file_in, read_bounded, replace_file
 from sprout.tokenizer import encode
@@ -60,6 +63,12 @@ SETTINGS = Settings()
 def half_len(model) -> int:
     """SETTINGS.half_len, or half the context for a model whose context is shorter than two halves."""
     return min(SETTINGS.half_len, int(model.cfg.n_ctx) // 2)
+
+def head_scores(model, kind: str, n_seqs: int = SETTINGS.n_seqs):
+    """`interp.head_scores` at the shared settings: every experiment that names a model's top head of a
+    kind (head_detection's numbers, attention_maps' figures, the demo table) reads it from this one call."""
+    return interp.head_scores(model, kind, half_len=half_len(model), n_seqs=n_seqs, seed=SETTINGS.seed)
+
 
 # The chapter's demo text: an invented name comes back, so only copying can predict it the second time.
 ZORBIN = ("Once there was a baker named Zorbin Plax. He baked bread for the whole town. One day a "
@@ -167,6 +176,21 @@ def fit_text(model, text: str, max_tokens: Optional[int] = None) -> str:
 
 # ----------------------------------------------------------------------------- output
 
+def figure_div(fig: go.Figure, div_id: Optional[str] = None) -> str:
+    """A figure as a page's <div>: as wide as its container (plotly autosize, `figures.style.responsive`)
+    but never wider than it was designed, and its designed height."""
+    width, height = fig.layout.width, fig.layout.height
+    div = responsive(fig).to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config=RESPONSIVE,
+                                  default_width="100%", default_height=f"{int(height)}px" if height else "100%")
+    return f"<div style='max-width:{int(width)}px'>{div}</div>" if width else div
+
+
+def standalone_html(fig: go.Figure, title: str, plotly_js: str) -> str:
+    """A whole page holding one figure, titled (the browser's tab shows `title`)."""
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html_escape(title)}</title>"
+            f'<script src="{plotly_js}"></script></head><body>{figure_div(fig)}</body></html>')
+
+
 def kaleido_ready() -> bool:
     """PNG export needs the kaleido package and a Chromium for it to drive."""
     if importlib.util.find_spec("kaleido") is None:
@@ -213,7 +237,7 @@ class Output:
         """Write `<stem>.html` (and `<stem>.png` when kaleido can) and remember it for the index."""
         html = self.dir / f"{stem}.html"
         js = os.path.relpath(self.plotly_js(), self.dir).replace(os.sep, "/")
-        fig.write_html(html, include_plotlyjs=js, full_html=True, config=dict(responsive=False))
+        replace_file(html, standalone_html(fig, caption, js).encode("utf-8"))
         if kaleido_ready():
             try:
                 fig.write_image(self.dir / f"{stem}.png", scale=2)

@@ -16,7 +16,7 @@ import interp
 from sprout import SproutConfig
 
 from . import readme
-from .common import SETTINGS, ZORBIN, half_len, held_out_text, load_models, positive, set_threads
+from .common import SETTINGS, ZORBIN, half_len, head_scores, held_out_text, load_models, positive, set_threads
 
 MODELS = ["gpt-1", "gpt-4", "sprout-mini"]
 BLOCK = "demo-table"  # the README block this table is written into (experiments.readme)
@@ -77,8 +77,7 @@ def name_piece_probability(model, stories=STORIES) -> tuple[float, int]:
 
 def _heads(model, half: int) -> dict:
     s = SETTINGS
-    ind = interp.head_scores(model, "induction", half_len=half, n_seqs=s.n_seqs, seed=s.seed)
-    prev = interp.head_scores(model, "previous_token", half_len=half, n_seqs=s.n_seqs, seed=s.seed)
+    ind, prev = head_scores(model, "induction"), head_scores(model, "previous_token")  # as the index page's
     top = list(zip(ind["layer"][: s.top], ind["head"][: s.top]))
     abl = interp.ablate_heads(model, top, half_len=half, n_seqs=s.n_seqs, seed=s.seed)
     best, p = ind.iloc[0], prev.iloc[0]

@@ -28,7 +28,7 @@ from sprout.training.recipes import Recipe, recipe_corpus
 from . import readme
 
 UNIGRAM_CHARS = 2_000_000
-BLOCK = "english-table"  # the README block `--readme` rewrites (experiments.readme)
+BLOCK = "english-table"  # the block `--readme` rewrites (its file: experiments.readme.HOMES)
 EVERYDAY = "everyday English"
 SOURCE_ORDER = ("shakespeare", "bible", "britannica", "stories")
 

@@ -7,7 +7,7 @@ from `interp.saes.features.feature_report` on held-out text. A model without dic
 checkpoint or shipped for its weights) is listed and skipped.
 
     python -m experiments.features [--model gpt-4] [--chars 12000] [--show 12]
-    python -m experiments.features --readme README.md     # the README's Features section (interventions)
+    python -m experiments.features --readme docs/guide/features.md  # the site's feature table (interventions)
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from sprout.names import act_name
 from sprout.tokenizer import raw
 
 from . import readme as readme_file
-from .common import folder_of, held_out_text, number, positive, standalone
+from .common import figure_div, folder_of, held_out_text, number, positive, standalone
 from .feature_text import token_label, whole_words
 
 NAME = "features"
@@ -58,7 +58,7 @@ def add_args(p):
     p.add_argument("--show", type=positive, default=8, help="latents shown per dictionary")
     p.add_argument("--score-latents", type=positive, default=48,
                    help="random latents (and PCA / random directions) described for each dictionary's interpretability score")
-    p.add_argument("--readme", default=None, metavar="README", help="rewrite the README's Features section and stop")
+    p.add_argument("--readme", default=None, metavar="README", help="rewrite this file's features block (docs/guide/features.md), stop")
 
 
 def dictionaries(model, folder=None) -> list:
@@ -123,7 +123,7 @@ def _page(title: str, body: list[str], js: str) -> str:
 
 
 def _fig(fig, div_id: str) -> str:
-    return f"<figure>{fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config=dict(responsive=False))}</figure>"
+    return f"<figure>{figure_div(fig, div_id)}</figure>"
 
 
 def _score_cells(r) -> str:
@@ -232,7 +232,7 @@ def run(models, out, args) -> list[dict]:
 
 # --- the README's Features section: three gpt-4 latents, each checked by clamping it ------------------
 
-BLOCK = "features"  # the README block this section is written into (experiments.readme)
+BLOCK = "features"  # the block this section is written into (its file: experiments.readme.HOMES)
 README_MODEL, N_STORIES, CLAMP_CHARS = "gpt-4", 60, 6_000
 N_BASELINES = 20  # random latents, and random unit directions, each latent's clamping is compared with
 

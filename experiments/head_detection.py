@@ -8,7 +8,7 @@ import pandas as pd
 import figures
 import interp
 
-from .common import SETTINGS, half_len, number, positive, standalone
+from .common import SETTINGS, half_len, head_scores, number, positive, standalone
 
 NAME = "head_detection"
 DOC = "Head scores for every detector on repeated random tokens, and the loss change when the top heads are ablated."
@@ -23,8 +23,7 @@ def add_args(p):
 
 
 def scores_for(model, n_seqs: int) -> dict:
-    return {kind: interp.head_scores(model, kind, half_len=half_len(model), n_seqs=n_seqs, seed=SETTINGS.seed)
-            for kind in interp.heads.SCORE_KINDS}
+    return {kind: head_scores(model, kind, n_seqs) for kind in interp.heads.SCORE_KINDS}
 
 
 def repeat_rows(model, label: str, n_seqs: int) -> list[dict]:

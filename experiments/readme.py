@@ -1,11 +1,30 @@
-"""The README's generated blocks: the text between `<!-- NAME -->` and `<!-- /NAME -->`, each written by
-one experiment's `--readme` (`demo-table`, `english-table`, `bos-table`, `features`, `circuit:gpt-4`, ...)
-and all of them by `python -m experiments.ship NAME --only readme`. Nothing outside a block changes."""
+"""The generated blocks of the README and the documentation pages: the text between `<!-- NAME -->` and
+`<!-- /NAME -->`, each written by one experiment's `--readme FILE` (`demo-table`, `english-table`,
+`bos-table`, `features`, `circuit:gpt-4`, ...) and all of them by `python -m experiments.ship NAME --only
+readme`. Nothing outside a block changes. `HOMES` says which file holds each block: the README keeps the
+demo table; the others live on the site's pages (docs/)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from sprout.files import read_bounded, replace_file
+
+# block name (or its prefix, for the circuit blocks) -> the file that holds it, relative to the checkout
+HOMES = {
+    "demo-table": "README.md",
+    "english-table": "docs/results/demos.md",
+    "bos-table": "docs/guide/transformerlens.md",
+    "features": "docs/guide/features.md",
+    "circuit:": "docs/guide/circuits.md",
+}
+
+
+def home(name: str, root: Path) -> Path:
+    """The file under the checkout `root` that holds the block `name` (HOMES)."""
+    for key, path in HOMES.items():
+        if name == key or (key.endswith(":") and name.startswith(key)):
+            return root / path
+    raise ValueError(f"no file holds a block named {name!r}; the blocks are {', '.join(HOMES)}")
 
 
 def markers(name: str) -> tuple[str, str]:
@@ -15,7 +34,7 @@ def markers(name: str) -> tuple[str, str]:
 def _split(text: str, name: str) -> tuple[str, str, str]:
     start, end = markers(name)
     if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
-        raise ValueError(f"the README needs exactly one {start} ... {end} block; nothing was written")
+        raise ValueError(f"the file needs exactly one {start} ... {end} block; nothing was written")
     head, rest = text.split(start)
     body, tail = rest.split(end)
     return head, body, tail

@@ -19,7 +19,7 @@ from tqdm import tqdm
 import sprout
 
 from . import EXPERIMENTS
-from .common import DEMOS, MARKER, Output, args_for, claim_out, format_numbers, load_models, positive, set_threads  # noqa: F401 (MARKER)
+from .common import DEMOS, MARKER, Output, args_for, claim_out, figure_div, format_numbers, load_models, positive, set_threads  # noqa: F401 (MARKER)
 
 
 def parse_args(argv=None):
@@ -130,8 +130,7 @@ def write_index(done: dict, models: dict, out: Path) -> Path:
                   *[f"<p><a href='{name}/{href}'>{html.escape(text)}</a></p>" for href, text in o.links],
                   _numbers_table(rows)]
         for f in o.figures:
-            div = f.fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig{k}",
-                                config=dict(responsive=False))
+            div = figure_div(f.fig, div_id=f"fig{k}")
             parts.append(f"<figure>{div}<figcaption>{html.escape(f.caption)} "
                          f"(<a href='{name}/{f.html.name}'>standalone</a>)</figcaption></figure>")
             k += 1

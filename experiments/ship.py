@@ -25,8 +25,8 @@ has, in this order:
   the run is an earlier stage they were trained from (the demo recipe's `init`, followed back); stamped
   in artifacts.json (`experiments.stamps`: the weights' fingerprint and each table's SHA-256), so a
   stale or edited table is refused on load;
-- `readme`: every generated block of the README (`experiments.readme`: the demo, English, BOS and
-  features tables, each demo's circuit) and its figures (`run_all --docs`), measured on the shipped
+- `readme`: every generated block of the README and the docs pages (`experiments.readme.HOMES`: the
+  demo, English, BOS and features tables, each demo's circuit) and the figures (`run_all --docs`), measured on the shipped
   demos as they now are.
 
 All SAEs of a model train from one forward per batch (those sharing settings), and all its transcoders from another.
@@ -288,31 +288,37 @@ def ship_saes(name: str, model, r: ShipPlan, parts=PARTS, keep_passing: bool = F
 README_TABLES = ("demo_table", "english_loss", "bos_loss", "features")  # each rewrites its module's BLOCK
 
 
-def readme_steps(readme_text: str) -> list[tuple[str, list[str], str]]:
-    """(experiment, its arguments before --readme, the block it rewrites) for every generated block: the
-    demo, English, BOS and features tables, and the circuit of each demo the README has a block for."""
-    steps = [(module, [], importlib.import_module(f"experiments.{module}").BLOCK) for module in README_TABLES]
-    names = [n for n in demo_names() if readme.markers(f"circuit:{n}")[0] in readme_text]
-    return steps + [("circuits", ["--model", n], f"circuit:{n}") for n in names]
+def readme_steps(root: Path) -> list[tuple[str, list[str], str, Path]]:
+    """(experiment, its arguments before --readme, the block it rewrites, the file that holds it) for every
+    generated block: the demo, English, BOS and features tables, and the circuit of each demo that the
+    circuits page (`readme.HOMES`) has a block for. `root` is the checkout holding README.md and docs/."""
+    steps = []
+    for module in README_TABLES:
+        name = importlib.import_module(f"experiments.{module}").BLOCK
+        steps.append((module, [], name, readme.home(name, root)))
+    circuits_page = readme.home("circuit:", root)
+    text = readme.read(circuits_page)
+    names = [n for n in demo_names() if readme.markers(f"circuit:{n}")[0] in text]
+    return steps + [("circuits", ["--model", n], f"circuit:{n}", circuits_page) for n in names]
 
 
 def check_readme(path: Path) -> None:
-    """A missing README or block is one line, before hours of training."""
+    """A missing README, page or block is one line, before hours of training."""
     try:
-        text = readme.read(path)
-        for _, _, name in readme_steps(text):
-            readme.block(text, name)
+        for _, _, name, file in readme_steps(path.parent):
+            readme.block(readme.read(file), name)
     except (OSError, ValueError) as e:
         raise SystemExit(f"python -m experiments.ship: --readme {path}: {e}") from None
 
 
 def ship_readme(path: Path, docs: Path, threads: int) -> None:
-    """Every README block and figure, rebuilt from the shipped demos (each table spans every demo)."""
-    for module, args, _ in readme_steps(readme.read(path)):
+    """Every generated block (README and docs pages beside it) and figure, rebuilt from the shipped demos
+    (each table spans every demo)."""
+    for module, args, _, file in readme_steps(path.parent):
         t0 = time.perf_counter()
-        if importlib.import_module(f"experiments.{module}").main([*args, "--readme", str(path)]):
-            raise SystemExit(f"python -m experiments.{module} {' '.join(args)} --readme {path} failed")
-        print(f"README: {module} {' '.join(args)} in {time.perf_counter() - t0:.0f} s")
+        if importlib.import_module(f"experiments.{module}").main([*args, "--readme", str(file)]):
+            raise SystemExit(f"python -m experiments.{module} {' '.join(args)} --readme {file} failed")
+        print(f"{file.name}: {module} {' '.join(args)} in {time.perf_counter() - t0:.0f} s")
     with tempfile.TemporaryDirectory() as out:  # the figures' HTML is a by-product: only the PNGs are kept
         if run_all.main(["--out", str(Path(out) / "results"), "--docs", str(docs), "--threads", str(threads)]):
             raise SystemExit("python -m experiments.run_all --docs failed")
@@ -323,7 +329,7 @@ def main(argv=None) -> int:
     p.add_argument("name", help=f"a shipped demo ({', '.join(SHIP_PLANS)} have dictionaries)")
     p.add_argument("--only", nargs="+", choices=STEPS, default=None,
                    help="what to rebuild (default: everything the demo has: phase with --run, saes with a recipe)")
-    p.add_argument("--readme", type=Path, default=Path("README.md"), help="the README whose blocks readme rewrites")
+    p.add_argument("--readme", type=Path, default=Path("README.md"), help="the README (readme also rewrites docs/ pages)")
     p.add_argument("--docs", type=Path, default=Path("docs"), help="where readme writes the README's figures (PNG)")
     p.add_argument("--run", type=Path, default=None, help="the training run the demo's weights came from (for phase)")
     p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),

@@ -1,11 +1,13 @@
 """The logit-lens grid: what the model would say if it stopped after each block."""
 from __future__ import annotations
 
+import html
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from .style import FONT_SIZE, LINE_H, MAX_WIDTH, SCALE, base_layout, escape_token, label_width, require, short_label
+from .style import CHAR_W, FONT_SIZE, LINE_H, MAX_WIDTH, SCALE, base_layout, escape_token, label_width, require, short_label
 
 LENS_COLUMNS = ["layer", "pos", "token", "next_token", "top_tokens", "top_probs"]
 CELL_CHARS = 6  # characters of the top-1 token shown inside a cell
@@ -25,6 +27,20 @@ def layer_names(layers) -> list[str]:
         else:
             names.append(f"block {int(l) + 1} mid (after attention)")
     return names
+
+
+def cells_that_fit(tokens: pd.Series, cell_px: float) -> np.ndarray:
+    """Each token as cell text, cut to what a cell `cell_px` wide holds: whole when it fits, else its
+    first characters and "…", and "" only where not even one character and the ellipsis fit (hover
+    still shows every token whole).
+
+    >>> list(cells_that_fit(pd.Series(["a", " the", " wonderful"]), 40.0))
+    ['a', '·the', '·wo…']
+    """
+    chars = int((cell_px - 6) // CHAR_W)  # characters that fit with a little padding
+    labels = [short_label(t, CELL_CHARS) for t in tokens]
+    return np.array([lab if len(html.unescape(lab)) <= chars else (short_label(t, chars) if chars >= 2 else "")
+                     for t, lab in zip(tokens, labels)], dtype=object)
 
 
 def _top1(df: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
@@ -106,8 +122,7 @@ def logit_lens_grid(df: pd.DataFrame, title: str = "Logit lens", seq=None) -> go
     fit = (MAX_WIDTH - left - 140) / n_cols  # the whole grid fits the page: narrower cells, never a cut panel
     if cell_w > fit:
         cell_w = max(fit, 4.0)
-        if cell_w < label_width(list(text.ravel())) + 6:  # the tokens no longer fit their cells: hover shows them
-            fig.data[0].texttemplate = ""
+        fig.data[0].text = cells_that_fit(top_tok, cell_w).reshape(shape)  # as much of each token as its cell holds
     fig.update_layout(**base_layout(
         f"{title}: the top-1 prediction read from the residual stream after each block",
         "colour = probability of the top-1 token; framed = it is the actual next token; hover for the top "

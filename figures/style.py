@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import html
 import math
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import pandas as pd
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 # One sequential scale for every probability, attention weight and head score (all in [0, 1]), so the
 # same colour means the same number on every figure; a qualitative palette for models and components.
@@ -19,7 +22,8 @@ FONT_SIZE = 11  # tick labels and cell text, in px
 CHAR_W = 0.62 * FONT_SIZE  # width of one character in px (a conservative average for sans-serif)
 LINE_H = 1.35 * FONT_SIZE  # height of one line of text in px
 MAX_LABEL = 8  # token labels are cut to this many characters (plus an ellipsis)
-MAX_WIDTH = 1340  # px: every figure fits a 1400 px window (the index page's column there is 1353 px)
+MAX_WIDTH = 1340  # px: a figure's designed width at most (a 1400 px window's column is 1353 px); pages shrink it
+RESPONSIVE = {"responsive": True}  # plotly's config for pages: the figure follows its container's width
 MAX_TITLE = 110  # characters per title line: longer titles are cut off by narrow figures
 
 _VISIBLE = {" ": "·", "\n": "⏎", "\t": "⇥", "\r": "␍"}
@@ -126,6 +130,26 @@ def base_layout(title: str, subtitle: str = "", **extra) -> dict:
         hoverlabel=dict(font=dict(family="monospace")),
         **extra,
     )
+
+
+def responsive(fig: "go.Figure") -> "go.Figure":
+    """A copy of `fig` for a web page: plotly's `autosize`, so the plot takes its container's width and
+    lays itself out again when that changes (with `RESPONSIVE` as the page's config), instead of a fixed
+    width clipped by a narrower window. The designed width stays the most it needs: read it from the
+    original (`fig.layout.width`) to cap the container; the height is kept.
+
+    >>> import plotly.graph_objects as go
+    >>> fig = go.Figure(layout=dict(width=1200, height=400))
+    >>> page = responsive(fig)
+    >>> page.layout.width, page.layout.autosize, page.layout.height, fig.layout.width
+    (None, True, 400, 1200)
+    """
+    import plotly.graph_objects as go
+
+    page = go.Figure(fig)
+    page.layout.width = None
+    page.layout.autosize = True
+    return page
 
 
 def cell_text(values, fmt: str = "{:.2f}"):

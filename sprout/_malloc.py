@@ -4,7 +4,7 @@ Nothing here runs at import: call `sprout.keep_freed_memory()` once, in a proces
 activation caches (the benchmarks do). Why it helps: a cache of every hook is hundreds of MB of fresh
 tensors per call. With glibc's defaults, blocks above a (dynamic, at most 32 MiB) threshold are mmap-ed
 and unmapped on free, and free memory at the top of the heap is trimmed, so every call page-faults its
-cache in again, one zeroed 4 KiB page at a time. The measured effect is in the README's Benchmarks section.
+cache in again, one zeroed 4 KiB page at a time. The measured effect is in docs/reference/benchmarks.md.
 """
 from __future__ import annotations
 

@@ -49,7 +49,7 @@ class Attention(nn.Module):
     In TransformerLens' layout (`sprout.tl.weights`), computed on each read from the fused `qkv` and
     `proj`: `W_Q`, `W_K`, `W_V` [head, d_model, d_head] (ln1's gain folded in), `W_O` [head, d_head,
     d_model], and the zero biases. The QK-norm gains are not in `W_Q`/`W_K`: they act after QK-norm's
-    per-vector rescaling (see the README on QK circuits)."""
+    per-vector rescaling (see docs/guide/model.md, QK circuits on Sprout)."""
 
     W_Q = ReadOnly(sprout_W_Q, "[head, d_model, d_head]: the query rows of `qkv`, ln1's gain folded in (not QK-norm's).")
     W_K = ReadOnly(sprout_W_K, "[head, d_model, d_head]: the key rows of `qkv`, ln1's gain folded in (not QK-norm's).")

@@ -12,7 +12,10 @@ for low and high ("[)": low <= value < high).
 """
 from __future__ import annotations
 
+import inspect
+import io
 import math
+import tokenize
 import typing
 from dataclasses import asdict, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Optional, TypeVar, Union
@@ -42,6 +45,45 @@ def _name(kind) -> str:
     if len(args) == 2 and type(None) in args:
         return f"Optional[{_name(next(a for a in args if a is not type(None)))}]"
     return getattr(kind, "__name__", str(kind))
+
+
+def field_comments(cls: type) -> dict[str, str]:
+    """Each dataclass field's comment in the class's source, as one line (command-line help written once,
+    where the field is): the comment after the field, continued by the comment lines below it; comment
+    lines above a field that has no comment of its own are its comment instead. Section rules
+    (`# --- data`) and fields without a comment are left out.
+
+    >>> from sprout.training.recipes import Recipe
+    >>> field_comments(Recipe)["grad_clip"]
+    'max global gradient norm; 0 = no clipping (as in nanoGPT)'
+    """
+    names = {f.name for f in fields(cls)}
+    lines: list[tuple[Optional[str], str]] = []  # (field or None for a comment line, its comment)
+    for tok in tokenize.generate_tokens(io.StringIO(inspect.getsource(cls)).readline):
+        code = tok.line.split("#")[0].strip()
+        first = code.split(":")[0].split("=")[0].strip()
+        if tok.type == tokenize.COMMENT and not tok.string.lstrip("# ").startswith("---"):
+            if not code or first in names:
+                lines.append((first or None, tok.string.lstrip("#").strip()))
+        elif tok.type == tokenize.NAME and tok.start[1] == 4 and "#" not in tok.line:
+            lines.append((tok.string if tok.string in names else "", ""))  # "": not a field, ends the last
+    comments: dict[str, list[str]] = {}
+    pending: list[str] = []  # comment lines since the last field
+    last: Optional[str] = None
+    for field, text in lines + [("", "")]:
+        if field is None:
+            pending.append(text)
+            continue
+        if text or not field:  # the next line speaks for itself: the lines above continue the last field's
+            if last in comments:
+                comments[last] += pending
+        else:  # a field without a comment: the lines above are its comment
+            comments[field] = pending
+        pending = []
+        if text:
+            comments[field] = [text]
+        last = field
+    return {name: " ".join(parts) for name, parts in comments.items() if parts}
 
 
 def type_error(kind: object, value: object) -> Optional[str]:

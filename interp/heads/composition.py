@@ -118,7 +118,11 @@ def composition_scores(model: HookedModel, via: str = "k", baseline_samples: int
         heads, or an earlier one; NaN for a one-layer model).
 
     Example:
-        >>> interp.composition_scores(model, "k").sort_values("score").tail(3)
+        >>> import sprout, interp
+        >>> keys = interp.composition_scores(sprout.load("gpt-4"), via="k")
+        >>> top = keys.sort_values("score").iloc[-1]  # the strongest K-composition
+        >>> top.sender, top.receiver
+        ('L1H0', 'L3H2')
     """
     QK, OV = circuits(model)
     right = _right(via, QK, OV)

@@ -153,7 +153,12 @@ def induction_circuit(model: HookedModel, data: Optional[tuple[TextOrTokens, Tex
         The summary names, per induction head and input, the feeding heads with their numbers.
 
     Example:
-        >>> frame, summary = interp.induction_circuit(sprout.load("gpt-4")); print(summary)
+        >>> import sprout, interp
+        >>> model = sprout.load("gpt-4")
+        >>> small = (interp.repeated_tokens(model, 8, 2), interp.repeated_tokens(model, 8, 2, seed=1))
+        >>> frame, summary = interp.induction_circuit(model, data=small, stories=False)
+        >>> print(summary.splitlines()[0])  # the top induction head, then what feeds each of its inputs
+        L3H1 (induction score 0.99)
     """
     require_hooks(model, [act_name("embed")])
     for name, value in (("min_score", min_score), ("min_share", min_share), ("relative", relative)):

@@ -78,7 +78,11 @@ def circuit_spread(model: HookedModel, receivers: Optional[list[str]] = None, se
         induction heads.
 
     Example:
-        >>> spread = interp.circuit_spread(sprout.load("gpt-4")); print(interp.spread_sentences(spread))
+        >>> import sprout, interp
+        >>> model = sprout.load("gpt-4")
+        >>> spread = interp.circuit_spread(model, seeds=(0,), half_lens=(16,), story_seeds=(), max_receivers=1)
+        >>> print(interp.spread_sentences(spread).splitlines()[0])  # the default: 3 seeds x 4 lengths + 3 story sets
+        Over 1 settings (repeated random tokens of seeds 0 at lengths 2x16):
     """
     if receivers is None:
         found = find_induction_heads(model, min_score).head(max_receivers)

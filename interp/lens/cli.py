@@ -33,7 +33,7 @@ def main(argv: Optional[list[str]], train: Callable[..., TunedLens]) -> None:
     ap.add_argument("--seed", type=int, default=0, help="the order windows are drawn in")
     ap.add_argument("--out", required=True, help="directory for tuned_lens.safetensors + tuned_lens.json")
     args = ap.parse_args(argv)
-    keep_freed_memory()  # an application's choice (README: Benchmarks); the library never makes it
+    keep_freed_memory()  # an application's choice (docs/reference/benchmarks.md); the library never makes it
     try:  # --out before the model loads and the lens trains; a bad --out or model is one line
         check_save_target(args.out)
         model = load(args.model)

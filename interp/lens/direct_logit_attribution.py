@@ -96,7 +96,14 @@ def logit_attribution(model: HookedModel, data: TextOrTokens, target: Optional[U
         embedding), `head` (-1 unless a head), `attribution`. A position's rows sum to its logit (difference).
 
     Example:
-        >>> dla = interp.logit_attribution(model, "When Mary and John went out, John gave a drink to", target=" Mary", baseline=" John")
+        >>> import sprout, interp
+        >>> model = sprout.load("gpt-4")
+        >>> text = "Zorbin Plax met Mira. Then Zorbin Pl"
+        >>> dla = interp.logit_attribution(model, text, target="ax")
+        >>> last = dla[dla["pos"] == dla["pos"].max()]  # the shares of the last position's logit of "ax"
+        >>> logit = model(text)[0, -1, model.to_single_token("ax")].item()
+        >>> bool(abs(last["attribution"].sum() - logit) < 1e-3)
+        True
     """
     _check_rms_final(model)
     ids, mask = token_batch(model, data)

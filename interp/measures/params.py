@@ -29,7 +29,7 @@ def param_table(config: SproutConfig, name: str = "") -> pd.DataFrame:
         >>> int(t.set_index("part").loc["total", "count"])
         17309056
         >>> big = interp.param_table(SproutConfig.preset("sprout", d_model=768, d_ff=2048))  # double d
-        >>> blocks = lambda t: t[t.per_block.notna()]["count"].sum()
+        >>> blocks = lambda t: t.loc[t.per_block.notna(), "count"].sum()
         >>> round(float(blocks(big) / blocks(t)), 2)  # 4d^2 and 3 d d_ff: about fourfold
         4.0
     """

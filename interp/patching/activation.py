@@ -62,7 +62,15 @@ def patch(model: HookedModel, clean: TextOrTokens, corrupted: TextOrTokens, metr
         is True (with a warning) when the metric is the same on clean and corrupted.
 
     Example:
-        >>> frame = interp.patch(model, clean_ids, corrupted_ids, metric, site="z", by="head")
+        >>> import sprout, interp
+        >>> model = sprout.load("gpt-4")
+        >>> clean = interp.repeated_tokens(model, half_len=16, n_seqs=4)            # random tokens, twice
+        >>> corrupted = interp.repeated_tokens(model, half_len=16, n_seqs=4, seed=1)  # nothing to copy
+        >>> def metric(logits):  # mean log p of each second-copy token
+        ...     return logits[:, 16:-1].log_softmax(-1).gather(-1, clean[:, 17:, None]).mean()
+        >>> frame = interp.patch(model, clean, corrupted, metric, site="z", by="head")
+        >>> sorted(frame.sort_values("recovered").label.iloc[-3:])  # the heads that restore copying
+        ['L0H1', 'L3H1', 'L3H2']
     """
     check_site(model, site, by)
     check_metric(metric)

@@ -99,7 +99,15 @@ def joint_path_patch(model: HookedModel, clean: TextOrTokens, corrupted: TextOrT
         `source` (corrupted metric), `effect` = metric - base, `share` = effect / (source - base).
 
     Example:
-        >>> interp.patching.joint_path_patch(model, clean, corrupted, metric, [["L1H2"], ["L1H2", "L2H2"]], "L3H1")
+        >>> import sprout, interp
+        >>> model = sprout.load("gpt-4")
+        >>> clean = interp.repeated_tokens(model, half_len=16, n_seqs=4)            # random tokens, twice
+        >>> corrupted = interp.repeated_tokens(model, half_len=16, n_seqs=4, seed=1)  # nothing to copy
+        >>> def metric(logits):  # mean log p of each second-copy token
+        ...     return logits[:, 16:-1].log_softmax(-1).gather(-1, clean[:, 17:, None]).mean()
+        >>> joint = interp.patching.joint_path_patch(model, clean, corrupted, metric, [["L1H2"], ["L1H2", "L1H0"]], "L3H1")
+        >>> joint["set"].tolist(), bool(joint["share"].iloc[1] > joint["share"].iloc[0])
+        (['L1H2', 'L1H2+L1H0'], True)
     """
     return _Runs(model, clean, corrupted, metric, receiver, via).frame(sets, batch_size)
 

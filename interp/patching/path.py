@@ -176,7 +176,15 @@ def path_patch(model: HookedModel, clean: TextOrTokens, corrupted: TextOrTokens,
         `frame.attrs["degenerate"]` is True (with a warning) when base and source metric are equal.
 
     Example:
-        >>> interp.path_patch(model, clean, corrupted, metric, senders=["L0H1"], receivers=["L1H0"], via="k")
+        >>> import sprout, interp
+        >>> model = sprout.load("gpt-4")
+        >>> clean = interp.repeated_tokens(model, half_len=16, n_seqs=4)            # random tokens, twice
+        >>> corrupted = interp.repeated_tokens(model, half_len=16, n_seqs=4, seed=1)  # nothing to copy
+        >>> def metric(logits):  # mean log p of each second-copy token
+        ...     return logits[:, 16:-1].log_softmax(-1).gather(-1, clean[:, 17:, None]).mean()
+        >>> paths = interp.path_patch(model, clean, corrupted, metric, senders=["L1H2"], receivers=["L3H1"], via=["k", "v"])
+        >>> paths.set_index("via")["effect"].round(1).to_dict()  # the previous-token head reaches L3H1 through its keys
+        {'k': -0.4, 'v': -0.0}
     """
     vias = [via] if isinstance(via, str) else list(via)
     if not vias or any(v not in VIA for v in vias):

@@ -246,7 +246,12 @@ def sae_metrics(model: HookedModel, sae: SAE, data: TextOrTokens, batch_size: in
         against mean ablation), `ce_zero_margin`.
 
     Example:
-        >>> interp.sae_metrics(model, sae, interp.held_out_stories(20_000))[["explained_variance", "l0"]]  # doctest: +SKIP
+        >>> import sprout, interp
+        >>> model = sprout.load("gpt-4")
+        >>> sae = interp.load_sae(model, "blocks.3.hook_resid_post")
+        >>> row = interp.sae_metrics(model, sae, interp.held_out_stories(2_000)).iloc[0]
+        >>> float(row["l0"]), bool(row["explained_variance"] > 0.9), bool(row["ce_loss_recovered"] > 0.9)
+        (32.0, True, True)
     """
     if not 0 <= dense_threshold < 1:
         raise ValueError(f"dense_threshold is a fraction of tokens in [0, 1), got {dense_threshold}")

@@ -186,8 +186,16 @@ def spliced(model: HookedModel, saes: Dictionaries, use_error_term: bool = False
         use_error_term: add each dictionary's error, so the forward stays the clean model's.
 
     Example:
-        >>> with interp.spliced(model, [sae]):                                     # doctest: +SKIP
-        ...     model.run_with_hooks(tokens, fwd_hooks=[(sae.hook_name + ".hook_sae_acts_post", clamp)])
+        >>> import sprout, interp
+        >>> model = sprout.load("gpt-4")
+        >>> sae = interp.load_sae(model, "blocks.3.hook_resid_post")
+        >>> def clamp(acts, hook):  # latent 180 (full stops) held high
+        ...     acts[:, :, 180] = 120.0
+        ...     return acts
+        >>> with interp.spliced(model, [sae], use_error_term=True):
+        ...     logits = model.run_with_hooks("Zorbin Plax met", fwd_hooks=[(sae.hook_name + ".hook_sae_acts_post", clamp)])
+        >>> logits.shape
+        torch.Size([1, 7, 4096])
     """
     saes = _as_list(saes)
     for sae in saes:
@@ -247,9 +255,12 @@ def run_with_saes(model: HookedModel, tokens: TextOrTokens, saes: Dictionaries, 
         With `use_error_term=True` the logits are the clean model's.
 
     Example:
-        >>> logits, cache = interp.run_with_saes(model, tokens, [sae])                # doctest: +SKIP
-        >>> cache["blocks.1.hook_resid_post.hook_sae_acts_post"].shape               # doctest: +SKIP
-        torch.Size([1, 12, 768])
+        >>> import sprout, interp
+        >>> model = sprout.load("gpt-4")
+        >>> sae = interp.load_sae(model, "blocks.1.hook_resid_post")
+        >>> logits, cache = interp.run_with_saes(model, "Zorbin Plax met Mira. Then Zorbin", [sae])
+        >>> cache["blocks.1.hook_resid_post.hook_sae_acts_post"].shape
+        torch.Size([1, 16, 768])
     """
     if isinstance(names_filter, (list, tuple)):
         names_filter = list(names_filter)

@@ -24,7 +24,7 @@ class SproutActivationCache(ActivationCache):
     def __getitem__(self, key):
         if isinstance(key, str) and key not in self.cache_dict and key.endswith("hook_pos_embed"):
             raise KeyError(f"{key!r}: this model has no learned position embedding (RoPE); positions show in "
-                           "blocks.{l}.attn.hook_rot_q / hook_rot_k (README, 'Where Sprout differs from TransformerLens')")
+                           "blocks.{l}.attn.hook_rot_q / hook_rot_k (docs/reference/differences.md)")
         return super().__getitem__(key)
 
     def apply_ln_to_stack(self, residual_stack: Float[torch.Tensor, "num_components *batch_and_pos_dims d_model"],

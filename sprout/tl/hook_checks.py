@@ -53,8 +53,8 @@ def unknown_hook(name: str, hook_dict: dict) -> KeyError:
     why = ""
     if name.endswith("hook_pos_embed") or name.startswith("pos_embed"):
         why = (": this model has no learned position embedding (RoPE rotates each head's queries and keys; "
-               "positions show in blocks.{l}.attn.hook_rot_q / hook_rot_k, see the README, 'Where Sprout differs "
-               "from TransformerLens')")
+               "positions show in blocks.{l}.attn.hook_rot_q / hook_rot_k, see docs/reference/differences.md "
+               "(where Sprout differs from TransformerLens)")
     elif name.endswith(INPUT_HOOK_SUFFIXES):
         why = " (the input hooks need their flag: model.set_use_split_qkv_input(True) / set_use_attn_in(True))"
     return KeyError(f"no hook point named {name!r}{why}; model.hook_dict lists the {len(hook_dict)} there are")

@@ -364,7 +364,7 @@ class HookedLM(HookedRootModule):
     b_out = stacked(lambda w: w.stack("mlp", "b_out"), "[n_layers, d_model]")
     QK = stacked(
         lambda w: w.QK, "[n_layers, n_heads, d_model, d_model]: `W_Q @ W_K^T`, the bilinear form of the scores "
-        "before RoPE and QK-norm (Sprout's real scores are not bilinear in the stream; see the README).")
+        "before RoPE and QK-norm (Sprout's real scores are not bilinear in the stream; see docs/reference/differences.md).")
     OV = stacked(lambda w: w.OV, "[n_layers, n_heads, d_model, d_model]: `W_V @ W_O`, what each head writes per "
                  "unit of attention.")
     all_head_labels = stacked(lambda w: w.all_head_labels, '["L0H0", "L0H1", ...], layer-major, as '

@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 _ROTARY = ("there is no learned position embedding (positional_embedding_type='rotary': RoPE rotates each "
-           "head's queries and keys, so positions show in blocks.{l}.attn.hook_rot_q / hook_rot_k; see the README, "
-           "'Where Sprout differs from TransformerLens')")
+           "head's queries and keys, so positions show in blocks.{l}.attn.hook_rot_q / hook_rot_k; see docs/reference/differences.md "
+           "(where Sprout differs from TransformerLens)")
 
 
 class Layered(Protocol):

@@ -7,7 +7,7 @@ forward, `run_with_cache` and `generate` refuse a text longer than the context.
 
 BOS: with `prepend_bos=True` (or `model.cfg.default_prepend_bos = True`) a text starts with
 `<|endoftext|>`, GPT-2's BOS. The demos were trained without it (their documents are separated by
-blank lines), so the default is False; the README's *BOS* section measures what it does.
+blank lines), so the default is False; docs/guide/transformerlens.md (BOS) measures what it does.
 """
 from __future__ import annotations
 

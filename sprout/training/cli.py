@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ..files import latest_checkpoint
+from ..settings import field_comments
 from .loop import NonFiniteLoss, check_device, train
 from .recipes import RECIPES, Recipe, flag, get_recipe
 
@@ -39,12 +40,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> tuple[argparse.Namespace
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads, >= 1 (default: torch's choice)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N: where the model trains")
     over = p.add_argument_group("recipe overrides (default: the recipe's value)")
+    helps = field_comments(Recipe)  # each flag's help is its field's comment in sprout.training.recipes
     for f in fields(Recipe):
+        help_ = helps[f.name].replace("%", "%%")
         if f.type == "bool":
-            over.add_argument(flag(f.name), dest=f.name, default=None, action=argparse.BooleanOptionalAction)
+            over.add_argument(flag(f.name), dest=f.name, default=None, action=argparse.BooleanOptionalAction, help=help_)
         else:
             kind = {"int": int, "float": float, "str": str}[str(f.type)]
-            help_ = "max global gradient norm; 0 = no clipping (as in nanoGPT)" if f.name == "grad_clip" else None
             over.add_argument(flag(f.name), dest=f.name, type=kind, default=None, metavar=f.type.upper(), help=help_)
     args = p.parse_args(argv)
     if args.threads is not None and args.threads < 1:

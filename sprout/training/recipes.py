@@ -41,9 +41,9 @@ class Recipe(Checked):
     model: str = "sprout"  # "sprout" (sprout.model) or "walkthrough" (sprout.walkthrough's character GPT)
     vocab_size: int = 4096  # BPE vocabulary size (a character tokenizer sets its own)
     context: int = 128  # tokens per training window
-    n_layer: int = 4
-    n_head: int = 3
-    d_model: int = 192
+    n_layer: int = 4  # transformer blocks
+    n_head: int = 3  # attention heads per block; must divide d_model
+    d_model: int = 192  # residual stream width
     d_ff: int = 512  # SwiGLU hidden width (ignored by the walkthrough GPT, which uses 4 d_model)
     # --- data
     data: str = ""  # a text file, a folder of .txt files or a saved HF dataset; "" = the story generator;
@@ -61,13 +61,13 @@ class Recipe(Checked):
     curriculum_steps: int = 0  # the first steps train on the repeat curriculum alone (every row)
     # --- optimisation
     batch_size: int = 32  # sequences per step (per process under torchrun)
-    max_steps: int = 1500
+    max_steps: int = 1500  # optimizer steps of the whole run
     lr: float = 2e-3  # peak learning rate, reached after warmup_steps
     min_lr: float = 2e-4  # the cosine decay ends here at max_steps
     warmup_steps: int = 100  # linear warmup from lr / warmup_steps
     weight_decay: float = 0.1  # AdamW decay, on matrices only (not on norm gains)
-    beta1: float = 0.9
-    beta2: float = 0.95
+    beta1: float = 0.9  # AdamW's decay of the gradient's running mean
+    beta2: float = 0.95  # AdamW's decay of the squared gradient's running mean
     grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping (as in nanoGPT)
     # --- bookkeeping
     eval_every: int = 100  # steps between held-out evaluations (a CSV row each)

@@ -1,4 +1,4 @@
-"""The README's circuit blocks are what `python -m experiments.circuits --readme README.md` writes for gpt-4:
+"""The circuits page's blocks are what `python -m experiments.circuits --readme docs/guide/circuits.md` writes for gpt-4:
 the circuit at the experiment's setting, and what holds at every setting of its spread."""
 import argparse
 import re
@@ -6,16 +6,16 @@ from pathlib import Path
 
 import interp
 import sprout
-from experiments import circuits
+from experiments import circuits, readme
 from tests.experiments.test_demo_table import same_within_rounding
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = readme.home("circuit:gpt-4", Path(__file__).resolve().parents[2])
 
 
 def readme_block(label: str) -> str:
     m = re.search(rf"<!-- circuit:{label} -->\n```text\n(.*?)\n```\n<!-- /circuit:{label} -->",
-                  README.read_text(encoding="utf-8"), re.S)
-    assert m, f"README.md has no circuit block for {label}"
+                  PAGE.read_text(encoding="utf-8"), re.S)
+    assert m, f"{PAGE} has no circuit block for {label}"
     return m.group(1)
 
 

@@ -274,14 +274,14 @@ def test_a_demo_without_snapshots_draws_its_shipped_phase_table(tmp_path):
     assert rows[0]["measured"] == shipped["tokens"].nunique()
 
 
-def test_the_readmes_phase_numbers_are_the_shipped_tables():
+def test_the_circuits_pages_phase_numbers_are_the_shipped_tables():
     from pathlib import Path
 
     from experiments import circuits
 
     table = pd.read_csv(sprout.files.checkpoint.demo_dir() / "gpt-4" / circuits.SHIPPED_PHASE)
-    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
-    for measure in ("induction score", "previous-token score"):  # the README states interp.phase_change's stretch
+    readme = " ".join((Path(__file__).resolve().parents[2] / "docs/guide/circuits.md").read_text().split())
+    for measure in ("induction score", "previous-token score"):  # the page states interp.phase_change's stretch
         change = interp.phase_change(table, measure)
         assert f"from {change['start_value']:.2f} to {change['end_value']:.2f}" in readme, measure
     assert table["heads"].iloc[0].replace(" ", "") in readme.replace(" ", "")

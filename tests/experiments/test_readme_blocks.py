@@ -1,5 +1,5 @@
-"""The README's generated blocks (experiments.readme) and the one command that rewrites them all
-(`python -m experiments.ship NAME --only readme`)."""
+"""The generated blocks of the README and the docs pages (experiments.readme) and the one command that
+rewrites them all (`python -m experiments.ship NAME --only readme`)."""
 import importlib
 from pathlib import Path
 
@@ -9,17 +9,36 @@ import pytest
 from experiments import english_loss, readme, ship
 from sprout.files import demo_names
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
 
 
-def test_every_generated_block_of_the_readme_has_its_experiment():
-    text = README.read_text(encoding="utf-8")
-    steps = ship.readme_steps(text)
-    assert {m for m, _, _ in steps} == {"demo_table", "english_loss", "bos_loss", "features", "circuits"}
-    for module, _, name in steps:
-        assert readme.block(text, name).strip(), name
+def test_every_generated_block_has_its_experiment_and_its_file():
+    steps = ship.readme_steps(ROOT)
+    assert {m for m, _, _, _ in steps} == {"demo_table", "english_loss", "bos_loss", "features", "circuits"}
+    for module, _, name, file in steps:
+        assert readme.block(readme.read(file), name).strip(), name
         assert hasattr(importlib.import_module(f"experiments.{module}"), "main")
-    assert ("circuits", ["--model", "gpt-4"], "circuit:gpt-4") in steps
+    assert ("circuits", ["--model", "gpt-4"], "circuit:gpt-4", ROOT / "docs/guide/circuits.md") in steps
+    assert [file for _, _, name, file in steps if name == "demo-table"] == [README]  # the README keeps the demo table
+
+
+def test_each_block_lives_in_exactly_one_file():
+    files = [README, *sorted((ROOT / "docs").rglob("*.md"))]
+    for _, _, name, home in ship.readme_steps(ROOT):
+        holders = [f for f in files if readme.markers(name)[0] in f.read_text(encoding="utf-8")]
+        assert holders == [home], (name, holders)
+    with pytest.raises(ValueError, match="no file holds a block named 'nope'"):
+        readme.home("nope", ROOT)
+
+
+def copy_checkout(tmp_path):
+    """README.md and the docs pages holding blocks, copied under tmp_path."""
+    for _, _, _, file in ship.readme_steps(ROOT):
+        target = tmp_path / file.relative_to(ROOT)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(file.read_text(encoding="utf-8"), encoding="utf-8")
+    return tmp_path / "README.md"
 
 
 def test_ship_readme_runs_each_experiment_on_the_readme_then_the_figures(monkeypatch, tmp_path):
@@ -28,18 +47,18 @@ def test_ship_readme_runs_each_experiment_on_the_readme_then_the_figures(monkeyp
         monkeypatch.setattr(importlib.import_module(f"experiments.{module}"), "main",
                             lambda argv, m=module: calls.append((m, argv)) or 0)
     monkeypatch.setattr(ship.run_all, "main", lambda argv: calls.append(("run_all", argv)) or 0)
-    path = tmp_path / "README.md"
-    path.write_text(README.read_text(encoding="utf-8"), encoding="utf-8")
+    path = copy_checkout(tmp_path)
     ship.ship_readme(path, tmp_path / "docs", threads=1)
     assert [m for m, _ in calls] == [*ship.README_TABLES, "circuits", "run_all"]
-    assert all(argv[-2:] == ["--readme", str(path)] for m, argv in calls if m != "run_all")
+    homes = {"demo_table": "README.md", "english_loss": "docs/results/demos.md", "bos_loss": "docs/guide/transformerlens.md",
+             "features": "docs/guide/features.md", "circuits": "docs/guide/circuits.md"}
+    assert all(argv[-2:] == ["--readme", str(tmp_path / homes[m])] for m, argv in calls if m != "run_all")
     assert calls[-1][1][calls[-1][1].index("--docs") + 1] == str(tmp_path / "docs")
 
 
 def test_a_failing_step_stops_the_rewrite(monkeypatch, tmp_path):
     monkeypatch.setattr(importlib.import_module("experiments.demo_table"), "main", lambda argv: 2)
-    path = tmp_path / "README.md"
-    path.write_text(README.read_text(encoding="utf-8"), encoding="utf-8")
+    path = copy_checkout(tmp_path)
     with pytest.raises(SystemExit, match="demo_table"):
         ship.ship_readme(path, tmp_path / "docs", threads=1)
 
@@ -59,7 +78,7 @@ def test_the_english_table_is_english_losss_markdown_of_each_demo():
                  dict(model=name, unit=unit, source="held-out shakespeare", loss=4.0, uniform=8.3, unigram=6.5)]
     table = english_loss.markdown(pd.DataFrame(rows)).splitlines()
     assert table[2] == f"| {demo_names()[0]} | 5.00 / 8.30 / 6.80 | Shakespeare 4.00 / 6.50, stories 3.00 / 7.00 |"
-    block = readme.block(README.read_text(encoding="utf-8"), english_loss.BLOCK).splitlines()
+    block = readme.block(readme.read(readme.home(english_loss.BLOCK, ROOT)), english_loss.BLOCK).splitlines()
     assert block[:2] == table[:2]  # the same columns
     labels = [line.split(" | ")[0].lstrip("| ") for line in block[2:]]
     assert labels == [line.split(" | ")[0].lstrip("| ") for line in table[2:]]  # a row per demo, labelled alike

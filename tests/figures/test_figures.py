@@ -1,4 +1,5 @@
 """Figure builders on small hand-built DataFrames with the columns `interp` documents."""
+import html
 import math
 
 import numpy as np
@@ -7,7 +8,7 @@ import plotly.graph_objects as go
 import pytest
 
 import figures
-from figures.style import CHAR_W, LINE_H, escape_token, label_width
+from figures.style import CHAR_W, LINE_H, escape_token, label_width, short_label
 
 pytestmark = pytest.mark.filterwarnings("error::FutureWarning")
 
@@ -120,8 +121,16 @@ def test_logit_lens_grid_64_tokens_fits_the_page_and_no_text_overflows_its_cell(
     assert fig.layout.width <= MAX_WIDTH  # the whole grid fits a 1400 px window: no panel cut off
     assert_ticks_fit(fig, "x")
     cell_px = plot_px(fig, "x") / 64
-    # each cell's text fits its cell, or (cells too narrow) no text is drawn and the hover carries it
-    assert hm.texttemplate == "" or cell_px >= max(len(t) for t in np.array(hm.text).ravel()) * CHAR_W
+    # each cell shows as much of its token as fits (cut with "…"), never more than its cell holds
+    cells = [html.unescape(t) for t in np.array(hm.text).ravel()]
+    assert hm.texttemplate == "%{text}" and all(len(t) * CHAR_W <= cell_px for t in cells)
+    whole = [html.unescape(short_label(t, 6)) for t in lens_df(tokens, 8)["top_tokens"].map(lambda x: x[0])]
+    assert all(w.startswith(c.rstrip("…")) for w, c in zip(whole, cells))  # each is the start of its token
+    assert all(c == w for w, c in zip(whole, cells) if len(w) * CHAR_W + 6 <= cell_px)  # whole where it fits
+    assert any(c for c in cells)  # written in the cells where they fit, not only on hover
+    wider = figures.logit_lens_grid(lens_df(tokens[:40], 8)).data[0]  # cells of a few characters: cut with "…"
+    cut = [html.unescape(t) for t in np.array(wider.text).ravel() if t.endswith("…")]
+    assert cut and all(len(t) >= 2 for t in cut)
     short = figures.logit_lens_grid(lens_df(tokens[:16], 8)).data[0]
     assert short.texttemplate == "%{text}"  # a short text keeps its cell labels
 

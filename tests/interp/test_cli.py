@@ -62,7 +62,7 @@ def test_the_sprout_command_dispatches_to_each_main(spec, capsys):
     assert sprout_cli.main([]) == 0 and "lens" in capsys.readouterr().out
     assert sprout_cli.main(["nope"]) == 2 and "unknown command 'nope'" in capsys.readouterr().err
     assert sprout_cli.main(["lens", "Zorbin Plax", "--model", spec]) == 0
-    assert sprout_cli.COMMANDS["lens"][0] is cli.lens_main
+    assert sprout_cli.COMMANDS["lens"][0] is sprout_cli.lens_main
     assert set(sprout_cli.COMMANDS) == {"train", "export-hf", "import-hf", "lens", "heads", "rms"}
 
 
@@ -90,3 +90,14 @@ def test_the_sprout_command_reaches_training_and_the_hugging_face_bridge(command
     with pytest.raises(SystemExit) as e:
         sprout_cli.main([command, "--help"])
     assert e.value.code == 0 and flag in capsys.readouterr().out
+
+
+def test_sprout_help_imports_neither_torch_nor_the_commands():
+    """`sprout --help` answers without loading torch, TransformerLens or any command's module."""
+    import subprocess
+    import sys
+
+    code = ("import sys, sprout_cli; sprout_cli.main(['--help']); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformer_lens', 'interp', 'sprout')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "usage: sprout COMMAND" in out and out.strip().endswith("[]"), out

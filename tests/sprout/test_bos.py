@@ -182,8 +182,8 @@ def test_the_readme_bos_table_is_what_the_function_gives_for_gpt4():
     from experiments.bos_loss import BLOCK, bos_losses
     from experiments.common import held_out_text
 
-    readme = Path(__file__).resolve().parents[2].joinpath("README.md").read_text(encoding="utf-8")
-    block = readme_blocks.block(readme, BLOCK)
+    page = readme_blocks.home(BLOCK, Path(__file__).resolve().parents[2]).read_text(encoding="utf-8")
+    block = readme_blocks.block(page, BLOCK)
     gpt4 = sprout.load("gpt-4").eval()
     gpt4.spec = "gpt-4"
     for r in bos_losses(gpt4, held_out_text(gpt4)).itertuples():

@@ -136,9 +136,9 @@ def test_targets_without_a_loss_and_tensors_as_return_type_are_refused():
         model(x, loss_mask=torch.ones(1, 5))
 
 
-def test_the_readme_block_on_the_two_classes_runs_as_written():
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("### Two classes, one set of weights", 1)[1]
+def test_the_docs_block_on_the_two_classes_runs_as_written():
+    page = (Path(__file__).resolve().parents[2] / "docs/guide/transformerlens.md").read_text(encoding="utf-8")
+    section = page.split("## Two classes, one set of weights", 1)[1]
     code = re.search(r"```python\n(.*?)\n```", section, re.S).group(1)
     seq = ids(2, 9, vocab=1000)  # within every demo vocabulary
     scope = {"tokens": seq, "idx": seq[:, :-1], "targets": seq[:, 1:]}

@@ -138,7 +138,7 @@ def _aux_loss(u: _Unit, pre, acts, recon, target, s: TrainSettings) -> torch.Ten
 
 
 def sparse_decode(sae: SAE, idx: Int[torch.Tensor, "rows k"], values: Float[torch.Tensor, "rows k"]) -> Float[torch.Tensor, "rows d_out"]:
-    """sum_j values[:, j] * W_dec[idx[:, j]] [rows, d]: the decoder on k latents per row, without b_dec.
+    """`sum_j values[:, j] * W_dec[idx[:, j]]` [rows, d]: the decoder on k latents per row, without b_dec.
 
     What `acts @ W_dec` gives for latents zero outside idx, in rows x k x d work instead of rows x
     d_sae x d, forward and backward (embedding_bag's gradient adds into the k rows; sparsify decodes so)."""

@@ -177,12 +177,3 @@ def test_wrong_width_is_refused_naming_the_hook():
     sae = interp.SAE(D_IN, D_SAE, kind="relu", hook_name="blocks.0.hook_resid_post")
     with pytest.raises(ValueError, match="d_in=12.*blocks.0.hook_resid_post"):
         sae.encode(torch.randn(3, D_IN + 1))
-
-
-@pytest.mark.parametrize("name", ["sae", "training.train"])
-def test_docstring_examples(name):
-    import doctest
-    import importlib
-
-    result = doctest.testmod(importlib.import_module(f"interp.saes.{name}"), optionflags=doctest.ELLIPSIS)
-    assert result.attempted > 0 and result.failed == 0

@@ -10,7 +10,7 @@ Ported (file here <- TL file):
 - test_tools.py <- unit/test_patching.py, unit/test_svd_interpreter.py, unit/test_split_qkv.py,
   unit/test_use_attn_result.py, integration/test_cross_entropy_loss.py, integration/test_head_detector.py,
   and TL 4.3's tools.analysis.attribution_patching (edge granularity)
-- test_differences.py: the README's "Where Sprout differs from TransformerLens", and issues 21.4/21.5/23.3-23.8
+- test_differences.py: docs/reference/differences.md ("Where Sprout differs from TransformerLens"), and issues 21.4/21.5/23.3-23.8
 Earlier ports: ../test_tl_bridge.py (the rest of the ActivationCache helpers), ../test_tl_forward.py, ../test_tl_weights.py.
 
 Not ported, and why:

@@ -1,4 +1,4 @@
-"""Where Sprout differs from TransformerLens (README section of that name), and the parts of issues 21.4,
+"""Where Sprout differs from TransformerLens (docs/reference/differences.md), and the parts of issues 21.4,
 21.5 and 23.3-23.8 that TransformerLens' own tests do not reach: each asserted against an independent
 computation (the folded weights, a hand-written RMSNorm, a run of the whole model)."""
 import warnings

@@ -1,4 +1,5 @@
 """Training: the schedule, the optimiser groups, the curriculum batches, the CLI, checkpoints and resume."""
+import dataclasses
 import json
 import math
 import os
@@ -220,3 +221,43 @@ def test_import_sprout_does_not_import_the_trainer_and_the_old_entry_point_still
     code = ("import sys, sprout, interp; assert 'sprout.training' not in sys.modules, sorted(sys.modules); "
             "import sprout.train, sprout.training.cli; assert sprout.train.main is sprout.training.cli.main")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)
+
+
+def test_every_train_flag_has_its_recipe_fields_comment_as_help(capsys):
+    """`sprout train --help` explains every flag, each recipe override by its field's comment."""
+    from dataclasses import fields as dataclass_fields
+
+    from sprout.settings import field_comments
+    from sprout.training import cli as train_cli
+    from sprout.training.recipes import Recipe, flag
+
+    with pytest.raises(SystemExit):
+        train_cli.parse_args(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    comments = field_comments(Recipe)
+    assert set(comments) == {f.name for f in dataclass_fields(Recipe)}  # no field without a comment
+    assert "--grad-clip FLOAT max global gradient norm; 0 = no clipping (as in nanoGPT)" in out
+    assert "--snapshots, --no-snapshots also keep log-spaced checkpoints" in out
+    for f in dataclass_fields(Recipe):
+        assert " ".join(comments[f.name].split())[:40] in out, flag(f.name)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Commented:
+    # --- a section rule, never help
+    steps: int = 10  # optimizer steps;
+    # one batch each
+    seed: int = 0  # of the batches
+    # where the run starts from:
+    # a folder or a checkpoint
+    init: str = ""
+    bare: int = 1
+
+    LIMIT = 3  # not a field
+
+
+def test_field_comments_reads_trailing_continued_and_leading_comments():
+    from sprout.settings import field_comments
+
+    assert field_comments(_Commented) == {"steps": "optimizer steps; one batch each", "seed": "of the batches",
+                                          "init": "where the run starts from: a folder or a checkpoint"}
