@@ -3,6 +3,7 @@
     sae.py      the SAE and Transcoder classes (SAELens' parameter names and shapes)
     kinds.py    each kind's sparsity rule: relu, topk, batchtopk, jumprelu, matryoshka
     files.py    SAELens' folder layout, reading ours and theirs
+    saelens.py  register_with_saelens: SAELens classes for our TopK transcoders
     shipped.py  the demos' dictionaries, found by fingerprint (load_sae, load_transcoder)
     settings.py the checked settings of a training run
     harvest.py  activations for training: a tensor, or a model run over text in buffered blocks
@@ -14,6 +15,7 @@
 """
 from .metrics import sae_metrics
 from .sae import SAE, Transcoder
+from .saelens import register_with_saelens
 from .settings import SettingsError, TrainSettings
 from .shipped import load_sae, load_transcoder
 from .splice import run_with_saes, spliced
@@ -21,4 +23,4 @@ from .train import train_sae, train_transcoder
 
 __all__ = ["SAE", "SettingsError", "TrainSettings", "Transcoder", "load_sae", "load_transcoder", "train_sae",
            "train_transcoder"]
-__all__ += ["run_with_saes", "sae_metrics", "spliced"]
+__all__ += ["register_with_saelens", "run_with_saes", "sae_metrics", "spliced"]
