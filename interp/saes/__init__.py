@@ -4,6 +4,7 @@
     kinds.py    each kind's sparsity rule: relu, topk, batchtopk, jumprelu, matryoshka
     files.py    SAELens' folder layout, reading ours and theirs
     saelens.py  register_with_saelens: SAELens classes for our TopK transcoders
+    transcoder_sets.py  circuit-tracer's transcoder folders, written and read
     shipped.py  the demos' dictionaries, found by fingerprint (load_sae, load_transcoder)
     settings.py the checked settings of a training run
     harvest.py  activations for training: a tensor, or a model run over text in buffered blocks
@@ -20,7 +21,8 @@ from .settings import SettingsError, TrainSettings
 from .shipped import load_sae, load_transcoder
 from .splice import run_with_saes, spliced
 from .train import train_sae, train_transcoder
+from .transcoder_sets import load_circuit_tracer, save_circuit_tracer
 
 __all__ = ["SAE", "SettingsError", "TrainSettings", "Transcoder", "load_sae", "load_transcoder", "train_sae",
            "train_transcoder"]
-__all__ += ["register_with_saelens", "run_with_saes", "sae_metrics", "spliced"]
+__all__ += ["load_circuit_tracer", "register_with_saelens", "run_with_saes", "sae_metrics", "save_circuit_tracer", "spliced"]
