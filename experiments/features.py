@@ -11,7 +11,6 @@ checkpoint or shipped for its weights) is listed and skipped.
 """
 from __future__ import annotations
 
-import html
 import os
 import random
 import re
@@ -30,6 +29,7 @@ from sprout.tokenizer import raw
 
 from . import readme as readme_file
 from .common import folder_of, held_out_text, number, positive, standalone
+from .pages import markup, render
 
 NAME = "features"
 DOC = "Feature pages for the shipped SAEs and transcoders: top contexts, activation histograms, logit effects."
@@ -77,44 +77,29 @@ def slug(label: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
 
 
-def shade(ctx) -> str:
-    """One context as HTML: each token's background is its activation over the example's peak."""
+def shade(ctx) -> list[dict]:
+    """One context's tokens as the page shades them: each token's activation over the example's peak."""
     top = max(float(ctx.example_max.iloc[0]), 1e-9)
-    spans = []
-    for tok, act, off in zip(ctx.token_str, ctx.activation, ctx.offset):
-        alpha = min(max(act / top, 0.0), 1.0)
-        cls = " class=peak" if off == 0 else ""
-        spans.append(f"<span{cls} style='background:rgba(214,39,40,{alpha:.2f})' title='{act:.3g}'>"
-                     f"{html.escape(tok)}</span>")
-    return f"<div class=ctx>{''.join(spans)}</div>"
+    return [dict(tok=tok, act=act, alpha=min(max(act / top, 0.0), 1.0), peak=off == 0)
+            for tok, act, off in zip(ctx.token_str, ctx.activation, ctx.offset)]
 
 
-def _page(title: str, body: list[str], js: str) -> str:
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{CSS}</style>"
-            f"<script src='{js}'></script></head><body><h1>{html.escape(title)}</h1>" + "\n".join(body) + "</body></html>")
-
-
-def _fig(fig, div_id: str) -> str:
-    return f"<figure>{fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config=dict(responsive=False))}</figure>"
+def _fig(fig, div_id: str):
+    return markup(fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config=dict(responsive=False)))
 
 
 def dictionary_page(label: str, model_label: str, rep, js: str) -> str:
+    """One dictionary's page (experiments/templates/dictionary.html.j2)."""
     t = rep.table
-    shown = t[t.shown]
-    body = [f"<p><a href='../{model_label}.html'>{html.escape(model_label)}</a> · {len(t)} latents, "
-            f"{int((t.density > 0).sum())} fired on the held-out text.</p>", _fig(ff.feature_overview(t, label), "overview"),
-            "<table><tr><th>latent</th><th>density</th><th>mean act.</th><th>summary</th></tr>"]
-    body += [f"<tr><td><a href='#l{r.latent}'>{r.latent}</a></td><td class=num>{r.density:.2%}</td>"
-             f"<td class=num>{r.mean_act:.3g}</td><td>{html.escape(r.summary)}</td></tr>" for r in shown.itertuples()]
-    body.append("</table>")
-    for r in shown.itertuples():
+    latents = []
+    for r in t[t.shown].itertuples():
         ctx = rep.contexts[rep.contexts.latent == r.latent]
-        body.append(f"<section class=latent id='l{r.latent}'><h2>latent {r.latent}</h2><p>density {r.density:.2%}, "
-                    f"mean activation {r.mean_act:.3g}, max {r.max_act:.3g}. {html.escape(r.summary)}</p>")
-        body += [shade(ex) for _, ex in ctx.groupby("example")]
-        body.append(_fig(ff.feature_card(rep.histograms, rep.logit_effects, r.latent, f"latent {r.latent}"), f"card{r.latent}"))
-        body.append("</section>")
-    return _page(f"{model_label}: {label}", body, js)
+        card = ff.feature_card(rep.histograms, rep.logit_effects, r.latent, f"latent {r.latent}")
+        latents.append(dict(latent=r.latent, density=r.density, mean_act=r.mean_act, max_act=r.max_act, summary=r.summary,
+                            examples=[shade(ex) for _, ex in ctx.groupby("example")], card=_fig(card, f"card{r.latent}")))
+    return render("dictionary.html.j2", title=f"{model_label}: {label}", css=markup(CSS), js=js, model_label=model_label,
+                  n_latents=len(t), n_fired=int((t.density > 0).sum()), overview=_fig(ff.feature_overview(t, label), "overview"),
+                  latents=latents)
 
 
 def _metrics_cell(sae) -> str:
@@ -141,16 +126,15 @@ def run(models, out, args) -> list[dict]:
             page = out.dir / model_label / f"{slug(label)}.html"
             page.write_text(dictionary_page(label, model_label, rep, js), encoding="utf-8")
             out.table(rep.table, f"{model_label}_{slug(label)}")
-            items.append(f"<tr><td><a href='{model_label}/{page.name}'>{html.escape(label)}</a></td><td>{sae.kind}, "
-                         f"d_sae {sae.d_sae}{f', k {sae.k}' if sae.k else ''}</td><td>{_metrics_cell(sae)}</td></tr>")
+            items.append(dict(href=f"{model_label}/{page.name}", label=label, metrics=_metrics_cell(sae),
+                              kind=f"{sae.kind}, d_sae {sae.d_sae}{f', k {sae.k}' if sae.k else ''}"))
             if i == len(found) - 1:  # the index shows the last dictionary's overview
                 out.figure(ff.feature_overview(rep.table, f"{model_label}: {label}"), f"overview_{model_label}",
                            f"{model_label}: every latent of the {label} by density and mean activation (features/"
                            f"{model_label}.html has a page per dictionary).")
-        index = ["<p>Each dictionary's page shows its most frequent and most selective latents on held-out text.</p>",
-                 "<table><tr><th>dictionary</th><th>kind</th><th>held-out metrics (shipped)</th></tr>", *items, "</table>"]
-        (out.dir / f"{model_label}.html").write_text(_page(f"{model_label}: features", index,
-                                                           os.path.relpath(out.plotly_js(), out.dir)), encoding="utf-8")
+        index = render("features_index.html.j2", title=f"{model_label}: features", css=markup(CSS),
+                       js=os.path.relpath(out.plotly_js(), out.dir), dictionaries=items)
+        (out.dir / f"{model_label}.html").write_text(index, encoding="utf-8")
         rows.append(number("dictionaries with feature pages", len(found), None, model_label, fmt="{:d}"))
     return rows
 
