@@ -17,29 +17,25 @@ the model, so a lens read from one is checked against the model's shapes alone.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Union
+from typing import Any, Union
 
 import torch
 
 from sprout.files import check_floating, warn_non_finite
 
-if TYPE_CHECKING:
-    import os
-
-    from .tuned_lens import TunedLens
-
 CONFIG, PARAMS, LENS_TYPE = "config.json", "params.pt", "linear_tuned_lens"
 
 
-def is_tuned_lens_folder(path: Union[str, "os.PathLike"]) -> bool:
+def is_tuned_lens_folder(path: Union[str, os.PathLike]) -> bool:
     """Whether `path` is a folder of the tuned-lens package's layout (config.json + params.pt)."""
     path = Path(path)
     return path.is_dir() and (path / CONFIG).is_file() and (path / PARAMS).is_file()
 
 
-def save_tuned_lens_format(lens: TunedLens, folder: Union[str, "os.PathLike"]) -> Path:
-    """Write `lens` as the tuned-lens package's folder; returns the params.pt path."""
+def save_tuned_lens_format(lens: Any, folder: Union[str, os.PathLike]) -> Path:
+    """Write `lens` (an `interp.TunedLens`) as the tuned-lens package's folder; returns the params.pt path."""
     folder = Path(folder)
     if folder.suffix == ".safetensors" or (folder.exists() and not folder.is_dir()):
         raise ValueError(f"format='tuned-lens' writes a folder (config.json + params.pt); {folder} is not one")
@@ -54,7 +50,7 @@ def save_tuned_lens_format(lens: TunedLens, folder: Union[str, "os.PathLike"]) -
     return folder / PARAMS
 
 
-def load_tuned_lens_format(lens: TunedLens, folder: Union[str, "os.PathLike"]) -> TunedLens:
+def load_tuned_lens_format(lens: Any, folder: Union[str, os.PathLike]) -> Any:
     """Fill `lens` (a fresh `TunedLens(model)`) with the translators of a tuned-lens package folder.
 
     Raises:
