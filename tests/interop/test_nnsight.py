@@ -23,12 +23,26 @@ def wrapped():
     return model, nnsight.NNsight(model)
 
 
-def test_nnsight_reads_every_hook_point_bit_for_bit(wrapped):
+@pytest.mark.parametrize("flags", [(), ("use_attn_result", "use_split_qkv_input", "use_hook_mlp_in"), ("use_attn_in",)])
+def test_nnsight_reads_every_hook_point_bit_for_bit(wrapped, flags):
     model, nn_model = wrapped
+    for flag in flags:  # the hook points that fire only with their flag on (as in TransformerLens)
+        getattr(model, f"set_{flag}")(True)
     tokens = torch.randint(0, TINY.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
-    logits, cache = model.run_with_cache(tokens)
-    names = list(cache.cache_dict)  # in the order they fire, which is the order nnsight asks for them
-    assert len(names) >= 40 and any(n.endswith("ln2.hook_normalized") for n in names)
+    try:
+        logits, cache = model.run_with_cache(tokens)
+        modules = dict(model.named_modules())  # TransformerLens 4's aliases (attn.hook_q_input) are names, not modules
+        names = [n for n in cache.cache_dict if n in modules]  # in firing order, the order nnsight asks for them
+        _read_all(nn_model, tokens, names, cache, logits)
+    finally:
+        for flag in flags:
+            getattr(model, f"set_{flag}")(False)
+    assert len(names) >= 48 and any(n.endswith("ln2.hook_normalized") for n in names)
+    if flags:
+        assert any(n.endswith(("hook_q_input", "hook_attn_in")) for n in names)
+
+
+def _read_all(nn_model, tokens, names, cache, logits):
     saved = {}
     with torch.no_grad(), nn_model.trace(tokens):
         for n in names:
