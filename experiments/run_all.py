@@ -7,7 +7,6 @@ showing every figure with a sentence on what it shows and the measured numbers b
 from __future__ import annotations
 
 import argparse
-import html
 import importlib
 import sys
 import time
@@ -20,6 +19,7 @@ import sprout
 
 from . import EXPERIMENTS
 from .common import DEMOS, MARKER, Output, args_for, claim_out, figure_div, format_numbers, load_models, positive, set_threads  # noqa: F401 (MARKER)
+from .pages import markup, render
 
 
 def parse_args(argv=None):
@@ -90,18 +90,6 @@ def run_all(models: dict, out: Path, only=None, progress: bool = True, options: 
     return done
 
 
-def _numbers_table(rows: list[dict]) -> str:
-    if not rows:
-        return ""
-    cells = "".join(
-        f"<tr><td>{html.escape(r['model'] or '-')}</td><td class=q>{html.escape(r['quantity'])}</td>"
-        f"<td class=num>{html.escape(r['shown'])}</td>"
-        f"<td>{html.escape('' if r['chapter'] is None else str(r['chapter']))}</td></tr>"
-        for r in rows)
-    return ("<table><thead><tr><th>model</th><th>quantity</th><th>measured</th><th>chapter</th></tr></thead>"
-            f"<tbody>{cells}</tbody></table>")
-
-
 INDEX_CSS = """
 body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1500px;padding:0 1em;color:#222}
 h1{margin-bottom:0} h2{margin-top:2.2em;border-bottom:1px solid #ddd}
@@ -113,30 +101,21 @@ td.q{max-width:34em} td.num{font-family:monospace;text-align:left;max-width:48em
 
 
 def write_index(done: dict, models: dict, out: Path) -> Path:
-    """index.html: the headline numbers, then each experiment's sentence, numbers and figures."""
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>sprout-interp results</title>"
-             f"<style>{INDEX_CSS}</style><script src='plotly.min.js'></script></head><body>",
-             "<h1>sprout-interp: the chapter, reproduced</h1>",
-             f"<p>Models: {html.escape(', '.join(models) or 'none')}. Generated {time.strftime('%Y-%m-%d %H:%M')}. "
-             "Every figure is interactive (hover, zoom); each experiment's folder holds the same figures as "
-             "standalone HTML, the tables as CSV and the numbers as JSON.</p>",
-             "<nav>" + "".join(f"<a href='#{n}'>{n.replace('_', ' ')}</a>" for n in done) + "</nav>",
-             "<h2 id='numbers'>Headline numbers</h2>",
-             _numbers_table([r for _, _, rows in done.values() for r in rows if r["chapter"] is not None])]
-    k = 0
+    """index.html: the headline numbers, then each experiment's sentence, numbers and figures
+    (experiments/templates/index.html.j2)."""
+    sections, k = [], 0
     for name, (module, o, rows) in done.items():
-        parts += [f"<h2 id='{name}'>{name.replace('_', ' ')}</h2>", f"<p class=what>{html.escape(module.SUMMARY)}</p>",
-                  f"<p>Files: <a href='{name}/'>{name}/</a> · <code>python -m experiments.{name}</code></p>",
-                  *[f"<p><a href='{name}/{href}'>{html.escape(text)}</a></p>" for href, text in o.links],
-                  _numbers_table(rows)]
+        figures = []
         for f in o.figures:
             div = figure_div(f.fig, div_id=f"fig{k}")
-            parts.append(f"<figure>{div}<figcaption>{html.escape(f.caption)} "
-                         f"(<a href='{name}/{f.html.name}'>standalone</a>)</figcaption></figure>")
+            figures.append(dict(div=markup(div), caption=f.caption, file=f.html.name))
             k += 1
-    parts.append("</body></html>")
+        sections.append(dict(name=name, summary=module.SUMMARY, rows=rows, figures=figures, links=o.links))
+    headline = [r for _, _, rows in done.values() for r in rows if r["chapter"] is not None]
+    page = render("index.html.j2", title="sprout-interp results", css=markup(INDEX_CSS), js="plotly.min.js",
+                  models=list(models), generated=time.strftime("%Y-%m-%d %H:%M"), headline=headline, sections=sections)
     path = out / "index.html"
-    path.write_text("\n".join(parts), encoding="utf-8")
+    path.write_text(page, encoding="utf-8")
     return path
 
 

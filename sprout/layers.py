@@ -12,8 +12,7 @@ import torch.nn.functional as F
 from transformer_lens.hook_points import HookPoint
 
 from .config import SproutConfig
-from .tl.hook_checks import through
-from .tl.hook_flags import editable
+from .tl.hook_flags import editable, observe
 from .tl.hooked import hooked
 from .tl.surface import ReadOnly
 from .tl.weights import Ref, sprout_b_in, sprout_b_out, sprout_b_U, sprout_W_gate, sprout_W_in, sprout_W_out, sprout_W_U
@@ -59,7 +58,7 @@ class RMSNorm(nn.Module):
             return F.rms_norm(_upcast(x), (x.size(-1),), _upcast(self.weight), self.eps).type_as(x)
         xf = _upcast(x)
         ms = xf.pow(2).mean(-1, keepdim=True) + self.eps
-        scale, same = through(hooks.hook_scale, editable(ms.sqrt(), hooks.hook_scale))
+        scale, same = observe(hooks.hook_scale, editable(ms.sqrt(), hooks.hook_scale))
         if not same:
             normalized = xf / scale
         else:

@@ -30,6 +30,7 @@ from .._core.batching import TextOrTokens, batches, token_rows
 from .._core.identity import PathLike, fingerprint, model_config
 from .._core.model import HookedModel, logits_of, model_name, require_hooks
 from ..measures import unigram_log_probs
+from .format import is_tuned_lens_folder, load_tuned_lens_format, save_tuned_lens_format
 from .logit import _lens_batches, lens_frame, lens_sites
 
 FORMAT = "sprout-tuned-lens"
@@ -89,14 +90,21 @@ class TunedLens(nn.Module):
         return {"format": FORMAT, "version": 1, "model_config": self.config, "fingerprint": self.model_fingerprint,
                 "sites": self.sites, "layers": self.layers, "step": self.step, **self.info}
 
-    def save(self, path: PathLike) -> Path:
+    def save(self, path: PathLike, format: str = "sprout") -> Path:
         """Write the translators (safetensors) and a small JSON beside them; returns the .safetensors path.
+
+        `format="tuned-lens"` writes the tuned-lens package's folder instead (config.json + params.pt,
+        `interp.lens.format`), which its `TunedLens.from_unembed_and_pretrained` reads; returns params.pt.
 
         `path` is a directory (gets tuned_lens.safetensors + tuned_lens.json) or a .safetensors file
         (the JSON gets the same name with .json). Each file is written atomically, and the JSON records
         the weights' sha256, so a save killed between the two files is refused at load, never mixed. An
         existing file is replaced only when both files there are a tuned lens of ours (`check_save_target`).
         """
+        if format == "tuned-lens":
+            return save_tuned_lens_format(self, path)
+        if format != "sprout":
+            raise ValueError(f"format must be 'sprout' or 'tuned-lens', got {format!r}")
         weights, meta = check_save_target(path)
         weights.parent.mkdir(parents=True, exist_ok=True)
         tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
@@ -110,7 +118,8 @@ class TunedLens(nn.Module):
     def load(cls, model: HookedModel, path: PathLike) -> "TunedLens":
         """The lens saved at `path` (a directory or its .safetensors file), checked against `model`.
 
-        Both files must be regular files in the lens' folder; the JSON's fields are checked by type, the
+        A folder of the tuned-lens package's layout (config.json + params.pt) is read as theirs. Both
+        files must be regular files in the lens' folder; the JSON's fields are checked by type, the
         tensors must be the model's translators in floating point (NaN or inf is warned about, as for
         model weights).
 
@@ -118,6 +127,8 @@ class TunedLens(nn.Module):
             FileNotFoundError: no lens there. ValueError: an unreadable lens, or one for another model
             (the message names the config field or the fingerprint that differs).
         """
+        if is_tuned_lens_folder(path):  # the tuned-lens package's config.json + params.pt
+            return load_tuned_lens_format(cls(model), path)
         weights, meta_path = _paths(Path(path))
         for f in (weights, meta_path):
             if not os.path.lexists(f):

@@ -11,10 +11,10 @@ A folder holds
                               config, what training recorded).
     sae_weights.safetensors   W_enc [d_in, d_sae], b_enc, W_dec [d_sae, d_in], b_dec, threshold, W_skip.
 
-Architectures as SAELens names them: relu -> "standard", topk -> "topk", jumprelu -> "jumprelu", and
-BatchTopK / Matryoshka as "jumprelu" with their inference threshold (as SAELens saves them); transcoders
-"transcoder" (ReLU), "skip_transcoder" (ReLU with W_skip), "jumprelu_transcoder". A transcoder kind
-SAELens has no class for is written as "<kind>_transcoder" / "skip_<kind>_transcoder" (ours only).
+Architectures as SAELens names them: relu -> "standard", topk -> "topk", jumprelu, BatchTopK and Matryoshka
+-> "jumprelu" (with their inference threshold); transcoders "transcoder", "skip_transcoder" (ReLU),
+"jumprelu[_skip]_transcoder" (the threshold kinds), "[skip_]topk_transcoder" with `k` (SAELens reads these
+after `interp.saes.register_with_saelens()`; its spliced runs drop W_skip: docs/compatibility.md).
 `metadata.sae_lens_version` is "6.0.0": the config format's version, which SAELens reads to pick its parser.
 
 Loading reads both ours and SAELens-saved folders (v6 and the older flat configs), and refuses anything
@@ -41,6 +41,7 @@ from sprout.names import layer_of
 
 from .._core.identity import PathLike, fingerprint, model_config
 from .._core.model import HookedModel, model_name, require_hooks
+from .saelens import warn_skip
 
 CFG, WEIGHTS = "cfg.json", "sae_weights.safetensors"
 FORMAT = "sprout-sae"
@@ -49,8 +50,8 @@ MAX_JSON_BYTES, MAX_WEIGHT_BYTES, MAX_DEPTH = 4 << 20, 16 << 30, 12
 _SAE_ARCH = {"relu": "standard", "topk": "topk", "jumprelu": "jumprelu", "batchtopk": "jumprelu",
              "matryoshka": "jumprelu"}
 _KIND_OF = {"standard": "relu", "topk": "topk", "jumprelu": "jumprelu"}
-_TC_ARCH = {("relu", False): "transcoder", ("relu", True): "skip_transcoder", ("jumprelu", False): "jumprelu_transcoder",
-            ("batchtopk", False): "jumprelu_transcoder", ("matryoshka", False): "jumprelu_transcoder"}
+_TC_ARCH = {("relu", False): "transcoder", ("relu", True): "skip_transcoder",
+            **{(k, s): f"jumprelu{'_skip' * s}_transcoder" for k in ("jumprelu", "batchtopk", "matryoshka") for s in (False, True)}}
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -98,7 +99,7 @@ def cfg_dict(sae: Any) -> dict:
            "apply_b_dec_to_input": sae.apply_b_dec_to_input, "normalize_activations": "none",
            "reshape_activations": "none", "model_name": meta["model_name"], "hook_name": sae.hook_name,
            "hook_layer": hook_layer(sae.hook_name), "metadata": meta}
-    if sae.kind == "topk" and not is_transcoder(sae):
+    if sae.kind == "topk":
         cfg.update(k=sae.k, rescale_acts_by_decoder_norm=False)
     if is_transcoder(sae):
         cfg["d_out"] = sae.d_out
@@ -137,6 +138,8 @@ def is_ours(folder: Path) -> bool:
 
 def save(sae: Any, folder: PathLike) -> Path:
     """Write `sae` into `folder` (created, or replaced only if it holds nothing but an SAE we wrote)."""
+    if is_transcoder(sae) and sae.skip:
+        warn_skip(f"the transcoder written to {folder}")
     text = json.dumps(cfg_dict(sae), indent=1, allow_nan=False) + "\n"
     blob = save_bytes(_tensors(sae), metadata={"format": FORMAT})
 
@@ -186,10 +189,6 @@ def read_json(path: Path) -> dict:
     if _depth(value) > MAX_DEPTH:
         raise SAEFileError(f"{path} is nested deeper than {MAX_DEPTH} levels: not a file of ours or SAELens'")
     return value
-
-
-def read_cfg(folder: Path) -> dict:
-    return read_json(Path(folder) / CFG)
 
 
 def _no_constant(name: str):
@@ -251,23 +250,29 @@ def _pos_int(cfg: dict, key: str, path: Path) -> int:
 def _kind_of(spec: dict, cfg: dict, path: Path) -> None:
     arch, ours = spec["arch"], spec["ours"]
     transcoder = arch.endswith("transcoder")
-    base = arch.removeprefix("skip_").removesuffix("_transcoder") if transcoder else arch
-    base = {"transcoder": "relu", "jumprelu": "jumprelu"}.get(base, base) if transcoder else _KIND_OF.get(base)
+    base, skip = _transcoder_parts(arch) if transcoder else (_KIND_OF.get(arch), False)
     if base is None or (transcoder and base not in ("relu", "jumprelu", "topk", "batchtopk", "matryoshka")):
         raise SAEFileError(f"{path}: field 'architecture' is {arch!r}; readable ones are standard, topk, jumprelu, "
-                           "transcoder, skip_transcoder, jumprelu_transcoder and ours")
+                           "transcoder, skip_transcoder, jumprelu_transcoder, jumprelu_skip_transcoder and ours")
     kind = ours.get("kind", base)
     if not isinstance(kind, str) or (kind != base and not (base == "jumprelu" and kind in ("batchtopk", "matryoshka"))):
         raise SAEFileError(f"{path}: field 'metadata.sprout.kind' is {kind!r}, which architecture {arch!r} cannot hold")
     k = ours.get("k") if kind in ("batchtopk", "matryoshka") else None
     if kind == "topk":
         k = _field(cfg, "k", int, path) or (cfg.get("activation_fn_kwargs") or {}).get("k") or ours.get("k")
-    spec.update(transcoder=transcoder, skip=arch.startswith("skip_"), kind=kind, k=k, widths=ours.get("widths"),
+    spec.update(transcoder=transcoder, skip=skip, kind=kind, k=k, widths=ours.get("widths"),
                 bandwidth=ours.get("bandwidth") or 0.05, rescale=bool(cfg.get("rescale_acts_by_decoder_norm", False)),
                 d_out=_pos_int(cfg, "d_out", path) if transcoder else spec["d_in"])
     act_fn = cfg.get("activation_fn", cfg.get("activation_fn_str"))
     if not transcoder and kind != "topk" and act_fn not in ("relu", None):
         raise SAEFileError(f"{path}: field 'activation_fn' is {act_fn!r}; a {arch} SAE here uses relu")
+
+
+def _transcoder_parts(arch: str) -> tuple[Optional[str], bool]:
+    """(kind, skip) of "transcoder" (relu), "skip_transcoder", "jumprelu_skip_transcoder", "skip_topk_transcoder" ..."""
+    parts = [p for p in arch.removesuffix("transcoder").split("_") if p]
+    kinds = [p for p in parts if p != "skip"]
+    return (kinds[0] if kinds else "relu") if len(kinds) <= 1 else None, "skip" in parts
 
 
 def _build(spec: dict, path: Path, classes: tuple) -> Any:
@@ -326,7 +331,7 @@ def load(folder: PathLike, model: Optional[HookedModel], expect: type, classes: 
     if not folder.is_dir():
         raise FileNotFoundError(f"no SAE at {folder}: not a folder")
     cfg_path, weights_path = folder / CFG, folder / WEIGHTS
-    cfg = read_cfg(cfg_path.parent)
+    cfg = read_json(cfg_path)
     spec = _spec(cfg, cfg_path)
     sae = _build(spec, cfg_path, classes)
     if expect is classes[1] and not is_transcoder(sae):

@@ -228,8 +228,32 @@ def _spliced(model: HookedModel, saes: list, use_error_term: bool) -> Iterator:
             model.setup()
 
 
+class SAELensView:
+    """A SAELens SAE or transcoder as a splice reads one: its hook names from its config (SAELens 6 keeps
+    them in `cfg.metadata`, older releases at the top of `cfg`), its `encode` / `decode`, and the skip
+    term `x @ W_skip.T` of its skip transcoders (which its own splice leaves out)."""
+
+    def __init__(self, sae: Any) -> None:
+        meta = getattr(sae.cfg, "metadata", None)
+        self.sae, self.W_enc, self.encode, self.decode = sae, sae.W_enc, sae.encode, sae.decode
+        self.hook_name = getattr(meta, "hook_name", None) or getattr(sae.cfg, "hook_name", None)
+        self.hook_name_out = getattr(meta, "hook_name_out", None) or getattr(sae.cfg, "hook_name_out", None)
+        if not self.hook_name or (self.hook_name_out is None and hasattr(sae.cfg, "d_out")):
+            raise ValueError(f"this SAELens {type(sae).__name__} names no hook_name{'_out' if self.hook_name else ''} "
+                             "in its cfg.metadata: set it (e.g. sae.cfg.metadata.hook_name = 'blocks.0.hook_resid_post')")
+
+    def skip_term(self, x: torch.Tensor) -> Optional[torch.Tensor]:
+        w_skip = getattr(self.sae, "W_skip", None)
+        return None if w_skip is None else x @ w_skip.T.to(x.dtype)
+
+
+def _is_saelens(sae: object) -> bool:
+    return not hasattr(sae, "hook_name") and hasattr(sae, "cfg") and hasattr(sae, "W_enc") and hasattr(sae, "encode")
+
+
 def _as_list(saes) -> list:
-    saes = [saes] if hasattr(saes, "hook_name") else list(saes)
+    saes = [saes] if hasattr(saes, "hook_name") or _is_saelens(saes) else list(saes)
+    saes = [SAELensView(s) if _is_saelens(s) else s for s in saes]
     if not saes:
         raise ValueError("no dictionaries given to splice")
     bad = [type(s).__name__ for s in saes if not hasattr(s, "hook_name") or not hasattr(s, "encode")]

@@ -33,7 +33,7 @@ from jaxtyping import Float
 from transformer_lens.hook_points import HookPoint
 
 from ..names import block
-from .hook_checks import reads_only
+from .hook_checks import reads_only, through
 
 if TYPE_CHECKING:
     from ..config import SproutTransformerLensConfig
@@ -66,7 +66,25 @@ def editable(x: torch.Tensor, point: HookPoint) -> torch.Tensor:
     """x, or a copy of it when a forward hook on `point` could edit it in place while autograd still
     needs x (a softmax or sqrt keeps its output for the backward pass; q, k, v are views of one matmul).
     Free without hooks and without autograd (inference, `torch.no_grad`)."""
-    return x.clone() if point._forward_hooks and x.requires_grad and not reads_only(point) else x
+    edits = x.requires_grad and ((point._forward_hooks and not reads_only(point)) or watched(point))
+    return x.clone() if edits else x
+
+
+def watched(point: HookPoint) -> bool:
+    """Whether a tool has put its own `forward` on this hook point, as nnsight does on every module: it
+    reads and writes the point's calls without a torch hook, so what is computed only for hooks (norm
+    scales and outputs, attention scores and patterns) must be computed. One dict lookup per point."""
+    return "forward" in point.__dict__
+
+
+def observe(point: HookPoint, x: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """point(x), and whether x's values came through unchanged: `hook_checks.through`, and for a watched
+    point (whose edits no torch hook shows) a comparison with a copy taken before the call."""
+    if not watched(point):
+        return through(point, x)
+    before = x.clone()
+    out = point(x)
+    return out, torch.equal(out, before)
 
 
 class InputHooks(Protocol):

@@ -26,7 +26,7 @@ from .activation_cache import SproutActivationCache
 from .caching import not_attn_result, run_with_grads, warn_of_filter
 from .forward import ForwardResult, check_loss_tokens, check_resid, check_return_type, finish, layer_range, tl_loss
 from .hook_checks import cache_hooks, check_buffers, checked_hook, copy_into_buffer, unknown_hook
-from .hook_flags import HookFlagRules
+from .hook_flags import HookFlagRules, watched
 from .recycle import CacheRecycler
 from .stacked_weights import StackedWeights, stacked
 from .surface import delegate
@@ -40,8 +40,8 @@ if TYPE_CHECKING:
 
 
 def hooked(*points: HookPoint) -> bool:
-    """Whether any of these hook points has a forward or backward hook attached right now."""
-    return any(p._forward_hooks or p._backward_hooks for p in points)
+    """Whether any of these hook points has a forward or backward hook attached right now, or is watched."""
+    return any(p._forward_hooks or p._backward_hooks or watched(p) for p in points)
 
 
 def follow_weights(model: HookedLM) -> HookedLM:
@@ -373,6 +373,12 @@ class HookedLM(HookedRootModule):
     accumulated_bias = delegate("weights", StackedWeights.accumulated_bias)
     tl_parameters = delegate("weights", StackedWeights.tl_parameters)
     tl_named_parameters = delegate("weights", StackedWeights.tl_named_parameters)
+
+    @property
+    def device(self) -> torch.device:
+        """The device the weights are on (`cfg.device` as a torch.device), which Hugging Face models have and
+        pyvene's positional interventions read."""
+        return self.embed.weight.device
 
     # --- text in and out: `self.codec` (sprout.tl.text_io) ----------------------------------------
 

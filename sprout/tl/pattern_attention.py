@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from transformer_lens.hook_points import HookPoint
 
-from .hook_checks import through
+from .hook_flags import observe
 
 
 def hooked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scores: torch.Tensor,
@@ -34,9 +34,9 @@ def hooked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scores: 
     """z [batch, head, pos, d_head] from q, k, v [batch, head, pos, d_head] and the masked scores
     [batch, head, query, key], firing both hooks. `attn_mask`: None (causal) or bool [batch, 1, query,
     key], True = may attend, as the fused call takes it; `dropout`: on the pattern while training."""
-    scores, same_scores = through(hook_scores, scores)
+    scores, same_scores = observe(hook_scores, scores)
     pattern = editable(F.softmax(scores, dim=-1), hook_pattern)  # softmax keeps its output for backward
-    pattern, same_pattern = through(hook_pattern, pattern)
+    pattern, same_pattern = observe(hook_pattern, pattern)
     if dropout is not None or not (same_scores and same_pattern):
         return (pattern if dropout is None else dropout(pattern)) @ v
     with torch.no_grad():

@@ -138,8 +138,9 @@ def to_tokens(model: TextModel, text: Union[Texts, Int[torch.Tensor, "*batch pos
     """Text, a list of texts (padded to the longest), or ids -> ids [batch, pos] on the model's device.
 
     As TransformerLens: `truncate=True` keeps each text's first `n_ctx` tokens (its BOS included);
-    `truncate=False` refuses a longer text, naming `sprout.tl.text.windows`. `to_tokens("")` is the BOS
-    alone with prepend_bos, else an empty [1, 0] tensor.
+    `truncate=False` returns every token, however long (the forward refuses more than `n_ctx`; cut such
+    ids with `sprout.tl.text.windows`). `to_tokens("")` is the BOS alone with prepend_bos, else an empty
+    [1, 0] tensor.
     """
     if isinstance(text, torch.Tensor):
         return check_tokens(model, text)
@@ -151,7 +152,7 @@ def to_tokens(model: TextModel, text: Union[Texts, Int[torch.Tensor, "*batch pos
     device = model.cfg.device if move_to_device else "cpu"
     idx, _ = pad_rows(model, ids, padding_side, device)
     if idx.size(1) > 0:
-        check_tokens(model, idx)  # ids in the model's vocabulary; too long (truncate=False) names sprout.tl.text.windows
+        check_vocab(model, idx)
     return idx
 
 
@@ -199,7 +200,7 @@ def check_tokens(model: TextModel, idx: object) -> Int[torch.Tensor, "batch pos"
         idx = idx[None]
     if idx.dim() != 2:
         raise ValueError(f"token ids must have shape [batch, pos], got shape {tuple(idx.shape)}")
-    T, n_ctx, vocab = idx.size(1), model.cfg.n_ctx, model.cfg.d_vocab
+    T, n_ctx = idx.size(1), model.cfg.n_ctx
     if T == 0:
         raise ValueError("the sequence is empty (0 tokens)")
     if idx.size(0) == 0:
@@ -208,11 +209,16 @@ def check_tokens(model: TextModel, idx: object) -> Int[torch.Tensor, "batch pos"
         raise ValueError(f"sequence of {T} tokens is longer than the model's context of {n_ctx} tokens; "
                          f"nothing is truncated silently: cut it into windows yourself, e.g. "
                          f"sprout.tl.text.windows(ids, {n_ctx})")
-    lo, hi = int(idx.min()), int(idx.max())
+    check_vocab(model, idx)
+    return idx.long()
+
+
+def check_vocab(model: TextModel, idx: Int[torch.Tensor, "batch pos"]) -> None:
+    """Every id in idx (non-empty) lies in the model's vocabulary."""
+    lo, hi, vocab = int(idx.min()), int(idx.max()), model.cfg.d_vocab
     if lo < 0 or hi >= vocab:
         bad = lo if lo < 0 else hi
         raise ValueError(f"token id {bad} is out of range for a vocabulary of {vocab} (valid: 0..{vocab - 1})")
-    return idx.long()
 
 
 def windows(ids: Union[Int[torch.Tensor, "*one pos"], Sequence[int]], size: int, stride: Optional[int] = None

@@ -51,8 +51,8 @@ class TextCodec:
         """Text (or a list of texts, padded to the longest on `padding_side`) -> token ids [batch, pos].
 
         As TransformerLens: `prepend_bos` (default `model.cfg.default_prepend_bos`) puts `<|endoftext|>`
-        first; `truncate=True` keeps the first `n_ctx` tokens, `truncate=False` refuses a longer text
-        (naming `sprout.tl.text.windows`); `to_tokens("")` is [[BOS]] with prepend_bos, else shape [1, 0].
+        first; `truncate=True` keeps the first `n_ctx` tokens, `truncate=False` returns them all (the forward
+        refuses more than `n_ctx`: cut them with `sprout.tl.text.windows`); `to_tokens("")` is [[BOS]] with prepend_bos, else shape [1, 0].
         """
         return text.to_tokens(self.model, input, prepend_bos, padding_side, move_to_device, truncate)
 

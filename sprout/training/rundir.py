@@ -1,7 +1,7 @@
 """The run directory: what `sprout train --out DIR` writes, and the rules that keep a user's files safe.
 
     OUT/run.json                  the marker that makes OUT a run directory: the data stamp and tokenizer
-    OUT/run.lock                  an exclusive OS lock (fcntl.flock) held for the whole run; holds the PID
+    OUT/run.lock                  an exclusive OS lock (filelock's: flock, or Windows' msvcrt) held for the whole run; holds the PID
     OUT/recipe.json               the recipe
     OUT/train_log.csv             one row per evaluation
     OUT/checkpoints/step_XXXXXXXX/  config.json, model.safetensors, tokenizer.json (sprout.files.checkpoint.save)
@@ -16,7 +16,6 @@ and pruning deletes only the files a checkpoint is made of.
 from __future__ import annotations
 
 import csv
-import fcntl
 import io
 import json
 import os
@@ -28,6 +27,7 @@ from typing import Optional, Union
 
 import numpy as np
 import torch
+from filelock import FileLock, Timeout
 from tokenizers import Tokenizer
 
 from ..files import is_temp_sibling, latest_checkpoint, load_tokenizer, read_json_file, regular_file, replace_file, write_bytes
@@ -71,7 +71,7 @@ class RunDir:
         if str(path).strip() == "":
             raise RunDirError("--out is empty: name a folder for the run (e.g. runs/gpt-4)")
         self.path = Path(path)
-        self._lock_fd: Optional[int] = None
+        self._lock: Optional[FileLock] = None
 
     # --- paths
     @property
@@ -141,17 +141,15 @@ class RunDir:
     # --- the lock
     def lock(self) -> None:
         """Take the run's exclusive lock, or fail at once naming the process that holds it."""
-        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        lock = FileLock(self.path / LOCK, timeout=0, mode=0o644, thread_local=False, preserve_lock_file=True,
+                        on_acquired=_write_pid)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
+            lock.acquire()
+        except Timeout:
+            holder = _read_pid(self.path / LOCK)
             raise RunLocked(f"{self.path} is in use: another sprout train (PID {holder}) is running there and holds "
                             f"{self.path / LOCK}; wait for it to end, or use another --out") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._lock_fd = fd
+        self._lock = lock
 
     def open(self, resume: bool) -> None:
         """Check the folder for a new run or a resume, create it, and lock it for the whole run."""
@@ -170,9 +168,9 @@ class RunDir:
             raise
 
     def close(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # closing the file releases the flock
-            self._lock_fd = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def __enter__(self):
         return self
@@ -294,3 +292,17 @@ def set_rng_state(state: dict, batch_gen: torch.Generator) -> None:
     random.setstate(state["python"])
     name, keys, *rest = state["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+
+
+def _write_pid(fd: int) -> None:
+    """Put this process's PID in the lock file just locked (what a refused second run names)."""
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+
+
+def _read_pid(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read(32).decode(errors="replace").strip() or "unknown"
+    except OSError:
+        return "unknown"

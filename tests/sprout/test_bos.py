@@ -108,7 +108,7 @@ def test_a_character_tokenizer_has_no_bos_and_says_so():
         walk.generate("", 2)
 
 
-def test_to_tokens_truncates_as_transformer_lens_and_refuses_on_request(model):
+def test_to_tokens_truncates_as_transformer_lens_or_returns_every_token(model):
     long = "the cat sat on the mat " * 20
     ids = ids_of(model, long)
     assert len(ids) > CFG.context
@@ -116,8 +116,10 @@ def test_to_tokens_truncates_as_transformer_lens_and_refuses_on_request(model):
     bos = model.tokenizer.bos_token_id
     assert model.to_tokens(long, prepend_bos=True).tolist() == [[bos] + ids[:CFG.context - 1]]
     assert [len(r) for r in model.to_str_tokens([long, "the cat"])] == [CFG.context, 2]
+    full = model.to_tokens(long, truncate=False)  # every token, as TransformerLens returns them
+    assert full.tolist() == [ids]
     with pytest.raises(ValueError, match=rf"sequence of {len(ids)} tokens is longer .*sprout.tl.text.windows"):
-        model.to_tokens(long, truncate=False)
+        model(full)
     with pytest.raises(ValueError, match="longer than the model's context"):
         model(long)  # the forward never truncates
 

@@ -3,11 +3,13 @@ import pytest
 import torch
 from transformer_lens import head_detector, patching
 from transformer_lens.config import TransformerLensConfig
-from transformer_lens.model_protocol import TransformerLensModel, TransformerLensModelWithWeights
 
 from sprout import Sprout
 from sprout.tokenizer import train_bpe
 from tests.conftest import TINY, randomize_gains
+
+_protocols = pytest.importorskip("transformer_lens.model_protocol", reason="TransformerLens 4's protocols (this has 3.x)")
+TransformerLensModel, TransformerLensModelWithWeights = _protocols.TransformerLensModel, _protocols.TransformerLensModelWithWeights
 
 EPS = 1e-6
 TEXT = "the cat sat. the cat sat."  # 25 byte tokens with repeats: duplicate and induction targets exist

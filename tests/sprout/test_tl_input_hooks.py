@@ -9,7 +9,7 @@ from transformer_lens import patching
 
 from sprout import Sprout
 from sprout.walkthrough import build_step
-from tests.conftest import TINY, randomize_gains
+from tests.conftest import TINY, needs_tl4, randomize_gains
 
 
 @pytest.fixture
@@ -210,6 +210,7 @@ def test_mlp_in_edit_reaches_the_mlp_not_the_stream(build):
 @pytest.mark.parametrize("build", [lambda: randomize_gains(Sprout(TINY).eval()), walkthrough_model],
                          ids=["sprout", "walkthrough"])
 @pytest.mark.parametrize("component", ["q", "k", "v"])
+@needs_tl4
 def test_direct_path_patching_matches_hand_written_hooks(build, component):
     model = build()
     clean = tokens_for(model, seed=3)

@@ -6,7 +6,7 @@ import torch
 
 import interp
 from sprout import Sprout
-from tests.conftest import TINY, randomize_gains
+from tests.conftest import TINY, needs_tl4, randomize_gains
 from tests.interp.patching.test_activation import pair
 
 
@@ -88,6 +88,7 @@ def test_bad_senders_and_receivers_are_named(three_layers):
 
 
 @pytest.mark.parametrize("via", ["q", "k", "v"])
+@needs_tl4
 def test_denoising_equals_transformer_lens_direct_path(three_layers, via):
     """TransformerLens' get_act_patch_direct_path runs on Sprout through its split q/k/v input hooks."""
     from transformer_lens import patching

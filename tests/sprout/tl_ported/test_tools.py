@@ -14,7 +14,7 @@ from transformer_lens.tools.analysis.attribution_patching import EdgeAttribution
 
 from sprout import Sprout, SproutConfig
 from sprout.tokenizer import char_tokenizer
-from tests.conftest import randomize_gains
+from tests.conftest import needs_tl4, randomize_gains
 
 CLEAN = torch.tensor([[5, 9, 2, 11, 4, 7]])
 CORRUPT = torch.tensor([[5, 9, 3, 11, 4, 7]])
@@ -155,6 +155,7 @@ def test_detect_head_refusals(pinned):
 
 # --- TransformerLens 4.3's edge attribution patching ----------------------------------------------------------
 
+@needs_tl4
 def test_edge_attribution_patching_runs_and_its_edges_sum_to_the_node_scores(small):
     clean, corrupt = CLEAN.repeat(2, 1), CORRUPT.repeat(2, 1)
     metric = lambda logits: logits[0, -1, 3] - logits[0, -1, 4]  # noqa: E731
