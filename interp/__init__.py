@@ -15,6 +15,7 @@ from .circuit_spread import circuit_spread, spread_ranges, spread_sentences
 from .composition import composition_scores, ov_copying_scores, positional_qk_scores
 from .direct_logit_attribution import logit_attribution
 from .graphs import Graph, ReplacementModel, attribute, graph_json, graph_scores, head_loadings, intervene, prune_graph
+from .discovery import discover, edge_graph, edge_scores, faithfulness_curve, planted
 from .heads import KINDS, head_score_tensor, head_scores, repeated_tokens, target_mask
 from .induction import induction_stories, induction_table, story_names
 from .lens import first_top1_layer, lens_dataset_summary, lens_summary, logit_lens
@@ -41,6 +42,7 @@ __all__ = [
     "rope_distance_check", "SAE", "SITES", "spread_ranges", "spread_sentences", "story_names", "Transcoder", "load_sae",
     "load_transcoder", "train_sae", "train_transcoder", "target_mask", "train_tuned_lens", "tuned_lens", "TunedLens",
     "run_with_saes", "sae_metrics", "spliced", "stream_windows", "unigram_log_probs", "windows",
+    "discover", "edge_graph", "edge_scores", "faithfulness_curve", "planted",
 ]
 __all__ += ["Graph", "ReplacementModel", "attribute", "graph_json", "graph_scores", "head_loadings", "intervene",
             "prune_graph"]
