@@ -202,6 +202,7 @@ class Output:
     js_dir: Optional[Path] = None
     figures: list = field(default_factory=list)
     extra: dict = field(default_factory=dict)  # figures kept for the README only, not written or indexed
+    pages: list = field(default_factory=list)  # standalone HTML pages (not plotly figures) the index links
 
     def __post_init__(self):
         self.dir = Path(self.dir)

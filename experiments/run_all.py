@@ -112,6 +112,13 @@ td.q{max-width:34em} td.num{font-family:monospace;text-align:left;max-width:48em
 """
 
 
+def _page_links(name: str, o) -> list[str]:
+    """Links to an experiment's standalone pages (the graph pages), one list."""
+    items = "".join(f"<li><a href='{name}/{html.escape(p.name)}'>{html.escape(p.stem.replace('_', ' '))}</a></li>"
+                    for p in getattr(o, "pages", []))
+    return [f"<p>Pages:</p><ul class=pages>{items}</ul>"] if items else []
+
+
 def write_index(done: dict, models: dict, out: Path) -> Path:
     """index.html: the headline numbers, then each experiment's sentence, numbers and figures."""
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>sprout-interp results</title>"
@@ -134,6 +141,7 @@ def write_index(done: dict, models: dict, out: Path) -> Path:
             parts.append(f"<figure>{div}<figcaption>{html.escape(f.caption)} "
                          f"(<a href='{name}/{f.html.name}'>standalone</a>)</figcaption></figure>")
             k += 1
+        parts += _page_links(name, o)
     parts.append("</body></html>")
     path = out / "index.html"
     path.write_text("\n".join(parts), encoding="utf-8")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import jinja2
 import numpy as np
@@ -90,7 +90,9 @@ def graph_layout(nodes: pd.DataFrame, width: int = 1360, n_columns: Optional[int
     out["text"] = [shorten(t, max_chars) for t in out["label"]]
     out["w"] = [len(t) * CHAR_W + 2 * PAD for t in out["text"]]
     out["h"] = float(BOX_H)
-    x, sub, rights_of = {}, {}, {}
+    x: dict[int, float] = {}
+    sub: dict[int, int] = {}
+    rights_of: dict[int, list[float]] = {}
     for i in _order(out):
         rights = rights_of.setdefault(int(out.at[i, "layer"]), [])
         w = float(out.at[i, "w"])
@@ -156,7 +158,8 @@ def merge_supernodes(nodes: pd.DataFrame, edges: pd.DataFrame,
 
 
 def _owners(nodes: pd.DataFrame, supernodes: Sequence[tuple[str, Sequence[str]]]) -> dict[str, str]:
-    known, owner = set(nodes["id"]), {}
+    known = set(nodes["id"])
+    owner: dict[str, str] = {}
     for k, group in enumerate(supernodes):
         if len(group) != 2 or isinstance(group[1], str) or not len(group[1]):
             raise ValueError(f"supernodes[{k}] must be (label, [node ids]) with at least one id, got {group!r}")
@@ -217,7 +220,8 @@ def page_data(nodes: pd.DataFrame, edges: pd.DataFrame, width: int = 1360, n_col
 
 def _node_data(r: dict[str, Any]) -> dict[str, Any]:
     keep = ("id", "kind", "label", "text", "detail", "members")
-    out = {k: (str(r[k]) if k != "members" else [str(m) for m in r[k]]) for k in keep if k in r and _present(r[k])}
+    out: dict[str, Any] = {k: (str(r[k]) if k != "members" else [str(m) for m in r[k]])
+                           for k in keep if k in r and _present(r[k])}
     out.update({k: round(float(r[k]), 2) for k in ("x", "y", "w", "h")})
     out.update(layer=int(r["layer"]), pos=int(r["pos"]), tw=round(len(r["text"]) * CHAR_W, 2),
                url=_check_url(r.get("url"), r["id"]))
@@ -247,7 +251,7 @@ def json_for_script(data: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def graph_page(nodes: pd.DataFrame, edges: pd.DataFrame, title: str, *, scores: Optional[dict[str, float]] = None,
+def graph_page(nodes: pd.DataFrame, edges: pd.DataFrame, title: str, *, scores: Optional[Mapping[str, Union[float, int, str]]] = None,
                supernodes: Sequence[tuple[str, Sequence[str]]] = (), subtitle: str = "", width: int = 1360,
                n_columns: Optional[int] = None, rows: Optional[dict[int, str]] = None) -> str:
     """The graph as one self-contained HTML page (nothing fetched; every label escaped).

@@ -26,7 +26,7 @@ TEMPLATE = """<!doctype html>
 <p class="scores">{% for name, value in scores %}<span>{{ name }}: {{ value }}</span>{% endfor %}</p>
 <p class="legend"><span style="color:{{ positive }}">&#9644; positive</span><span style="color:{{ negative }}">&#9644;
 negative</span> width: |weight|. Click a node for its edges.</p>
-<div class="controls"><label>edges with |weight| &ge; <b id="threshold">0</b>
+<div class="controls"><label>edges with |weight| &ge; <strong id="threshold">0</strong>
 <input id="prune" type="range" min="0" max="{{ n_steps - 1 }}" value="0" step="1"></label>
 <span id="shown">{{ n_nodes }} nodes, {{ n_edges }} edges</span></div>
 <div id="wrap"><svg id="graph" xmlns="http://www.w3.org/2000/svg" width="{{ width }}" height="{{ height }}"
