@@ -1,0 +1,82 @@
+"""experiments.graphs on a tiny random Sprout with random transcoders: the pages hold the graph's own edges."""
+import json
+import re
+
+import pytest
+import torch
+
+import interp
+from experiments import graphs
+from experiments.common import Models, Output, args_for
+from sprout import Sprout, SproutConfig
+from sprout.tokenizer import char_tokenizer
+from tests.interp.graphs.tiny import random_transcoders
+
+PROMPT = "ab </script><b>ab ab"  # user text: must reach the page only as data
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    tok = char_tokenizer("abcdefgh </>:" + PROMPT)
+    torch.manual_seed(0)
+    model = Sprout(SproutConfig(vocab_size=tok.get_vocab_size(), context=48, n_layer=2, n_head=2, d_model=32, d_ff=64),
+                   tokenizer=tok).eval()
+    tcs = random_transcoders(model, d_sae=24, k=3, dtype=torch.float32)
+    original = graphs.transcoders
+    graphs.transcoders = lambda model, folder: tcs
+    try:
+        out = Output(tmp_path_factory.mktemp("graphs") / "graphs", "graphs")
+        args = args_for(graphs, ["--prompt", PROMPT, "--features", "12"])
+        rows = graphs.run(Models({"../tiny model": model}), out, args)
+    finally:
+        graphs.transcoders = original
+    return dict(out=out, rows=rows, model=model, tcs=tcs)
+
+
+def data_of(path):
+    return json.loads(re.search(r'<script type="application/json" id="graph-data">(.*?)</script>', path.read_text(), re.S)[1])
+
+
+def test_every_page_is_written_inside_out_and_listed(written):
+    out = written["out"]
+    names = sorted(p.name for p in out.dir.iterdir())
+    assert names == ["circuit_planted_induction.html", "circuit_tiny-model_induction.html", "graph_tiny-model_0.html"]
+    assert sorted(p.name for p in out.pages) == names
+    assert graphs.file_label("../../a b/..") == "a-b" and graphs.file_label("..") == "x"
+
+
+def test_the_graph_page_holds_the_pruned_graphs_edges_the_right_way_round(written):
+    graph = interp.attribute(written["model"], PROMPT, written["tcs"], max_feature_nodes=12, batch_size=28)
+    pruned = interp.prune_graph(graph)
+    data = data_of(written["out"].dir / "graph_tiny-model_0.html")
+    ids = [n["id"] for n in data["nodes"]]
+    plain = [e for e in data["edges"] if not ids[e["s"]].startswith("supernode") and not ids[e["t"]].startswith("supernode")]
+    assert plain, "no edges drawn"
+    for e in plain:  # adjacency is [target, source]; the page draws source -> target
+        s, t = int(ids[e["s"]]), int(ids[e["t"]])
+        assert bool(pruned.edge_mask[t, s])
+        assert e["w"] == pytest.approx(float(graph.adjacency_matrix[t, s]), rel=1e-4, abs=1e-6)
+    n_kept = int(pruned.edge_mask.sum())
+    assert len(data["edges"]) <= n_kept
+    kinds = {n["kind"] for n in data["nodes"]}
+    assert {"token", "logit"} <= kinds
+    tokens = [n["label"] for n in data["nodes"] if n["kind"] == "token"]
+    assert "".join(tokens) == PROMPT  # every position's token, hostile text included, as data
+    page = (written["out"].dir / "graph_tiny-model_0.html").read_text()
+    assert "<b>" not in page and "<title>../tiny model: attribution graph</title>" in page
+
+
+def test_the_planted_circuit_page_draws_the_planted_edges(written):
+    data = data_of(written["out"].dir / "circuit_planted_induction.html")
+    ids = [n["id"] for n in data["nodes"]]
+    drawn = {(ids[e["s"]], ids[e["t"]], e["label"]) for e in data["edges"]}
+    assert interp.planted.truth("induction") <= drawn
+    row = [r for r in written["rows"] if r["quantity"].startswith("planted induction circuit")]
+    assert row[0]["measured"] == "5 of 5"
+
+
+def test_numbers_name_the_scores(written):
+    quantities = {r["quantity"] for r in written["rows"]}
+    assert {"prompt 0: replacement score (pruned graph)", "prompt 0: completeness score (pruned graph)"} <= quantities
+    scores = [r["measured"] for r in written["rows"] if "score" in r["quantity"]]
+    assert all(0 <= s <= 1 for s in scores)
