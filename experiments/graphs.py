@@ -10,6 +10,8 @@ found by EAP-IG (`interp.discover`), drawn with the same page: on the planted in
 """
 from __future__ import annotations
 
+import html
+import os
 import re
 import sys
 from typing import Any, Optional
@@ -21,8 +23,10 @@ import interp
 from figures.graph import graph_page
 from interp.circuit import repeated_pair
 from interp.discovery.planted import induction_metric, induction_pair, planted_model
+from interp.saes.features import feature_report
 
-from .common import fit_text, folder_of, number, positive, standalone
+from .common import fit_text, folder_of, held_out_text, number, positive, standalone
+from .features import dictionary_page
 
 NAME = "graphs"
 DOC = "Attribution graphs of prompts and circuits found by EAP-IG, each drawn as one offline HTML page."
@@ -40,6 +44,7 @@ CIRCUIT_BUDGET = 0.05  # the fraction of edges kept in a discovered circuit
 def add_args(p: Any) -> None:
     p.add_argument("--prompt", nargs="+", default=None, metavar="TEXT", help="prompts to trace (default: a repeated name)")
     p.add_argument("--features", type=positive, default=48, help="at most this many feature nodes per graph")
+    p.add_argument("--chars", type=positive, default=4_000, help="held-out characters the feature pages read")
 
 
 def file_label(label: str) -> str:
@@ -88,19 +93,35 @@ def _node_label(r: Any) -> str:
     return str(r.token)
 
 
-def attribution_page(model: Any, label: str, prompt: str, tcs: list, max_features: int) -> tuple[str, pd.DataFrame]:
-    """(the page, graph_scores) of one prompt's attribution graph."""
+def attribution_page(model: Any, label: str, prompt: str, tcs: list, max_features: int) -> tuple[str, pd.DataFrame, pd.DataFrame]:
+    """(the page, graph_scores, its nodes) of one prompt's attribution graph; feature nodes link
+    `<label>/mlp-<layer>-transcoder.html#l<feature>` (`feature_pages`)."""
     graph = interp.attribute(model, prompt, tcs, max_feature_nodes=max_features, batch_size=max_features + 16)
     pruned = interp.prune_graph(graph)
     scores = interp.graph_scores(graph)
-    nodes, edges = graph_frames(graph, pruned, page_of=f"../features/{file_label(label)}")
+    nodes, edges = graph_frames(graph, pruned, page_of=file_label(label))
     shown = {f"{k} ({g})": float(v) for g, row in scores.set_index("graph").iterrows()
              for k, v in row[["replacement", "completeness"]].items()}
     rows = {-1: "tokens", graph.n_layers: "logits", **{l: f"MLP {l}" for l in range(graph.n_layers)}}
     supers = _supernodes(nodes)
     page = graph_page(nodes, edges, f"{label}: attribution graph", scores=shown, subtitle=f"prompt: {prompt}",
                       n_columns=graph.n_pos, rows=rows, supernodes=supers)
-    return page, scores
+    return page, scores, nodes
+
+
+def feature_pages(model: Any, label: str, tcs: list, nodes: pd.DataFrame, out: Any, text: str) -> int:
+    """A page per transcoder holding the graphs' features (top held-out contexts, histogram, logit effects),
+    in out/<label>/mlp-<layer>-transcoder.html, beside <label>.html listing the model's pages. Returns the
+    number of feature pages written."""
+    folder = out.dir / file_label(label)
+    folder.mkdir(parents=True, exist_ok=True)
+    js = os.path.relpath(out.plotly_js(), folder).replace(os.sep, "/")
+    feats = nodes[nodes["kind"] == "feature"]
+    for layer, group in feats.groupby("layer"):
+        rep = feature_report(model, tcs[int(layer)], text, latents=sorted(set(group["feature"].astype(int))))
+        page = dictionary_page(f"MLP {int(layer)} transcoder", file_label(label), rep, js)
+        (folder / f"mlp-{int(layer)}-transcoder.html").write_text(page, encoding="utf-8")
+    return feats["layer"].nunique()
 
 
 def _supernodes(nodes: pd.DataFrame) -> list[tuple[str, list[str]]]:
@@ -151,16 +172,32 @@ def run(models: Any, out: Any, args: Any) -> list[dict]:
         tcs = transcoders(model, folder_of(models, label))
         if tcs is None:
             rows.append(number("attribution graphs", "no transcoders shipped or beside the checkpoint", None, label))
+        shown = []
         for k, prompt in enumerate((args.prompt or PROMPTS) if tcs is not None else []):
             assert tcs is not None  # for mypy: the loop runs only with transcoders
-            page, scores = attribution_page(model, label, fit_text(model, prompt), tcs, args.features)
+            page, scores, nodes = attribution_page(model, label, fit_text(model, prompt), tcs, args.features)
             write(out, f"graph_{file_label(label)}_{k}", page)
+            shown.append(nodes)
             pruned = scores.set_index("graph").loc["pruned"]
             rows += [number(f"prompt {k}: replacement score (pruned graph)", float(pruned.replacement), None, label),
                      number(f"prompt {k}: completeness score (pruned graph)", float(pruned.completeness), None, label)]
+        if shown and tcs is not None:
+            text = held_out_text(model, args.chars, folder=folder_of(models, label))
+            feature_pages(model, label, tcs, pd.concat(shown), out, text)
+            _model_index(label, out)
         rows.append(_induction_circuit(model, label, out))
     rows.append(_planted_circuit(out))
     return rows
+
+
+def _model_index(label: str, out: Any) -> None:
+    """out/<label>.html: links to the model's graph pages (the feature pages link back here)."""
+    stem = file_label(label)
+    links = "".join(f"<li><a href='{p.name}'>{html.escape(p.stem)}</a></li>" for p in getattr(out, "pages", [])
+                    if p.stem.startswith(f"graph_{stem}_"))
+    (out.dir / f"{stem}.html").write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(label)}: "
+                                          f"graphs</title></head><body><h1>{html.escape(label)}: attribution graphs</h1>"
+                                          f"<ul>{links}</ul></body></html>", encoding="utf-8")
 
 
 def _induction_circuit(model: Any, label: str, out: Any) -> dict:

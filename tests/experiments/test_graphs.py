@@ -25,9 +25,11 @@ def written(tmp_path_factory):
     original = graphs.transcoders
     graphs.transcoders = lambda model, folder: tcs
     try:
-        out = Output(tmp_path_factory.mktemp("graphs") / "graphs", "graphs")
-        args = args_for(graphs, ["--prompt", PROMPT, "--features", "12"])
-        rows = graphs.run(Models({"../tiny model": model}), out, args)
+        root = tmp_path_factory.mktemp("graphs")
+        (root / "val.txt").write_text(PROMPT * 20)  # the feature pages' held-out text (the tokenizer's characters)
+        out = Output(root / "graphs", "graphs")
+        args = args_for(graphs, ["--prompt", PROMPT, "--features", "12", "--chars", "300"])
+        rows = graphs.run(Models({"../tiny model": model}, {"../tiny model": root}), out, args)
     finally:
         graphs.transcoders = original
     return dict(out=out, rows=rows, model=model, tcs=tcs)
@@ -40,8 +42,10 @@ def data_of(path):
 def test_every_page_is_written_inside_out_and_listed(written):
     out = written["out"]
     names = sorted(p.name for p in out.dir.iterdir())
-    assert names == ["circuit_planted_induction.html", "circuit_tiny-model_induction.html", "graph_tiny-model_0.html"]
-    assert sorted(p.name for p in out.pages) == names
+    assert names == ["circuit_planted_induction.html", "circuit_tiny-model_induction.html", "graph_tiny-model_0.html",
+                     "plotly.min.js", "tiny-model", "tiny-model.html"]
+    assert sorted(p.name for p in out.pages) == names[:3]
+    assert "href='graph_tiny-model_0.html'" in (out.dir / "tiny-model.html").read_text()
     assert graphs.file_label("../../a b/..") == "a-b" and graphs.file_label("..") == "x"
 
 
@@ -80,3 +84,15 @@ def test_numbers_name_the_scores(written):
     assert {"prompt 0: replacement score (pruned graph)", "prompt 0: completeness score (pruned graph)"} <= quantities
     scores = [r["measured"] for r in written["rows"] if "score" in r["quantity"]]
     assert all(0 <= s <= 1 for s in scores)
+
+
+def test_every_feature_node_opens_its_feature_page(written):
+    out = written["out"].dir
+    data = data_of(out / "graph_tiny-model_0.html")
+    urls = [n["url"] for n in data["nodes"] if n["kind"] == "feature"]
+    assert urls and all(u for u in urls)
+    for n in data["nodes"]:
+        if n["kind"] == "feature":
+            page, anchor = n["url"].split("#")
+            assert page == f"tiny-model/mlp-{n['layer']}-transcoder.html"
+            assert f"id='{anchor}'" in (out / page).read_text() and anchor == f"l{n['label'][1:]}"
