@@ -20,7 +20,7 @@ import pandas as pd
 import torch
 
 import interp
-from figures.graph import graph_page
+from figures.graph import graph_page, shorten
 from interp.circuit import repeated_pair
 from interp.discovery.planted import induction_metric, induction_pair, planted_model
 from interp.saes.features import feature_report
@@ -103,7 +103,7 @@ def attribution_page(model: Any, label: str, prompt: str, tcs: list, max_feature
     shown = {f"{k} ({g})": float(v) for g, row in scores.set_index("graph").iterrows()
              for k, v in row[["replacement", "completeness"]].items()}
     rows = {-1: "tokens", graph.n_layers: "logits", **{l: f"MLP {l}" for l in range(graph.n_layers)}}
-    supers = _supernodes(nodes)
+    supers = _supernodes(nodes, edges)
     page = graph_page(nodes, edges, f"{label}: attribution graph", scores=shown, subtitle=f"prompt: {prompt}",
                       n_columns=graph.n_pos, rows=rows, supernodes=supers)
     return page, scores, nodes
@@ -124,12 +124,18 @@ def feature_pages(model: Any, label: str, tcs: list, nodes: pd.DataFrame, out: A
     return feats["layer"].nunique()
 
 
-def _supernodes(nodes: pd.DataFrame) -> list[tuple[str, list[str]]]:
-    """The error nodes of each layer at the last position, as one box (what the transcoders miss there)."""
-    last = nodes[nodes["kind"] == "error"]
-    last = last[last["pos"] == last["pos"].max()] if len(last) else last
-    ids = last["id"].tolist()
-    return [("errors at the last position", ids)] if len(ids) > 1 else []
+def _supernodes(nodes: pd.DataFrame, edges: pd.DataFrame) -> list[tuple[str, list[str]]]:
+    """The last layer's features at the last position that push the top logit up, as one box ("say X"),
+    when there are at least 3 of them (circuit-tracer's pages group such features by hand)."""
+    logits = nodes[nodes["kind"] == "logit"]
+    if not len(logits):
+        return []
+    top = logits.sort_values("probability", ascending=False).iloc[0]
+    feats = nodes[(nodes["kind"] == "feature") & (nodes["pos"] == nodes["pos"].max())]
+    feats = feats[feats["layer"] == feats["layer"].max()] if len(feats) else feats
+    up = edges[(edges["target"] == top["id"]) & (edges["weight"] > 0) & edges["source"].isin(feats["id"])]
+    ids = [i for i in feats["id"] if i in set(up["source"])]
+    return [(f"say {shorten(top['token'], 8)} x{len(ids)}", ids)] if len(ids) >= 3 else []
 
 
 def circuit_frames(circuit: Any, n_heads: int) -> tuple[pd.DataFrame, pd.DataFrame]:
