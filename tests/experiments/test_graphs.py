@@ -96,3 +96,15 @@ def test_every_feature_node_opens_its_feature_page(written):
             page, anchor = n["url"].split("#")
             assert page == f"tiny-model/mlp-{n['layer']}-transcoder.html"
             assert f"id='{anchor}'" in (out / page).read_text() and anchor == f"l{n['label'][1:]}"
+
+
+def test_the_say_supernode_groups_the_last_features_that_push_the_top_logit():
+    import pandas as pd
+
+    nodes = pd.DataFrame(dict(id=["a", "b", "c", "d", "e", "x", "y"], kind=["feature"] * 5 + ["logit"] * 2,
+                              layer=[1, 1, 1, 1, 0, 2, 2], pos=[5, 5, 5, 5, 5, 5, 5], feature=[1, 2, 3, 4, 5, -1, -1],
+                              token=["", "", "", "", "", " Plax", " P"], probability=[None] * 5 + [0.9, 0.05]))
+    edges = pd.DataFrame(dict(source=["a", "b", "c", "d", "e", "a"], target=["x", "x", "x", "x", "x", "y"],
+                              weight=[1.0, 0.5, 0.2, -0.3, 2.0, 1.0]))
+    assert graphs._supernodes(nodes, edges) == [("say  Plax x3", ["a", "b", "c"])]  # d pushes down, e is a layer lower
+    assert graphs._supernodes(nodes, edges[edges.source != "c"]) == []  # fewer than 3: no group
