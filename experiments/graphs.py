@@ -159,7 +159,9 @@ def circuit_page(model: Any, clean: torch.Tensor, corrupted: torch.Tensor, metri
     nodes, edges = circuit_frames(circuit, int(model.cfg.n_heads))
     n_layers = int(model.cfg.n_layers)
     rows = {-1: "embed", n_layers: "logits", **{l: f"layer {l}" for l in range(n_layers)}}
-    scores = {"edges kept": len(edges), "of": len(circuit.edges)}
+    areas = interp.discovery.faithfulness_areas(interp.faithfulness_curve(
+        model, clean, corrupted, metric, circuit.edges, baselines=())).iloc[0]
+    scores = {"edges kept": len(edges), "of": len(circuit.edges), "CPR": float(areas["cpr"]), "CMD": float(areas["cmd"])}
     return graph_page(nodes, edges, title, scores=scores, subtitle=subtitle, n_columns=int(model.cfg.n_heads) + 1,
                       rows=rows), circuit
 
