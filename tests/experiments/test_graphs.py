@@ -75,6 +75,8 @@ def test_the_planted_circuit_page_draws_the_planted_edges(written):
     ids = [n["id"] for n in data["nodes"]]
     drawn = {(ids[e["s"]], ids[e["t"]], e["label"]) for e in data["edges"]}
     assert interp.planted.truth("induction") <= drawn
+    header = (written["out"].dir / "circuit_planted_induction.html").read_text()
+    assert re.search(r"<span>CPR: [0-9.]+</span><span>CMD: [0-9.]+</span>", header)
     row = [r for r in written["rows"] if r["quantity"].startswith("planted induction circuit")]
     assert row[0]["measured"] == "5 of 5"
 
