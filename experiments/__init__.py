@@ -6,4 +6,4 @@
 These are scripts run from a checkout: nothing imports them and the project does not install them.
 """
 EXPERIMENTS = ["param_counts", "rope_check", "residual_growth", "logit_lens", "tuned_lens", "head_detection",
-               "attention_maps", "induction_demo", "training_dynamics", "circuits", "features"]
+               "attention_maps", "induction_demo", "training_dynamics", "circuits", "features", "graphs"]

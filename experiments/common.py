@@ -218,6 +218,7 @@ class Output:
     figures: list = field(default_factory=list)
     extra: dict = field(default_factory=dict)  # figures kept for the README only, not written or indexed
     links: list = field(default_factory=list)  # (path inside dir, text): pages the index links (feature pages)
+    pages: list = field(default_factory=list)  # standalone HTML pages (not plotly figures) the index links
 
     def __post_init__(self):
         self.dir = Path(self.dir)

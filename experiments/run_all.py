@@ -110,7 +110,8 @@ def write_index(done: dict, models: dict, out: Path) -> Path:
             div = figure_div(f.fig, div_id=f"fig{k}")
             figures.append(dict(div=markup(div), caption=f.caption, file=f.html.name))
             k += 1
-        sections.append(dict(name=name, summary=module.SUMMARY, rows=rows, figures=figures, links=o.links))
+        sections.append(dict(name=name, summary=module.SUMMARY, rows=rows, figures=figures, links=o.links,
+                             pages=[dict(href=p.name, text=p.stem.replace('_', ' ')) for p in o.pages]))
     headline = [r for _, _, rows in done.values() for r in rows if r["chapter"] is not None]
     page = render("index.html.j2", title="sprout-interp results", css=markup(INDEX_CSS), js="plotly.min.js",
                   models=list(models), generated=time.strftime("%Y-%m-%d %H:%M"), headline=headline, sections=sections)

@@ -3,6 +3,7 @@
 Needs Debian's `chromium` (installed by .ci/run). Without it these tests fail, on purpose: a figure
 nobody has seen render is not a tested figure.
 """
+import html
 import json
 import re
 import shutil
@@ -243,3 +244,77 @@ def test_png_screenshot_of_a_figure_has_its_size_and_content(chromium, tmp_path)
     pixels = read_png(path)
     assert pixels.shape[:2] == (int(fig.layout.height) + 32, int(fig.layout.width) + 32)
     assert 0.01 < ink(pixels) < 0.5
+
+
+GRAPH_PROBE = """<script>window.addEventListener('load', () => setTimeout(() => {
+  const box = e => { const r = e.getBoundingClientRect(); return {l: r.left, r: r.right, t: r.top, b: r.bottom}; };
+  const nodes = [...document.querySelectorAll('g.node')].filter(g => g.style.display !== 'none').map(g => (
+    {id: g.dataset.id, text: g.querySelector('text').textContent, label: box(g.querySelector('text')),
+     rect: box(g.querySelector('rect'))}));
+  const edges = [...document.querySelectorAll('path.edge')].map(p => (
+    {i: +p.dataset.index, sw: +p.getAttribute('stroke-width'), shown: p.style.display !== 'none', d: p.getAttribute('d')}));
+  const D = window.graphData, last = D.steps.length - 1;
+  const target = D.edges.length ? D.edges[D.edges.length - 1].t : 0;
+  window.graphShow(target);
+  const panel = document.getElementById('panel').textContent;
+  window.graphPrune(last);
+  const pruned = [...document.querySelectorAll('path.edge')].filter(p => p.style.display !== 'none').length;
+  document.body.setAttribute('data-probe', JSON.stringify({nodes, edges, panel, pruned, target,
+    bold: document.querySelectorAll('b, img').length, page: document.documentElement.scrollWidth, window: window.innerWidth}));
+}, 300));</script></body>"""
+
+
+def graph_probe(chromium, tmp_path, page):
+    """Open a graph page at 1400 px with GRAPH_PROBE appended; returns (what it saw, the page's own data)."""
+    probed = tmp_path / f"probe_{page.name}"
+    text = page.read_text(encoding="utf-8")
+    probed.write_text(text.replace("</body>", GRAPH_PROBE), encoding="utf-8")
+    dom, console = browse(chromium, tmp_path, probed.as_uri(), "--dump-dom", width=1400, height=1000)
+    assert not js_errors(console), console
+    found = re.search(r'data-probe="([^"]*)"', dom)
+    assert found, "the probe script did not run"
+    seen = json.loads(html.unescape(found.group(1)))
+    data = json.loads(re.search(r'id="graph-data">(.*?)</script>', text, re.S).group(1))
+    return seen, data
+
+
+def crowded_page(tmp_path):
+    """An attribution-like page: 24 positions, several features a cell, a hostile token, at 1400 px."""
+    from figures.graph import graph_page
+    from tests.figures.test_graph_figure import crowded
+
+    nodes, edges = crowded(n_pos=24)
+    page = tmp_path / "crowded.html"
+    group = nodes[nodes.kind == "feature"].id.tolist()[:2]
+    page.write_text(graph_page(nodes, edges, "crowded", scores={"replacement score": 0.9}, supernodes=[("group", group)]),
+                    encoding="utf-8")
+    return page
+
+
+@pytest.mark.parametrize("which", ["planted circuit", "crowded graph"])
+def test_a_graph_page_draws_its_nodes_widths_and_labels_without_overlap(chromium, results, tmp_path, which):
+    """The SVG holds every node with its label, inside its box, no two labels meeting at 1400 px; each edge
+    as wide as the data says; the slider's last step leaves the strongest edges; a click lists edges."""
+    out, _ = results
+    page = out / "graphs" / "circuit_planted_induction.html" if which == "planted circuit" else crowded_page(tmp_path)
+    seen, data = graph_probe(chromium, tmp_path, page)
+    linked = {e[k] for e in data["edges"] for k in ("s", "t")}
+    expected = {n["id"] for i, n in enumerate(data["nodes"]) if n["kind"] in data["always"] or i in linked}
+    assert {n["id"] for n in seen["nodes"]} == expected and len(seen["nodes"]) == len(expected)
+    texts = {n["id"]: n["text"] for n in data["nodes"]}
+    assert all(n["text"] == texts[n["id"]] for n in seen["nodes"])
+    labels = [n["label"] for n in seen["nodes"]]
+    assert all(b["r"] - b["l"] > 0 for b in labels)
+    for n in seen["nodes"]:  # the text is drawn inside its box
+        a, r = n["label"], n["rect"]
+        assert r["l"] - 1 <= a["l"] and a["r"] <= r["r"] + 1 and r["t"] - 1 <= a["t"] and a["b"] <= r["b"] + 1, n
+    clash = [(x["id"], y["id"]) for i, x in enumerate(seen["nodes"]) for y in seen["nodes"][i + 1:]
+             if x["label"]["l"] < y["label"]["r"] and y["label"]["l"] < x["label"]["r"]
+             and x["label"]["t"] < y["label"]["b"] and y["label"]["t"] < x["label"]["b"]]
+    assert clash == []
+    assert [e["sw"] for e in sorted(seen["edges"], key=lambda e: e["i"])] == [e["sw"] for e in data["edges"]]
+    assert all(e["shown"] and e["d"].startswith("M") for e in seen["edges"])
+    assert seen["pruned"] == sum(e["a"] >= data["steps"][-1] for e in data["edges"]) >= 1
+    n_in = sum(e["t"] == seen["target"] for e in data["edges"])
+    assert f"incoming ({n_in})" in seen["panel"] and data["nodes"][seen["target"]]["label"] in seen["panel"]
+    assert seen["bold"] == 0 and seen["page"] <= seen["window"]

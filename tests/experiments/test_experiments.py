@@ -44,6 +44,11 @@ def run(tmp_path_factory):
     return dict(out=out, done=done, model=model, run_dir=run_dir)
 
 
+def plotly_pages(out):
+    """The experiments' plotly figures as HTML (the graph pages of experiments.graphs draw their own SVG)."""
+    return sorted(p for p in out.glob("*/*.html") if p.parent.name != "graphs")
+
+
 def numbers(out, name):
     return {(r["model"], r["quantity"]): r for r in json.loads((out / name / "numbers.json").read_text())}
 
@@ -68,12 +73,13 @@ def test_every_file_is_written(run):
         "circuits": {"attribution_tiny.csv", "attribution_tiny.html", "circuit_tiny.csv", "circuit_tiny.txt",
                      "composition_k_tiny.csv", "composition_tiny.html", "dla_tiny.csv", "dla_tiny.html",
                      "phase_tiny.csv", "phase_tiny.html", "circuit_spread_tiny.csv"},
+        "graphs": {"circuit_planted_induction.html", "circuit_tiny_induction.html"},
     }
     for name, files in expected.items():
         assert {p.name for p in (out / name).iterdir()} == files | {"numbers.json"}, name
     # plotly.js once, at the root; every figure points at it and holds one plot
-    htmls = sorted(out.glob("*/*.html"))
-    assert len(htmls) == sum(len([f for f in fs if f.endswith(".html")]) for fs in expected.values())
+    htmls = plotly_pages(out)
+    assert len(htmls) == sum(len([f for f in fs if f.endswith(".html")]) for n, fs in expected.items() if n != "graphs")
     for h in htmls:
         text = h.read_text()
         assert re.search(r"<script[^>]* src=\"../plotly.min.js\"", text) and text.count("Plotly.newPlot") == 1, h
@@ -83,9 +89,10 @@ def test_every_file_is_written(run):
 
 def test_index_shows_every_figure_with_its_sentence_and_the_chapter_numbers(run):
     index = (run["out"] / "index.html").read_text()
-    n_figures = len(list(run["out"].glob("*/*.html")))
+    n_figures = len(plotly_pages(run["out"]))
     assert index.count("Plotly.newPlot") == n_figures and index.count("<figure>") == n_figures
     assert index.count("<script src='plotly.min.js'>") == 1
+    assert "<a href='graphs/circuit_planted_induction.html'>" in index  # the graph pages are linked
     for module, _, _ in run["done"].values():
         assert module.SUMMARY in html.unescape(index)  # escaped as Jinja2 escapes (&#39;), or as html.escape
     for chapter in ["17,309,056", "20.45M", "80%", "18%"]:
@@ -241,7 +248,7 @@ def test_run_all_runs_unchanged_on_a_tiny_walkthrough_gpt(tmp_path):
     scores = pd.read_csv(tmp_path / "results" / "head_detection" / "head_scores.csv")
     assert len(scores[scores["kind"] == "induction"]) == 2 * 2  # every (layer, head)
     assert (tmp_path / "results" / "index.html").read_text().count("Plotly.newPlot") == len(
-        list((tmp_path / "results").glob("*/*.html")))
+        plotly_pages(tmp_path / "results"))
 
 
 def test_tuned_lens_numbers_are_the_comparison_of_the_lens_beside_the_checkpoint(run):

@@ -6,7 +6,7 @@ EVIL = "<script>alert('x')</script> & \"quotes\""
 
 def test_the_index_escapes_numbers_and_summaries_and_keeps_plot_divs():
     row = dict(model="gpt-4", quantity=EVIL, shown="1 < 2", chapter=None)
-    section = dict(name="induction", summary=EVIL, rows=[row], links=[("x.html", EVIL)], figures=[dict(div=markup("<div id='fig0'></div>"),
+    section = dict(name="induction", summary=EVIL, rows=[row], links=[("x.html", EVIL)], pages=[dict(href="g.html", text=EVIL)], figures=[dict(div=markup("<div id='fig0'></div>"),
                                                                               caption=EVIL, file="a.html")])
     page = render("index.html.j2", title="t", css=markup(""), js="plotly.min.js", models=["gpt-4"], generated="now",
                   headline=[row], sections=[section])

@@ -210,11 +210,11 @@ def _options(main, argv=()) -> set[str]:
 # them through the token contract (sprout.tl.text / interp._core.batching), and be tested on float ids and unequal
 # unmasked lists, before its option is added here.
 PATHS = {"--model", "--models", "--out", "--text-file", "--readme", "--runs", "--data", "--data-cache", "--docs"}
-TEXTS = {"--text", "--name"}
-CHOICES = {"--kind", "--only", "--recipe", "--tokenizer"}
+TEXTS = {"--text", "--name", "--prompt"}
+CHOICES = {"--kind", "--only", "--recipe", "--tokenizer", "--device"}
 FLAGS = {"--tuned", "--overwrite", "--resume", "--no-progress", "--snapshots", "--no-snapshots"}
-COUNTS = {"--threads", "--top", "--chars", "--n-seqs", "--story-len", "--max-snapshots", "--stories", "--steps",
-          "--train-chars", "--held-out-chars", "--show"}
+COUNTS = {"--score-latents", "--threads", "--top", "--chars", "--n-seqs", "--story-len", "--max-snapshots", "--stories", "--steps",
+          "--train-chars", "--held-out-chars", "--show", "--features"}
 
 
 def _recipe_flags() -> set[str]:
