@@ -185,8 +185,7 @@ class HookedLM(HookedRootModule):
             attention_mask = text.mask_from_padding(self, idx, padding_side, prepend_bos)
         positions = attn_mask = None
         if past_kv_cache is not None:
-            attention_mask, positions, attn_mask = kv_cache.cache_masks(
-                self, past_kv_cache, attention_mask, x[..., 0] if start_at_layer is not None else cast(torch.Tensor, idx))
+            kv_cache.check_cache_layers(past_kv_cache, start_at_layer, stop_at_layer, len(self.blocks))
         elif attention_mask is None and targets is None and idx is not None:
             text.warn_if_left_padded(self, idx)
         if attention_mask is not None and past_kv_cache is None:
@@ -194,7 +193,11 @@ class HookedLM(HookedRootModule):
             attention_mask = text.check_attention_mask(
                 attention_mask, x[..., 0] if start_at_layer is not None else cast(torch.Tensor, idx))
             positions, attn_mask = padding_masks(attention_mask)
-        out = self.run_layers(x, attn_mask, positions, start_at_layer, stop_at_layer, past_kv_cache)
+        with kv_cache.all_or_nothing(past_kv_cache):  # every block's entry extended, or none
+            if past_kv_cache is not None:
+                attention_mask, positions, attn_mask = kv_cache.cache_masks(
+                    self, past_kv_cache, attention_mask, x[..., 0] if start_at_layer is not None else cast(torch.Tensor, idx))
+            out = self.run_layers(x, attn_mask, positions, start_at_layer, stop_at_layer, past_kv_cache)
         if stop_at_layer is not None:
             return out
         return finish(out, idx, targets, loss_mask, attention_mask, return_type, loss_per_token)
