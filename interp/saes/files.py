@@ -66,7 +66,7 @@ def hook_layer(hook_name: Optional[str]) -> Optional[int]:
 def is_transcoder(sae: object) -> bool:
     # by what it has, not its class: this module reads and writes dictionaries without importing sae.py,
     # which imports it (so an SAE can save and load itself)
-    return getattr(sae, "hook_name_out", None) is not None
+    return bool(getattr(sae, "transcoder", False)) or getattr(sae, "hook_name_out", None) is not None
 
 
 def architecture(sae: Any) -> str:
@@ -367,6 +367,10 @@ def check_model(sae: Any, model: HookedModel, source: str = "this SAE") -> None:
         raise ValueError(f"{source} has no hook_name: set sae.hook_name to the hook point it reads")
     require_hooks(model, hooks)
     widths = hook_widths(model, hooks)
+    if len(hooks) == 2 and list(widths) != hooks:  # hook_widths' keys come in the order the hooks fired
+        raise ValueError(f"{source} reads {hooks[0]!r} and writes {hooks[1]!r}, but {model_name(model)} runs "
+                         f"{hooks[1]!r} first: a transcoder's output hook must come after its input hook "
+                         "(MLP l: blocks.l.ln2.hook_normalized -> blocks.l.hook_mlp_out)")
     for hook, want in zip(hooks, (sae.d_in, sae.d_out)):
         if widths[hook] != want:
             raise ValueError(f"{source} reads {want}-wide activations at {hook!r}, but {model_name(model)} "
@@ -382,7 +386,7 @@ def hook_widths(model: HookedModel, hooks: list[str]) -> dict:
         if x.dim() != 3:
             raise ValueError(f"the activation at {hook.name!r} has shape {list(x.shape)}; dictionaries here read "
                              "[batch, pos, d] activations (the residual stream, MLP and attention outputs, norms)")
-        seen[hook.name] = int(x.shape[-1])
+        seen.setdefault(hook.name, int(x.shape[-1]))  # keys in the order the hooks first fired
 
     layers = [hook_layer(h) for h in hooks]
     stop = None if any(layer is None for layer in layers) else min(max(cast(list[int], layers)) + 1, int(model.cfg.n_layers))

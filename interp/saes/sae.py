@@ -74,6 +74,7 @@ class SAE(nn.Module):
     """
 
     apply_b_dec_to_input = True
+    transcoder = False  # a Transcoder's is True
     tied_init = True  # W_enc starts as W_dec^T (Gao et al.; Conerly et al.), where both live in one space
 
     def __init__(self, d_in: int, d_sae: int, kind: str = "topk", k: Optional[int] = None,
@@ -220,6 +221,7 @@ class Transcoder(SAE):
 
     apply_b_dec_to_input = False
     tied_init = False
+    transcoder = True  # how the files and the splice tell one, with or without hook names
 
     def __init__(self, d_in: int, d_sae: int, d_out: Optional[int] = None, kind: str = "topk", k: Optional[int] = None,
                  skip: bool = False, layer: Optional[int] = None, hook_name: Optional[str] = None,
@@ -227,10 +229,10 @@ class Transcoder(SAE):
                  seed: int = 0, dtype: torch.dtype = torch.float32, device: Optional[Union[str, torch.device]] = None) -> None:
         if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int) or layer < 0):
             raise ValueError(f"layer must be a block number (an int >= 0), got {layer!r}")
-        hook_name = hook_name or (input_hook(layer) if layer is not None else None)
+        hook_name, hook_name_out = transcoder_hooks(layer, hook_name, hook_name_out)
         super().__init__(d_in, d_sae, kind=kind, k=k, hook_name=hook_name, widths=widths, bandwidth=bandwidth,
                          seed=seed, dtype=dtype, device=device, d_out=d_in if d_out is None else d_out)
-        self.hook_name_out = hook_name_out or (output_hook(layer) if layer is not None else None)
+        self.hook_name_out = hook_name_out
         self.layer = layer if layer is not None else hook_layer(hook_name)
         if not isinstance(skip, bool):
             raise TypeError(f"skip must be True or False, got {skip!r}")
@@ -252,6 +254,28 @@ class Transcoder(SAE):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", d_out={self.d_out}, skip={self.skip}, hook_name_out={self.hook_name_out!r}"
+
+
+def transcoder_hooks(layer: Optional[int], hook_name: Optional[str], hook_name_out: Optional[str]
+                     ) -> tuple[Optional[str], Optional[str]]:
+    """(input hook, output hook) of a transcoder: each given one kept, a missing one from `layer` or from
+    the other's block (MLP l reads `blocks.l.ln2.hook_normalized` and writes `blocks.l.hook_mlp_out`).
+    One hook alone without a block to pair it with is refused: a transcoder given its input hook only
+    would otherwise write its prediction of the MLP's output over its own input."""
+    for name, value in (("hook_name", hook_name), ("hook_name_out", hook_name_out)):
+        if value is not None and (not isinstance(value, str) or not value):
+            raise TypeError(f"{name} must be a hook name (a non-empty string) or None, got {value!r}")
+    block = layer if layer is not None else hook_layer(hook_name) if hook_name else hook_layer(hook_name_out)
+    if (hook_name is None) != (hook_name_out is None) and block is None:
+        given, missing = ("hook_name", "hook_name_out") if hook_name else ("hook_name_out", "hook_name")
+        raise ValueError(f"a Transcoder reads hook_name and writes hook_name_out; {given} given without {missing}, "
+                         "and no block to pair it with: give both (or layer=)")
+    if block is not None:
+        hook_name = hook_name or input_hook(block)
+        hook_name_out = hook_name_out or output_hook(block)
+    if hook_name is not None and hook_name == hook_name_out:
+        raise ValueError(f"a Transcoder reads hook_name and writes hook_name_out, which must differ; both are {hook_name!r}")
+    return hook_name, hook_name_out
 
 
 def input_hook(layer: int) -> str:
