@@ -19,7 +19,7 @@ import torch.distributed as dist
 from safetensors.torch import load as load_bytes
 from safetensors.torch import save as save_bytes
 
-from sprout.files import write_bytes, write_folder
+from sprout.files import folder_lock, write_bytes, write_folder
 
 from ..tuned_lens import PathLike
 from .files import SAEFileError, _read, read_json
@@ -56,6 +56,12 @@ def write(folder: PathLike, units: list, s: TrainSettings, meta: dict, step: int
         write_folder(folder, fill, frozenset({META, TENSORS}), _is_ours, "an SAE training checkpoint")
     if dist.is_initialized():
         dist.barrier()
+
+
+def run_lock(folder: PathLike):
+    """The checkpoint folder's run lock (`sprout.files.folders.lock_path`), held for a whole run by rank 0: a
+    second run with the same folder fails at once instead of both overwriting each other's checkpoints."""
+    return folder_lock(folder, wait=0, kind="run.lock", what="an SAE training run")
 
 
 def refuse_existing(folder: PathLike) -> None:

@@ -344,6 +344,13 @@ def _new_sae(s: TrainSettings, d_in: int, hook_in: str, hook_out: Optional[str],
 
 def _run(src, units: list, s: TrainSettings, checkpoint, every, resume, stop_at, progress) -> list:
     n_proc, rank = world_and_rank()
+    if checkpoint is None or rank != 0:
+        return _run_locked(src, units, s, checkpoint, every, resume, stop_at, progress, rank)
+    with ckpt.run_lock(checkpoint):  # one run per checkpoint folder
+        return _run_locked(src, units, s, checkpoint, every, resume, stop_at, progress, rank)
+
+
+def _run_locked(src, units: list, s: TrainSettings, checkpoint, every, resume, stop_at, progress, rank: int) -> list:
     model = src.model
     meta = {}  # what a checkpoint must match: hashing the data costs a pass over it, so only with one
     if checkpoint is not None:

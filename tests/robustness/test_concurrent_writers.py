@@ -1,0 +1,65 @@
+"""Writers of one folder take turns (issue 36, bad case 7): two writers saving SAEs into one folder never
+delete each other's temporary folders and leave a folder that loads; a second training run on a
+checkpoint folder in use fails at once, naming the lock."""
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+import interp
+from sprout.files import FolderLocked
+from sprout.files.folders import lock_path
+
+D = 8
+
+
+def test_two_writers_saving_into_one_folder_both_succeed_and_it_loads(tmp_path):
+    saes = [interp.SAE(D, 16, kind="relu", hook_name="blocks.0.hook_resid_post", seed=i) for i in range(2)]
+    errors = []
+
+    def work(sae):
+        try:
+            for _ in range(12):
+                sae.save(tmp_path / "sae")
+        except Exception as e:  # noqa: BLE001 - collected and reported below
+            errors.append(repr(e))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=work, args=(s,)) for s in saes]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors, errors[:2]
+    back = interp.SAE.load(tmp_path / "sae")
+    assert any(torch.equal(back.W_dec, s.W_dec) for s in saes)
+    assert sorted(os.listdir(tmp_path)) == ["sae"]  # no temporary or old folder left behind
+
+
+def test_a_second_run_on_a_checkpoint_folder_in_use_fails_at_once(tmp_path):
+    folder = tmp_path / "ckpt"
+    holder = subprocess.Popen([sys.executable, "-c", (  # another process, as a second run would be
+        "import time, filelock\n"
+        f"with filelock.FileLock({str(lock_path(folder, 'run.lock'))!r}, timeout=0):\n"
+        "    print('held', flush=True); time.sleep(60)")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        acts = torch.randn(256, D)
+        t0 = time.perf_counter()
+        with pytest.raises(FolderLocked, match="is in use"):
+            interp.train_sae(acts, kind="topk", d_sae=16, k=2, steps=3, batch_size=64, checkpoint=folder, progress=False)
+        assert time.perf_counter() - t0 < 5 and not folder.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    sae = interp.train_sae(torch.randn(256, D), kind="topk", d_sae=16, k=2, steps=3, batch_size=64, checkpoint=folder,
+                           progress=False)  # the lock died with its process
+    assert sae.info["steps"] == 3 and lock_path(folder, "run.lock").exists()
