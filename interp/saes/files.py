@@ -314,6 +314,42 @@ def _read_tensors(sae: Any, path: Path, spec: dict) -> dict:
     return tensors
 
 
+def weight_shapes(path: Path) -> dict[str, list[int]]:
+    """The tensor shapes a safetensors file declares in its header, read without reading the tensors."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no SAE at {path.parent}: {path.name} is missing") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise SAEFileError(f"{path} is not a regular file (a FIFO, device or folder): refusing to read it")
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if not 0 < n <= min(MAX_JSON_BYTES, st.st_size - 8):
+            raise SAEFileError(f"cannot read {path}: not a safetensors file (its header length is {n})")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise SAEFileError(f"cannot read {path}: its safetensors header is not JSON ({str(e)[:120]})") from e
+    if not isinstance(header, dict):
+        raise SAEFileError(f"cannot read {path}: its safetensors header is not a JSON object")
+    return {k: list(v["shape"]) for k, v in header.items()
+            if k != "__metadata__" and isinstance(v, dict) and isinstance(v.get("shape"), list)}
+
+
+def _check_header(path: Path, spec: dict, cfg_path: Path) -> None:
+    """cfg.json's d_in, d_sae and d_out against the shapes of W_enc and W_dec in the weights' header, so a
+    config that does not fit its weights is named before a dictionary of its size is allocated."""
+    shapes = weight_shapes(path)
+    want = {"W_enc": [spec["d_in"], spec["d_sae"]], "W_dec": [spec["d_sae"], spec["d_out"]]}
+    for name, shape in want.items():
+        if name in shapes and shapes[name] != shape:
+            fields = "d_in, d_sae" if name == "W_enc" else "d_sae, " + ("d_out" if spec["transcoder"] else "d_in")
+            raise SAEFileError(f"{cfg_path}: fields {fields} are {shape}, but {path.name} holds {name} of shape "
+                               f"{shapes[name]}: the config does not fit the weights")
+
+
 def load(folder: PathLike, model: Optional[HookedModel], expect: type, classes: tuple) -> Any:
     """The SAE or transcoder in `folder` (ours or SAELens'), checked against `model` when given.
 
@@ -328,6 +364,7 @@ def load(folder: PathLike, model: Optional[HookedModel], expect: type, classes: 
     cfg_path, weights_path = folder / CFG, folder / WEIGHTS
     cfg = read_cfg(cfg_path.parent)
     spec = _spec(cfg, cfg_path)
+    _check_header(weights_path, spec, cfg_path)  # before building: cfg.json's sizes against the weights' own
     sae = _build(spec, cfg_path, classes)
     if expect is classes[1] and not is_transcoder(sae):
         raise SAEFileError(f"{cfg_path}: architecture {spec['arch']!r} is an SAE, not a transcoder")
