@@ -36,7 +36,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_bytes
 from safetensors.torch import save as save_bytes
 
-from sprout.files import write_bytes, write_folder
+from sprout.files import file_in, write_bytes, write_folder
 from sprout.names import layer_of
 
 from .._model import HookedModel, model_name, require_hooks
@@ -261,9 +261,13 @@ def _kind_of(spec: dict, cfg: dict, path: Path) -> None:
         raise SAEFileError(f"{path}: field 'metadata.sprout.kind' is {kind!r}, which architecture {arch!r} cannot hold")
     k = ours.get("k") if kind in ("batchtopk", "matryoshka") else None
     if kind == "topk":
-        k = _field(cfg, "k", int, path) or (cfg.get("activation_fn_kwargs") or {}).get("k") or ours.get("k")
+        k = _field(cfg, "k", int, path)  # 0 is refused as 0 (by the SAE), not replaced by another source
+        for other in ((cfg.get("activation_fn_kwargs") or {}).get("k") if isinstance(cfg.get("activation_fn_kwargs"),
+                                                                                     dict) else None, ours.get("k")):
+            k = other if k is None else k
     spec.update(transcoder=transcoder, skip=arch.startswith("skip_"), kind=kind, k=k, widths=ours.get("widths"),
-                bandwidth=ours.get("bandwidth") or 0.05, rescale=bool(cfg.get("rescale_acts_by_decoder_norm", False)),
+                bandwidth=0.05 if ours.get("bandwidth") is None else ours["bandwidth"],
+                rescale=_field(cfg, "rescale_acts_by_decoder_norm", bool, path, default=False),
                 d_out=_pos_int(cfg, "d_out", path) if transcoder else spec["d_in"])
     act_fn = cfg.get("activation_fn", cfg.get("activation_fn_str"))
     if not transcoder and kind != "topk" and act_fn not in ("relu", None):
@@ -361,7 +365,13 @@ def load(folder: PathLike, model: Optional[HookedModel], expect: type, classes: 
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"no SAE at {folder}: not a folder")
-    cfg_path, weights_path = folder / CFG, folder / WEIGHTS
+    # refused: a name that leaves the folder through a symlink (as sprout.load refuses one)
+    try:
+        cfg_path, weights_path = file_in(folder, CFG, "SAE config"), file_in(folder, WEIGHTS, "SAE weights")
+    except FileNotFoundError:
+        raise
+    except ValueError as e:
+        raise SAEFileError(str(e)) from None
     cfg = read_cfg(cfg_path.parent)
     spec = _spec(cfg, cfg_path)
     _check_header(weights_path, spec, cfg_path)  # before building: cfg.json's sizes against the weights' own
@@ -388,14 +398,14 @@ def load(folder: PathLike, model: Optional[HookedModel], expect: type, classes: 
 
 def check_model(sae: Any, model: HookedModel, source: str = "this SAE") -> None:
     """Refuse a model this dictionary was not trained on, or one that lacks its hooks or writes another width."""
+    if sae.model_config:  # with or without a fingerprint: a record of the model's config is compared
+        theirs = model_config(model)
+        diff = [f"{k}: SAE {sae.model_config.get(k)!r}, model {theirs.get(k)!r}"
+                for k in sorted(set(sae.model_config) | set(theirs)) if sae.model_config.get(k) != theirs.get(k)]
+        if diff:
+            raise ValueError(f"{source} was trained for another model: config differs ({'; '.join(diff[:4])})")
     if sae.model_fingerprint is not None:
         mine = fingerprint(model)
-        if sae.model_config:
-            theirs = model_config(model)
-            diff = [f"{k}: SAE {sae.model_config.get(k)!r}, model {theirs.get(k)!r}"
-                    for k in sorted(set(sae.model_config) | set(theirs)) if sae.model_config.get(k) != theirs.get(k)]
-            if diff:
-                raise ValueError(f"{source} was trained for another model: config differs ({'; '.join(diff[:4])})")
         if mine != sae.model_fingerprint:
             raise ValueError(f"{source} was trained for another model: weights fingerprint {sae.model_fingerprint} "
                              f"(cfg.json metadata.sprout.model_fingerprint), this {model_name(model)}'s is {mine}")

@@ -23,12 +23,14 @@ import torch.nn as nn
 from jaxtyping import Float
 
 from sprout.names import act_name
+from sprout.settings import range_error, type_error
 
 from .._model import HookedModel
 from ..tuned_lens import PathLike
 from . import files
 from .files import hook_layer
 from .kinds import KIND_NAMES, THRESHOLD_KINDS, TOPK_KINDS, make_kind
+from .settings import SettingsError
 
 if TYPE_CHECKING:
     from .kinds.jumprelu import JumpReLU
@@ -36,12 +38,29 @@ if TYPE_CHECKING:
 
 
 
-def _check_dim(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return value
+# each constructor argument's type and range, as `sprout.settings.Checked` states them
+_FIELDS = {"d_in": ("int", (1, None, "[")), "d_sae": ("int", (1, None, "[")), "d_out": ("Optional[int]", (1, None, "[")),
+           "bandwidth": ("float", (0, None, "(")), "seed": ("int", (0, 2 ** 63 - 1, "[]")),
+           "skip": ("bool", None), "layer": ("Optional[int]", (0, None, "[")),
+           "hook_name": ("Optional[str]", None), "hook_name_out": ("Optional[str]", None)}
+
+
+def check_fields(what: str, **values: object) -> None:
+    """Refuse a constructor argument of the wrong type or out of range (a bool is not a number, 1.7 not a
+    seed, NaN not a bandwidth), naming the argument, before anything is allocated."""
+    for name, value in values.items():
+        kind, rule = _FIELDS[name]
+        expected = type_error(kind, value) or range_error(rule, value)
+        if expected is None and isinstance(value, str) and not value:
+            expected = "a hook name (a non-empty string)"
+        if expected:
+            raise SettingsError(f"{what} argument {name} must be {expected}, got {value!r}")
+
+
+def _check_dtype(dtype: object) -> torch.dtype:
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise SettingsError(f"dtype must be a floating torch dtype such as torch.float32, got {dtype!r}")
+    return dtype
 
 
 class SAE(nn.Module):
@@ -82,8 +101,11 @@ class SAE(nn.Module):
                  seed: int = 0, dtype: torch.dtype = torch.float32, device: Optional[Union[str, torch.device]] = None,
                  d_out: Optional[int] = None) -> None:
         super().__init__()
-        self.d_in, self.d_sae = _check_dim(d_in, "d_in"), _check_dim(d_sae, "d_sae")
-        self.d_out = self.d_in if d_out is None else _check_dim(d_out, "d_out")
+        check_fields(type(self).__name__, d_in=d_in, d_sae=d_sae, d_out=d_out, bandwidth=bandwidth, seed=seed,
+                     hook_name=hook_name)
+        _check_dtype(dtype)
+        self.d_in, self.d_sae = d_in, d_sae
+        self.d_out = self.d_in if d_out is None else d_out
         if not isinstance(kind, str):
             raise TypeError(f"kind must be one of {', '.join(KIND_NAMES)}, got {kind!r}")
         self.rule = make_kind(kind, k, self.d_sae, widths, bandwidth)
@@ -227,15 +249,12 @@ class Transcoder(SAE):
                  skip: bool = False, layer: Optional[int] = None, hook_name: Optional[str] = None,
                  hook_name_out: Optional[str] = None, widths: Optional[Sequence[int]] = None, bandwidth: float = 0.05,
                  seed: int = 0, dtype: torch.dtype = torch.float32, device: Optional[Union[str, torch.device]] = None) -> None:
-        if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int) or layer < 0):
-            raise ValueError(f"layer must be a block number (an int >= 0), got {layer!r}")
+        check_fields("Transcoder", skip=skip, layer=layer, hook_name=hook_name, hook_name_out=hook_name_out)
         hook_name, hook_name_out = transcoder_hooks(layer, hook_name, hook_name_out)
         super().__init__(d_in, d_sae, kind=kind, k=k, hook_name=hook_name, widths=widths, bandwidth=bandwidth,
                          seed=seed, dtype=dtype, device=device, d_out=d_in if d_out is None else d_out)
         self.hook_name_out = hook_name_out
         self.layer = layer if layer is not None else hook_layer(hook_name)
-        if not isinstance(skip, bool):
-            raise TypeError(f"skip must be True or False, got {skip!r}")
         self.W_skip = nn.Parameter(torch.zeros(self.d_out, self.d_in, dtype=dtype, device=device)) if skip else None
 
     @property
@@ -262,9 +281,6 @@ def transcoder_hooks(layer: Optional[int], hook_name: Optional[str], hook_name_o
     the other's block (MLP l reads `blocks.l.ln2.hook_normalized` and writes `blocks.l.hook_mlp_out`).
     One hook alone without a block to pair it with is refused: a transcoder given its input hook only
     would otherwise write its prediction of the MLP's output over its own input."""
-    for name, value in (("hook_name", hook_name), ("hook_name_out", hook_name_out)):
-        if value is not None and (not isinstance(value, str) or not value):
-            raise TypeError(f"{name} must be a hook name (a non-empty string) or None, got {value!r}")
     block = layer if layer is not None else hook_layer(hook_name) if hook_name else hook_layer(hook_name_out)
     if (hook_name is None) != (hook_name_out is None) and block is None:
         given, missing = ("hook_name", "hook_name_out") if hook_name else ("hook_name_out", "hook_name")

@@ -30,6 +30,8 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from tqdm.auto import tqdm
 
+from sprout.settings import range_error, type_error
+
 from .._distributed import world_and_rank
 from .._inputs import TextOrTokens
 from .._model import HookedModel
@@ -41,6 +43,10 @@ from .sae import SAE, Transcoder, input_hook, output_hook
 from .settings import SettingsError, TrainSettings
 
 _RATE = 0.05  # target_l0: the coefficient moves by up to 5% a step
+
+
+class TrainingDiverged(RuntimeError):
+    """A run whose weights became NaN or infinite: stopped, naming the step and the dictionary."""
 
 
 class Adam:
@@ -281,6 +287,7 @@ def train_sae(source: Union[HookedModel, Float[torch.Tensor, "*n d_in"]], hook: 
         ('topk', 4, (32, 16))
     """
     hooks, many = _hook_list(hook)
+    _check_run(steps, stop_at, checkpoint_every, resume, progress)
     with torch.inference_mode(False), torch.enable_grad():
         src: Union[TensorSource, ModelSource]
         if isinstance(source, torch.Tensor):
@@ -318,7 +325,10 @@ def train_transcoder(model: HookedModel, data: TextOrTokens, layer: Union[int, l
     n = int(model.cfg.n_layers)
     for lay in layers:
         if isinstance(lay, bool) or not isinstance(lay, int) or not 0 <= lay < n:
-            raise ValueError(f"layer must be a block of {type(model).__name__} (0..{n - 1}), got {lay!r}")
+            raise SettingsError(f"layer must be a block of {type(model).__name__} (0..{n - 1}), got {lay!r}")
+    if not layers or len(set(layers)) != len(layers):
+        raise SettingsError(f"layer must be a block or a list of distinct blocks, got {layer!r}")
+    _check_run(steps, stop_at, checkpoint_every, resume, progress)
     pairs = [(input_hook(lay), output_hook(lay)) for lay in layers]
     flat = [h for pair in pairs for h in pair]
     with torch.inference_mode(False), torch.enable_grad():
@@ -342,6 +352,29 @@ def _new_sae(s: TrainSettings, d_in: int, hook_in: str, hook_out: Optional[str],
     return Transcoder(d_in, s.d_sae, d_out, skip=s.skip, layer=layer, hook_name=hook_in, hook_name_out=hook_out, **kw)
 
 
+def _check_run(steps: object, stop_at: object, every: object, resume: object, progress: object) -> None:
+    """The run's own arguments, checked before any work: stop_at in 1..steps, checkpoint_every >= 1,
+    resume and progress booleans (a string such as "no" is not False)."""
+    for name, value, kind, rule in (("stop_at", stop_at, "Optional[int]", (1, steps, "[]") if isinstance(steps, int) else None),
+                                    ("checkpoint_every", every, "Optional[int]", (1, None, "[")),
+                                    ("resume", resume, "bool", None), ("progress", progress, "bool", None)):
+        bad = type_error(kind, value) or range_error(rule, value)
+        if bad:
+            raise SettingsError(f"{name} must be {bad}" + (f" (steps={steps})" if name == "stop_at" else "")
+                                + f", got {value!r}")
+
+
+def _check_finite(units: list, step: int, s: TrainSettings) -> None:
+    """Stop a run that diverged (a NaN or infinite weight) instead of returning a dictionary that will not load."""
+    for u in units:
+        bad = [n for n, p in u.sae.named_parameters() if not torch.isfinite(p).all()]
+        if bad:
+            raise TrainingDiverged(f"training diverged at step {step + 1} of {s.steps}: the {u.sae.kind} dictionary at "
+                                   f"{u.hook_in!r} has NaN or infinite {', '.join(bad)} (peak lr {s.peak_lr():.3g}); "
+                                   "lower lr= or keep grad_clip > 0, and start again (no checkpoint was written "
+                                   "after the divergence)")
+
+
 def _run(src, units: list, s: TrainSettings, checkpoint, every, resume, stop_at, progress) -> list:
     n_proc, rank = world_and_rank()
     if checkpoint is None or rank != 0:
@@ -360,8 +393,6 @@ def _run_locked(src, units: list, s: TrainSettings, checkpoint, every, resume, s
         ckpt.refuse_existing(checkpoint)
     start = ckpt.restore(checkpoint, units, s, meta) if resume else 0
     end = s.steps if stop_at is None else min(int(stop_at), s.steps)
-    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
-        raise SettingsError(f"checkpoint_every must be an int >= 1, got {every!r}")
     t0 = time.perf_counter()
     bar = tqdm(range(start, end), initial=start, total=s.steps, desc=f"{s.kind} SAE", disable=not progress or rank != 0)
     for step in bar:
@@ -372,6 +403,7 @@ def _run_locked(src, units: list, s: TrainSettings, checkpoint, every, resume, s
             if step == 0:
                 _init_unit(u, x, y, s)
             _step_unit(u, x, y, s, step, s.batch_size)
+        _check_finite(units, step, s)
         bar.set_postfix(fvu=f"{units[0].fvu:.3f}", l0=f"{units[0].l0:.1f}")
         if checkpoint is not None and every is not None and (step + 1) % every == 0 and step + 1 < end:
             ckpt.write(checkpoint, units, s, meta, step + 1)

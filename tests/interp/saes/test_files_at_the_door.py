@@ -40,3 +40,46 @@ def test_a_weights_file_that_is_not_safetensors_is_named(tmp_path):
     (folder / "sae_weights.safetensors").write_bytes(b"\xff" * 8 + b"junk")
     with pytest.raises(SAEFileError, match="sae_weights.safetensors.*not a safetensors file"):
         interp.SAE.load(folder)
+
+
+def test_a_file_read_through_a_symlink_out_of_the_folder_is_refused(tmp_path):
+    _, folder = _saved(tmp_path)
+    outside = tmp_path / "elsewhere.json"
+    (folder / "cfg.json").rename(outside)
+    (folder / "cfg.json").symlink_to(outside)
+    with pytest.raises(SAEFileError, match="cfg.json: the SAE config is a link to .*outside"):
+        interp.SAE.load(folder)
+
+
+def _topk_folder(tmp_path):
+    sae = interp.SAE(16, 32, kind="topk", k=4, hook_name=HOOK, seed=1)
+    return sae.save(tmp_path / "topk")
+
+
+@pytest.mark.parametrize("changes, words", [(dict(k=0), "k must be in 1..d_sae"),
+                                            (dict(rescale_acts_by_decoder_norm="no"), "rescale_acts_by_decoder_norm")])
+def test_falsy_and_truthy_fields_are_read_as_they_are(tmp_path, changes, words):
+    folder = _topk_folder(tmp_path)
+    _edit_cfg(folder, **changes)
+    with pytest.raises(SAEFileError, match=words):
+        interp.SAE.load(folder)
+
+
+def test_a_zero_bandwidth_in_our_record_is_refused_not_replaced(tmp_path):
+    folder = interp.SAE(16, 32, kind="jumprelu", hook_name=HOOK).save(tmp_path / "jr")
+    cfg = json.loads((folder / "cfg.json").read_text())
+    cfg["metadata"]["sprout"]["bandwidth"] = 0
+    (folder / "cfg.json").write_text(json.dumps(cfg))
+    with pytest.raises(SAEFileError, match="bandwidth must be > 0, got 0"):
+        interp.SAE.load(folder)
+
+
+def test_a_dictionary_without_a_fingerprint_still_has_its_model_config_compared():
+    from interp.saes.files import model_config
+    from sprout import Sprout
+    from tests.conftest import TINY
+    model = Sprout(TINY)
+    sae = interp.SAE(TINY.d_model, 32, hook_name=HOOK)
+    sae.model_config = {**model_config(model), "n_layers": 7}
+    with pytest.raises(ValueError, match="trained for another model: config differs"):
+        sae.check_model(model)
