@@ -171,7 +171,7 @@ class HookedLM(HookedRootModule):
             idx = x = text.check_tokens(self, input)  # the fast path: ids in
         else:
             if isinstance(input, (str, list, tuple)):
-                idx, padded = text.tokens_and_mask(self, input, prepend_bos, padding_side)
+                idx, padded = text.tokens_and_mask(self, input, prepend_bos, padding_side, truncate=True)
             else:
                 text.check_prepend_bos(self, prepend_bos)
                 idx, padded = text.check_tokens(self, input), None
@@ -210,7 +210,7 @@ class HookedLM(HookedRootModule):
         None where a shortformer model returns one), the ids [batch, pos] and the padding mask or None.
         `model(residual, start_at_layer=0, attention_mask=attention_mask)` resumes the forward."""
         if isinstance(input, (str, list, tuple)):
-            tokens, padded = text.tokens_and_mask(self, input, prepend_bos, padding_side)
+            tokens, padded = text.tokens_and_mask(self, input, prepend_bos, padding_side, truncate=True)
             attention_mask = padded if attention_mask is None else attention_mask
         else:
             tokens = text.check_tokens(self, input)  # ids in: prepend_bos does not apply, as in TransformerLens

@@ -118,8 +118,9 @@ def test_to_tokens_truncates_as_transformer_lens_and_refuses_on_request(model):
     assert [len(r) for r in model.to_str_tokens([long, "the cat"])] == [CFG.context, 2]
     with pytest.raises(ValueError, match=rf"sequence of {len(ids)} tokens is longer .*sprout.tl.text.windows"):
         model.to_tokens(long, truncate=False)
-    with pytest.raises(ValueError, match="longer than the model's context"):
-        model(long)  # the forward never truncates
+    with pytest.warns(UserWarning, match="truncated to the model's context"):
+        logits = model(long)  # the forward truncates text as TransformerLens does, saying so
+    assert torch.equal(logits, model(model.to_tokens(long)))
 
 
 def test_to_tokens_of_empty_text_is_as_transformer_lens(model):
