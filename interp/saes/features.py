@@ -13,6 +13,7 @@ else changes), and the change of each token's next-token log-probability beside 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
@@ -225,9 +226,13 @@ def clamp_effect(model: HookedModel, sae: SAE, latent: int, data: TextOrTokens, 
     (sae,) = _as_list([sae])
     if hasattr(sae, "check_model"):
         sae.check_model(model, f"the {type(sae).__name__} at {sae.hook_name!r}")
-    if not 0 <= int(latent) < sae.d_sae:
-        raise ValueError(f"latent {latent} is out of range: the dictionary has {sae.d_sae} latents")
-    latent, rows = int(latent), token_rows(model, data, seq_len)
+    if isinstance(latent, bool) or not hasattr(type(latent), "__index__") or not 0 <= latent.__index__() < sae.d_sae:
+        raise ValueError(f"latent must be an integer in 0..{sae.d_sae - 1} (the dictionary has {sae.d_sae} latents), "
+                         f"got {latent!r}")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
+        raise ValueError(f"value (the clamp) must be a finite number or None (the latent's largest activation), "
+                         f"got {value!r}")
+    latent, rows = latent.__index__(), token_rows(model, data, seq_len)
     with torch.inference_mode():
         if value is None:
             value = max(float(_acts(model, sae, ids)[..., latent].max()) for _, ids in batches(rows, batch_size, model.cfg.device))

@@ -194,6 +194,8 @@ def spliced(model: HookedModel, saes: Dictionaries, use_error_term: bool = False
         >>> with interp.spliced(model, [sae]):                                     # doctest: +SKIP
         ...     model.run_with_hooks(tokens, fwd_hooks=[(sae.hook_name + ".hook_sae_acts_post", clamp)])
     """
+    if not isinstance(use_error_term, bool):  # "no" is truthy: a string must not switch the error term on
+        raise TypeError(f"use_error_term must be True or False, got {use_error_term!r}")
     saes = _as_list(saes)
     lock = getattr(model, "_lock", None)
     with ExitStack() as stack:
