@@ -53,8 +53,8 @@ def _chunks(model: HookedModel, data: TextOrTokens, batch_size: int, seq_len: Op
     mask = torch.as_tensor(attention_mask)
     if mask.shape != data.shape:
         raise ValueError(f"attention_mask has shape {list(mask.shape)} but the ids have shape {list(data.shape)}")
-    if mask.is_floating_point() or mask.is_complex() or not ((mask == 0) | (mask == 1)).all():
-        raise ValueError("attention_mask must hold only 0 (padding) and 1 (real token), as integers or bools; "
+    if mask.is_complex() or not ((mask == 0) | (mask == 1)).all():
+        raise ValueError("attention_mask must hold only 0 (padding) and 1 (real token); "
                          f"got values {sorted({float(v) for v in mask.unique()[:6].tolist()})}")
     if data.shape[1] > int(model.cfg.n_ctx):
         raise ValueError(f"padded ids of {data.shape[1]} positions exceed the model's context of {model.cfg.n_ctx}: "
