@@ -226,9 +226,10 @@ def clamp_effect(model: HookedModel, sae: SAE, latent: int, data: TextOrTokens, 
     (sae,) = _as_list([sae])
     if hasattr(sae, "check_model"):
         sae.check_model(model, f"the {type(sae).__name__} at {sae.hook_name!r}")
-    if isinstance(latent, bool) or not hasattr(type(latent), "__index__") or not 0 <= latent.__index__() < sae.d_sae:
-        raise ValueError(f"latent must be an integer in 0..{sae.d_sae - 1} (the dictionary has {sae.d_sae} latents), "
-                         f"got {latent!r}")
+    if isinstance(latent, bool) or not hasattr(type(latent), "__index__"):
+        raise ValueError(f"latent must be an integer in 0..{sae.d_sae - 1}, got {latent!r}")
+    if not 0 <= latent.__index__() < sae.d_sae:
+        raise ValueError(f"latent {latent} is out of range: the dictionary has {sae.d_sae} latents (0..{sae.d_sae - 1})")
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
         raise ValueError(f"value (the clamp) must be a finite number or None (the latent's largest activation), "
                          f"got {value!r}")

@@ -51,9 +51,10 @@ def test_clamp_values_that_are_not_finite_numbers_are_refused(model, sae, value)
         clamp_effect(model, sae, 0, _ids(8), value=value)
 
 
-@pytest.mark.parametrize("latent", [1.7, True, -1, 32])
-def test_a_latent_that_is_not_an_index_is_refused(model, sae, latent):
-    with pytest.raises(ValueError, match="latent must be an integer in 0..31"):
+@pytest.mark.parametrize("latent, words", [(1.7, "latent must be an integer in 0..31"), (True, "must be an integer"),
+                                           (-1, "latent -1 is out of range"), (32, "latent 32 is out of range")])
+def test_a_latent_that_is_not_an_index_is_refused(model, sae, latent, words):
+    with pytest.raises(ValueError, match=words):
         clamp_effect(model, sae, latent, _ids(8), value=1.0)
 
 
