@@ -103,6 +103,11 @@ class Recipe:
                              "same held-out texts, so set them on the Recipe itself")
         return replace(self, **own, overrides={})
 
+    def with_steps(self, steps: int) -> "Recipe":
+        """Every dictionary trained `steps` steps, those whose override sets their own too (`--steps`)."""
+        own = {key: {f: v for f, v in o.items() if f not in STEP_FIELDS} for key, o in self.overrides.items()}
+        return replace(self, steps=steps, transcoder_steps=steps, overrides=own)
+
     def most_train_chars(self) -> int:
         """The longest training prefix any of the demo's dictionaries reads (the text is read once)."""
         return max([self.train_chars] + [o.get("train_chars", 0) for o in self.overrides.values()])
@@ -128,6 +133,8 @@ RECIPES = {"gpt-4": Recipe(overrides=_GPT4),
 PARTS = ("resid", "transcoders")
 STEPS = ("lens", "saes", "phase", "readme")  # what one command rebuilds, in this order
 TEXT_FIELDS = ("held_out_chars", "dead_chars")  # one value per demo (demo_texts reads them once)
+STEP_FIELDS = ("steps", "transcoder_steps")  # what --steps overrides, in the recipe and in every override
+
 LENS = dict(steps=150, batch_size=8, train_chars=400_000, held_out_chars=60_000, seed=0)
 
 
@@ -378,7 +385,7 @@ def main(argv=None) -> int:
             raise SystemExit(f"{args.name} has no dictionary recipe; those with one: {', '.join(RECIPES)}")
         r = RECIPES[args.name]
         if args.steps is not None:
-            r = replace(r, steps=args.steps, transcoder_steps=args.steps)
+            r = r.with_steps(args.steps)
         ship_saes(args.name, model, r, args.parts, keep_passing=args.keep_passing, layers=args.layers)
     if "readme" in only:
         ship_readme(args.readme, args.docs, args.threads or 2)

@@ -123,3 +123,16 @@ def test_phase_tables_come_only_from_the_run_the_weights_came_from(tmp_path):
         ship.ship_phase("gpt-4", sprout.load("gpt-4").eval(), tmp_path)
     with pytest.raises(SystemExit, match="keeps 1 snapshot"):  # its own weights, but nothing to follow over training
         ship.ship_phase("gpt-1", gpt1, tmp_path)
+
+
+@pytest.mark.parametrize("name", sorted(ship.RECIPES))
+def test_steps_override_means_what_it_says_for_every_dictionary(name):
+    """`--steps 7` trains every dictionary 7 steps, those whose override sets their own steps too (issue 36)."""
+    r = ship.RECIPES[name].with_steps(7)
+    model_layers = range(12)
+    for part in ("resid", "transcoders"):
+        for layer in model_layers:
+            at = r.at(part, layer)
+            assert at.steps == 7 and at.transcoder_steps == 7, (name, part, layer)
+    kept = {k: {f: v for f, v in o.items() if f not in ship.STEP_FIELDS} for k, o in ship.RECIPES[name].overrides.items()}
+    assert r.overrides == kept  # the other overrides stand
