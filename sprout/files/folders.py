@@ -16,6 +16,8 @@ files, tuned lenses, run markers and logs, README tables, plotly.js).
 """
 from __future__ import annotations
 
+import ctypes
+import functools
 import hashlib
 import os
 import tempfile
@@ -129,12 +131,17 @@ def _write_locked(given: Path, target: Path, fill: Callable[[Path], None], own: 
         fsync_dir(tmp)
         if target.exists():
             check_replaceable(target, own, proof, what)  # again: it may have changed while we wrote
-            old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
-            os.rename(target, old)
-        os.rename(tmp, target)
+            if exchange(tmp, target):  # one step: `target` is never missing, `tmp` now holds the old folder
+                old, tmp = tmp, target
+            else:
+                old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
+                os.rename(target, old)
+        if tmp != target:
+            os.rename(tmp, target)
         fsync_dir(target.parent)
     except BaseException:
-        remove_ours(tmp, own)
+        if tmp != target:
+            remove_ours(tmp, own)
         if old is not None and not target.exists():
             os.rename(old, target)  # put the previous folder back
         raise
@@ -142,6 +149,26 @@ def _write_locked(given: Path, target: Path, fill: Callable[[Path], None], own: 
         remove_ours(old, own)
     _remove_stale(target, own)
     return given
+
+
+_RENAME_EXCHANGE, _AT_FDCWD = 2, -100
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one atomic step (Linux's renameat2 with RENAME_EXCHANGE); False where the
+    system or the file system cannot (the caller then renames twice)."""
+    rename2 = getattr(_libc(), "renameat2", None)
+    if rename2 is None:
+        return False
+    return rename2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0
+
+
+@functools.lru_cache(maxsize=1)
+def _libc() -> object:
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:  # no C library to ask (not Linux or macOS)
+        return None
 
 
 def remove_ours(folder: Path, own: frozenset) -> None:

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import interp
-from sprout.files import FolderLocked
+from interp.saes.files import CFG, WEIGHTS, is_ours
+from sprout.files import FolderLocked, write_folder
 from sprout.files.folders import lock_path
 
 D = 8
@@ -63,3 +64,23 @@ def test_a_second_run_on_a_checkpoint_folder_in_use_fails_at_once(tmp_path):
     sae = interp.train_sae(torch.randn(256, D), kind="topk", d_sae=16, k=2, steps=3, batch_size=64, checkpoint=folder,
                            progress=False)  # the lock died with its process
     assert sae.info["steps"] == 3 and lock_path(folder, "run.lock").exists()
+
+
+def test_a_replace_swaps_in_one_step_and_a_killed_writers_old_copy_comes_back(tmp_path):
+    """The old folder and the new one are exchanged atomically (the folder is never missing); where a writer
+    was killed between two renames, the next write puts the old copy back before sweeping, even if that
+    write then fails."""
+    a = interp.SAE(D, 16, kind="relu", hook_name="blocks.0.hook_resid_post", seed=1)
+    b = interp.SAE(D, 16, kind="relu", hook_name="blocks.0.hook_resid_post", seed=2)
+    a.save(tmp_path / "sae")
+    inode = (tmp_path / "sae").stat().st_ino
+    b.save(tmp_path / "sae")
+    assert (tmp_path / "sae").stat().st_ino != inode and sorted(os.listdir(tmp_path)) == ["sae"]
+    (tmp_path / "sae").rename(tmp_path / ".sae.old-0123abcd")  # killed after moving the old copy aside
+
+    def fail(tmp):
+        raise OSError("disk full")
+
+    with pytest.warns(UserWarning, match="previous copy is back"), pytest.raises(OSError, match="disk full"):
+        write_folder(tmp_path / "sae", fail, frozenset({CFG, WEIGHTS}), is_ours, "an SAE folder")
+    assert torch.equal(interp.SAE.load(tmp_path / "sae").W_dec, b.W_dec) and sorted(os.listdir(tmp_path)) == ["sae"]
