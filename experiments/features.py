@@ -24,6 +24,7 @@ import interp
 import interp.saes.features as interp_features
 import sprout
 from interp.saes.features import feature_report
+from sprout.files import replace_file
 from sprout.material import generate_story
 from sprout.names import act_name
 from sprout.tokenizer import raw
@@ -139,7 +140,7 @@ def run(models, out, args) -> list[dict]:
         for i, (label, sae) in enumerate(found):
             rep = feature_report(model, sae, text, n_show=args.show)
             page = out.dir / model_label / f"{slug(label)}.html"
-            page.write_text(dictionary_page(label, model_label, rep, js), encoding="utf-8")
+            replace_file(page, dictionary_page(label, model_label, rep, js).encode("utf-8"))  # old page or new, whole
             out.table(rep.table, f"{model_label}_{slug(label)}")
             items.append(f"<tr><td><a href='{model_label}/{page.name}'>{html.escape(label)}</a></td><td>{sae.kind}, "
                          f"d_sae {sae.d_sae}{f', k {sae.k}' if sae.k else ''}</td><td>{_metrics_cell(sae)}</td></tr>")
@@ -149,8 +150,8 @@ def run(models, out, args) -> list[dict]:
                            f"{model_label}.html has a page per dictionary).")
         index = ["<p>Each dictionary's page shows its most frequent and most selective latents on held-out text.</p>",
                  "<table><tr><th>dictionary</th><th>kind</th><th>held-out metrics (shipped)</th></tr>", *items, "</table>"]
-        (out.dir / f"{model_label}.html").write_text(_page(f"{model_label}: features", index,
-                                                           os.path.relpath(out.plotly_js(), out.dir)), encoding="utf-8")
+        replace_file(out.dir / f"{model_label}.html", _page(f"{model_label}: features", index,
+                                                            os.path.relpath(out.plotly_js(), out.dir)).encode("utf-8"))
         rows.append(number("dictionaries with feature pages", len(found), None, model_label, fmt="{:d}"))
     return rows
 
