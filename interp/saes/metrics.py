@@ -32,6 +32,7 @@ from jaxtyping import Int
 
 from .._batching import TextOrTokens, batches, token_rows
 from .._model import HookedModel, require_hooks
+from .settings import COUNT, check_args
 from .splice import _as_list, _spliced, is_transcoder, latent_name
 
 if TYPE_CHECKING:
@@ -168,8 +169,8 @@ def sae_metrics(model: HookedModel, sae: SAE, data: TextOrTokens, batch_size: in
     Example:
         >>> interp.sae_metrics(model, sae, interp.held_out_stories(20_000))[["explained_variance", "l0"]]  # doctest: +SKIP
     """
-    if not 0 <= dense_threshold < 1:
-        raise ValueError(f"dense_threshold is a fraction of tokens in [0, 1), got {dense_threshold}")
+    check_args("sae_metrics", batch_size=(batch_size, *COUNT), seq_len=(seq_len, "Optional[int]", COUNT[1]),
+               dense_threshold=(dense_threshold, "float", (0, 1, "[)")))
     (sae,) = _as_list([sae])
     require_hooks(model, [sae.hook_name, _target_name(sae)])
     if hasattr(sae, "check_model"):

@@ -26,6 +26,18 @@ class SettingsError(ValueError, TypeError):
     """A training setting of the wrong type or out of range (the message names the field and the value)."""
 
 
+COUNT = ("int", (1, None, "["))  # an argument that counts something: an integer >= 1
+
+
+def check_args(where: str, **args: tuple) -> None:
+    """Refuse the first argument of the wrong type or out of range, as `Checked` refuses a field: each keyword
+    is `name=(value, kind, rule)` with `kind` "int", "Optional[float]" ... and `rule` a range (or None)."""
+    for name, (value, kind, rule) in args.items():
+        expected = type_error(kind, value) or range_error(rule, value)
+        if expected:
+            raise SettingsError(f"{where}: {name} must be {expected}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class TrainSettings(Checked):
     kind: str = "topk"                      # relu | topk | batchtopk | jumprelu | matryoshka

@@ -232,6 +232,8 @@ def _spliced(model: HookedModel, saes: list, use_error_term: bool) -> Iterator:
 
 
 def _as_list(saes) -> list:
+    if not hasattr(saes, "hook_name") and (isinstance(saes, (str, bytes)) or not hasattr(saes, "__iter__")):
+        raise TypeError(f"saes must be an SAE, a Transcoder or a list of them, got {type(saes).__name__}")
     saes = [saes] if hasattr(saes, "hook_name") else list(saes)
     if not saes:
         raise ValueError("no dictionaries given to splice")

@@ -302,6 +302,7 @@ def train_sae(source: Union[HookedModel, Float[torch.Tensor, "*n d_in"]], hook: 
         else:
             if hooks[0] is None:
                 raise ValueError("training from a model needs hook=: the hook point(s) to read")
+            _settings(int(source.cfg.d_model), kind, d_sae, k, steps, lr, batch_size, seed, options)  # before harvesting
             src = _model_source(source, data, hooks, batch_size, seed, options)
             s = _settings(src.widths[hooks[0]], kind, d_sae, k, steps, lr, batch_size, seed, options)
         units = [_Unit(_new_sae(s, src.widths[h], h, None), h, None, s) for h in hooks]
@@ -329,6 +330,7 @@ def train_transcoder(model: HookedModel, data: TextOrTokens, layer: Union[int, l
     if not layers or len(set(layers)) != len(layers):
         raise SettingsError(f"layer must be a block or a list of distinct blocks, got {layer!r}")
     _check_run(steps, stop_at, checkpoint_every, resume, progress)
+    _settings(int(model.cfg.d_model), kind, d_sae, k, steps, lr, batch_size, seed, {**options, "skip": skip})  # before harvesting
     pairs = [(input_hook(lay), output_hook(lay)) for lay in layers]
     flat = [h for pair in pairs for h in pair]
     with torch.inference_mode(False), torch.enable_grad():
