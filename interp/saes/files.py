@@ -29,18 +29,18 @@ import math
 import os
 import stat
 from pathlib import Path
-from typing import Any, Optional, cast
+from typing import Any, Optional
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load as load_bytes
 from safetensors.torch import save as save_bytes
 
 from sprout.files import file_in, write_bytes, write_folder
 from sprout.names import layer_of
 
-from .._model import HookedModel, model_name, require_hooks
-from ..tuned_lens import PathLike, fingerprint, model_config
+from .._model import HookedModel
+from ..tuned_lens import PathLike
 
 CFG, WEIGHTS = "cfg.json", "sae_weights.safetensors"
 FORMAT = "sprout-sae"
@@ -319,27 +319,13 @@ def _read_tensors(sae: Any, path: Path, spec: dict) -> dict:
 
 
 def weight_shapes(path: Path) -> dict[str, list[int]]:
-    """The tensor shapes a safetensors file declares in its header, read without reading the tensors."""
+    """The tensor shapes a safetensors file declares in its header, read without reading the tensors (the
+    file already checked to be a regular file inside its folder)."""
     try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"no SAE at {path.parent}: {path.name} is missing") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise SAEFileError(f"{path} is not a regular file (a FIFO, device or folder): refusing to read it")
-    with open(path, "rb") as f:
-        head = f.read(8)
-        n = int.from_bytes(head, "little") if len(head) == 8 else -1
-        if not 0 < n <= min(MAX_JSON_BYTES, st.st_size - 8):
-            raise SAEFileError(f"cannot read {path}: not a safetensors file (its header length is {n})")
-        raw = f.read(n)
-    try:
-        header = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise SAEFileError(f"cannot read {path}: its safetensors header is not JSON ({str(e)[:120]})") from e
-    if not isinstance(header, dict):
-        raise SAEFileError(f"cannot read {path}: its safetensors header is not a JSON object")
-    return {k: list(v["shape"]) for k, v in header.items()
-            if k != "__metadata__" and isinstance(v, dict) and isinstance(v.get("shape"), list)}
+        with safe_open(str(path), "pt") as f:
+            return {name: list(f.get_slice(name).get_shape()) for name in f.keys()}
+    except (SafetensorError, OSError, ValueError) as e:
+        raise SAEFileError(f"cannot read {path}: not a safetensors file ({str(e)[:120]})") from e
 
 
 def _check_header(path: Path, spec: dict, cfg_path: Path) -> None:
@@ -392,55 +378,5 @@ def load(folder: PathLike, model: Optional[HookedModel], expect: type, classes: 
     sae.info = ours.get("info") if isinstance(ours.get("info"), dict) else {}
     sae.eval()
     if model is not None:
-        check_model(sae, model, f"the SAE at {folder}")
+        sae.check_model(model, f"the SAE at {folder}")
     return sae
-
-
-def check_model(sae: Any, model: HookedModel, source: str = "this SAE") -> None:
-    """Refuse a model this dictionary was not trained on, or one that lacks its hooks or writes another width."""
-    if sae.model_config:  # with or without a fingerprint: a record of the model's config is compared
-        theirs = model_config(model)
-        diff = [f"{k}: SAE {sae.model_config.get(k)!r}, model {theirs.get(k)!r}"
-                for k in sorted(set(sae.model_config) | set(theirs)) if sae.model_config.get(k) != theirs.get(k)]
-        if diff:
-            raise ValueError(f"{source} was trained for another model: config differs ({'; '.join(diff[:4])})")
-    if sae.model_fingerprint is not None:
-        mine = fingerprint(model)
-        if mine != sae.model_fingerprint:
-            raise ValueError(f"{source} was trained for another model: weights fingerprint {sae.model_fingerprint} "
-                             f"(cfg.json metadata.sprout.model_fingerprint), this {model_name(model)}'s is {mine}")
-    hooks = [h for h in (sae.hook_name, getattr(sae, "hook_name_out", None)) if h is not None]
-    if not hooks:
-        raise ValueError(f"{source} has no hook_name: set sae.hook_name to the hook point it reads")
-    require_hooks(model, hooks)
-    widths = hook_widths(model, hooks)
-    if len(hooks) == 2 and list(widths) != hooks:  # hook_widths' keys come in the order the hooks fired
-        raise ValueError(f"{source} reads {hooks[0]!r} and writes {hooks[1]!r}, but {model_name(model)} runs "
-                         f"{hooks[1]!r} first: a transcoder's output hook must come after its input hook "
-                         "(MLP l: blocks.l.ln2.hook_normalized -> blocks.l.hook_mlp_out)")
-    for hook, want in zip(hooks, (sae.d_in, sae.d_out)):
-        if widths[hook] != want:
-            raise ValueError(f"{source} reads {want}-wide activations at {hook!r}, but {model_name(model)} "
-                             f"writes {widths[hook]} there")
-
-
-def hook_widths(model: HookedModel, hooks: list[str]) -> dict:
-    """The last axis of each hook's activation, from a one-token forward that stops after the last layer
-    needed. A hook that does not fire, or whose activation is not [batch, pos, d], is refused by name."""
-    seen: dict = {}
-
-    def grab(x, hook):
-        if x.dim() != 3:
-            raise ValueError(f"the activation at {hook.name!r} has shape {list(x.shape)}; dictionaries here read "
-                             "[batch, pos, d] activations (the residual stream, MLP and attention outputs, norms)")
-        seen.setdefault(hook.name, int(x.shape[-1]))  # keys in the order the hooks first fired
-
-    layers = [hook_layer(h) for h in hooks]
-    stop = None if any(layer is None for layer in layers) else min(max(cast(list[int], layers)) + 1, int(model.cfg.n_layers))
-    ids = torch.zeros(1, 1, dtype=torch.long, device=model.cfg.device)
-    with torch.inference_mode():
-        model.run_with_hooks(ids, fwd_hooks=[(h, grab) for h in hooks], stop_at_layer=stop)
-    missing = [h for h in hooks if h not in seen]
-    if missing:
-        raise ValueError(f"{model_name(model)}'s hook {missing[0]!r} did not fire in a forward: nothing to read there")
-    return seen

@@ -22,7 +22,8 @@ from .._distributed import world_and_rank
 from .._inputs import TextOrTokens
 from .._inputs import stream_windows as windows
 from .._model import HookedModel, require_hooks
-from .files import hook_layer, hook_widths
+from .files import hook_layer
+from .sae import hook_widths
 
 _PERMS: dict = {}
 

@@ -25,8 +25,8 @@ from jaxtyping import Float
 from sprout.names import act_name
 from sprout.settings import range_error, type_error
 
-from .._model import HookedModel
-from ..tuned_lens import PathLike
+from .._model import HookedModel, model_name, require_hooks
+from ..tuned_lens import PathLike, fingerprint, model_config
 from . import files
 from .files import hook_layer
 from .kinds import KIND_NAMES, THRESHOLD_KINDS, TOPK_KINDS, make_kind
@@ -198,7 +198,7 @@ class SAE(nn.Module):
     def check_model(self, model: HookedModel, source: str = "this SAE") -> None:
         """Raise a ValueError if `model` is not the one this dictionary was trained on (its fingerprint and
         config), lacks its hook point(s), or writes another width there."""
-        files.check_model(self, model, source)
+        check_model(self, model, source)
 
     def extra_repr(self) -> str:
         k = f", k={self.k}" if self.k is not None else ""
@@ -300,3 +300,53 @@ def input_hook(layer: int) -> str:
 
 def output_hook(layer: int) -> str:
     return act_name("mlp_out", layer)
+
+
+def check_model(sae: SAE, model: HookedModel, source: str = "this SAE") -> None:
+    """Refuse a model this dictionary was not trained on, or one that lacks its hooks or writes another width."""
+    if sae.model_config:  # with or without a fingerprint: a record of the model's config is compared
+        theirs = model_config(model)
+        diff = [f"{k}: SAE {sae.model_config.get(k)!r}, model {theirs.get(k)!r}"
+                for k in sorted(set(sae.model_config) | set(theirs)) if sae.model_config.get(k) != theirs.get(k)]
+        if diff:
+            raise ValueError(f"{source} was trained for another model: config differs ({'; '.join(diff[:4])})")
+    if sae.model_fingerprint is not None:
+        mine = fingerprint(model)
+        if mine != sae.model_fingerprint:
+            raise ValueError(f"{source} was trained for another model: weights fingerprint {sae.model_fingerprint} "
+                             f"(cfg.json metadata.sprout.model_fingerprint), this {model_name(model)}'s is {mine}")
+    hooks = [h for h in (sae.hook_name, getattr(sae, "hook_name_out", None)) if h is not None]
+    if not hooks:
+        raise ValueError(f"{source} has no hook_name: set sae.hook_name to the hook point it reads")
+    require_hooks(model, hooks)
+    widths = hook_widths(model, hooks)
+    if len(hooks) == 2 and list(widths) != hooks:  # hook_widths' keys come in the order the hooks fired
+        raise ValueError(f"{source} reads {hooks[0]!r} and writes {hooks[1]!r}, but {model_name(model)} runs "
+                         f"{hooks[1]!r} first: a transcoder's output hook must come after its input hook "
+                         "(MLP l: blocks.l.ln2.hook_normalized -> blocks.l.hook_mlp_out)")
+    for hook, want in zip(hooks, (sae.d_in, sae.d_out)):
+        if widths[hook] != want:
+            raise ValueError(f"{source} reads {want}-wide activations at {hook!r}, but {model_name(model)} "
+                             f"writes {widths[hook]} there")
+
+
+def hook_widths(model: HookedModel, hooks: list[str]) -> dict:
+    """The last axis of each hook's activation, from a one-token forward that stops after the last layer
+    needed. A hook that does not fire, or whose activation is not [batch, pos, d], is refused by name."""
+    seen: dict = {}
+
+    def grab(x, hook):
+        if x.dim() != 3:
+            raise ValueError(f"the activation at {hook.name!r} has shape {list(x.shape)}; dictionaries here read "
+                             "[batch, pos, d] activations (the residual stream, MLP and attention outputs, norms)")
+        seen.setdefault(hook.name, int(x.shape[-1]))  # keys in the order the hooks first fired
+
+    layers = [hook_layer(h) for h in hooks]
+    stop = None if any(layer is None for layer in layers) else min(max(cast(list[int], layers)) + 1, int(model.cfg.n_layers))
+    ids = torch.zeros(1, 1, dtype=torch.long, device=model.cfg.device)
+    with torch.inference_mode():
+        model.run_with_hooks(ids, fwd_hooks=[(h, grab) for h in hooks], stop_at_layer=stop)
+    missing = [h for h in hooks if h not in seen]
+    if missing:
+        raise ValueError(f"{model_name(model)}'s hook {missing[0]!r} did not fire in a forward: nothing to read there")
+    return seen

@@ -26,6 +26,10 @@ class SettingsError(ValueError, TypeError):
     """A training setting of the wrong type or out of range (the message names the field and the value)."""
 
 
+class TrainingDiverged(RuntimeError):
+    """A run whose weights became NaN or infinite: stopped, naming the step and the dictionary."""
+
+
 COUNT = ("int", (1, None, "["))  # an argument that counts something: an integer >= 1
 
 
@@ -36,6 +40,18 @@ def check_args(where: str, **args: tuple) -> None:
         expected = type_error(kind, value) or range_error(rule, value)
         if expected:
             raise SettingsError(f"{where}: {name} must be {expected}, got {value!r}")
+
+
+def check_run(steps: object, stop_at: object, every: object, resume: object, progress: object) -> None:
+    """The run's own arguments, checked before any work: stop_at in 1..steps, checkpoint_every >= 1,
+    resume and progress booleans (a string such as "no" is not False)."""
+    for name, value, kind, rule in (("stop_at", stop_at, "Optional[int]", (1, steps, "[]") if isinstance(steps, int) else None),
+                                    ("checkpoint_every", every, "Optional[int]", (1, None, "[")),
+                                    ("resume", resume, "bool", None), ("progress", progress, "bool", None)):
+        bad = type_error(kind, value) or range_error(rule, value)
+        if bad:
+            raise SettingsError(f"{name} must be {bad}" + (f" (steps={steps})" if name == "stop_at" else "")
+                                + f", got {value!r}")
 
 
 @dataclass(frozen=True)

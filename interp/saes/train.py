@@ -30,8 +30,6 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from tqdm.auto import tqdm
 
-from sprout.settings import range_error, type_error
-
 from .._distributed import world_and_rank
 from .._inputs import TextOrTokens
 from .._model import HookedModel
@@ -40,13 +38,9 @@ from . import checkpoint as ckpt
 from .harvest import ModelSource, TensorSource
 from .kinds import TOPK_KINDS, batch_threshold
 from .sae import SAE, Transcoder, input_hook, output_hook
-from .settings import SettingsError, TrainSettings
+from .settings import SettingsError, TrainingDiverged, TrainSettings, check_run
 
 _RATE = 0.05  # target_l0: the coefficient moves by up to 5% a step
-
-
-class TrainingDiverged(RuntimeError):
-    """A run whose weights became NaN or infinite: stopped, naming the step and the dictionary."""
 
 
 class Adam:
@@ -287,7 +281,7 @@ def train_sae(source: Union[HookedModel, Float[torch.Tensor, "*n d_in"]], hook: 
         ('topk', 4, (32, 16))
     """
     hooks, many = _hook_list(hook)
-    _check_run(steps, stop_at, checkpoint_every, resume, progress)
+    check_run(steps, stop_at, checkpoint_every, resume, progress)
     with torch.inference_mode(False), torch.enable_grad():
         src: Union[TensorSource, ModelSource]
         if isinstance(source, torch.Tensor):
@@ -329,7 +323,7 @@ def train_transcoder(model: HookedModel, data: TextOrTokens, layer: Union[int, l
             raise SettingsError(f"layer must be a block of {type(model).__name__} (0..{n - 1}), got {lay!r}")
     if not layers or len(set(layers)) != len(layers):
         raise SettingsError(f"layer must be a block or a list of distinct blocks, got {layer!r}")
-    _check_run(steps, stop_at, checkpoint_every, resume, progress)
+    check_run(steps, stop_at, checkpoint_every, resume, progress)
     _settings(int(model.cfg.d_model), kind, d_sae, k, steps, lr, batch_size, seed, {**options, "skip": skip})  # before harvesting
     pairs = [(input_hook(lay), output_hook(lay)) for lay in layers]
     flat = [h for pair in pairs for h in pair]
@@ -352,18 +346,6 @@ def _new_sae(s: TrainSettings, d_in: int, hook_in: str, hook_out: Optional[str],
             raise SettingsError("skip is for transcoders (train_transcoder)")
         return SAE(d_in, s.d_sae, hook_name=hook_in, **kw)
     return Transcoder(d_in, s.d_sae, d_out, skip=s.skip, layer=layer, hook_name=hook_in, hook_name_out=hook_out, **kw)
-
-
-def _check_run(steps: object, stop_at: object, every: object, resume: object, progress: object) -> None:
-    """The run's own arguments, checked before any work: stop_at in 1..steps, checkpoint_every >= 1,
-    resume and progress booleans (a string such as "no" is not False)."""
-    for name, value, kind, rule in (("stop_at", stop_at, "Optional[int]", (1, steps, "[]") if isinstance(steps, int) else None),
-                                    ("checkpoint_every", every, "Optional[int]", (1, None, "[")),
-                                    ("resume", resume, "bool", None), ("progress", progress, "bool", None)):
-        bad = type_error(kind, value) or range_error(rule, value)
-        if bad:
-            raise SettingsError(f"{name} must be {bad}" + (f" (steps={steps})" if name == "stop_at" else "")
-                                + f", got {value!r}")
 
 
 def _check_finite(units: list, step: int, s: TrainSettings) -> None:
