@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import ContextManager
 
 import torch
 import torch.distributed as dist
@@ -61,7 +62,7 @@ def write(folder: PathLike, units: list, s: TrainSettings, meta: dict, step: int
         dist.barrier()
 
 
-def run_lock(folder: PathLike):
+def run_lock(folder: PathLike) -> ContextManager[Path]:
     """The checkpoint folder's run lock (`sprout.files.folders.lock_path`), held for a whole run by rank 0: a
     second run with the same folder fails at once instead of both overwriting each other's checkpoints."""
     return folder_lock(folder, wait=0, kind="run.lock", what="an SAE training run")
