@@ -47,6 +47,7 @@ from interp.saes.shipped import shipped_folder
 from interp.texts import model_text
 from interp.tuned_lens import fingerprint
 from sprout.files import demo_dir, demo_names, latest_checkpoint, replace_file
+from sprout.files.folders import uninterrupted
 from sprout.names import act_name, layer_of
 from sprout.training.english import is_english
 from sprout.training.recipes import Recipe as TrainRecipe
@@ -303,7 +304,8 @@ def ship_saes(name: str, model, r: Recipe, parts=PARTS, keep_passing: bool = Fal
               + "\n  ".join(bad))
     elif bad:
         raise SystemExit(f"{name}: not shipped, {len(bad)} target(s) missed:\n  " + "\n  ".join(bad))
-    written = [sae.save(folder) for sae, folder in ready]
+    with uninterrupted():  # Ctrl-C waits for the group: the demo's dictionaries are all new or all old
+        written = [sae.save(folder) for sae, folder in ready]
     for sae, _ in ready:  # what was written is what the loaders find for these weights
         found = interp.load_transcoder(model, sae.layer) if isinstance(sae, interp.Transcoder) \
             else interp.load_sae(model, sae.hook_name)

@@ -20,7 +20,9 @@ import ctypes
 import functools
 import hashlib
 import os
+import signal
 import tempfile
+import threading
 import uuid
 import warnings
 from contextlib import contextmanager
@@ -149,6 +151,24 @@ def _write_locked(given: Path, target: Path, fill: Callable[[Path], None], own: 
         remove_ours(old, own)
     _remove_stale(target, own)
     return given
+
+
+@contextmanager
+def uninterrupted() -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT) until the block ends, then raise it: a group of writes that belong together (a
+    demo's dictionaries) all land, or, interrupted before the block, none of them. The main thread only;
+    elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt("interrupted while writing; every write of the group finished first")
 
 
 _RENAME_EXCHANGE, _AT_FDCWD = 2, -100

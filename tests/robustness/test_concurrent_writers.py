@@ -84,3 +84,20 @@ def test_a_replace_swaps_in_one_step_and_a_killed_writers_old_copy_comes_back(tm
     with pytest.warns(UserWarning, match="previous copy is back"), pytest.raises(OSError, match="disk full"):
         write_folder(tmp_path / "sae", fail, frozenset({CFG, WEIGHTS}), is_ours, "an SAE folder")
     assert torch.equal(interp.SAE.load(tmp_path / "sae").W_dec, b.W_dec) and sorted(os.listdir(tmp_path)) == ["sae"]
+
+
+def test_ctrl_c_during_a_group_of_writes_waits_for_the_group(tmp_path):
+    """experiments.ship saves a demo's dictionaries under `uninterrupted`: a Ctrl-C arriving mid-group is
+    raised once every dictionary is written, so the demo never holds a mix of new and old ones."""
+    import signal
+
+    from sprout.files.folders import uninterrupted
+    saes = [interp.SAE(D, 16, kind="relu", hook_name=f"blocks.{i}.hook_resid_post", seed=i) for i in range(3)]
+    with pytest.raises(KeyboardInterrupt, match="every write of the group finished"):
+        with uninterrupted():
+            for i, sae in enumerate(saes):
+                if i == 1:
+                    os.kill(os.getpid(), signal.SIGINT)
+                sae.save(tmp_path / f"sae{i}")
+    assert all(torch.equal(interp.SAE.load(tmp_path / f"sae{i}").W_dec, s.W_dec) for i, s in enumerate(saes))
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
