@@ -353,10 +353,10 @@ def _check_finite(units: list, step: int, s: TrainSettings) -> None:
     for u in units:
         bad = [n for n, p in u.sae.named_parameters() if not torch.isfinite(p).all()]
         if bad:
-            raise TrainingDiverged(f"training diverged at step {step + 1} of {s.steps}: the {u.sae.kind} dictionary at "
-                                   f"{u.hook_in!r} has NaN or infinite {', '.join(bad)} (peak lr {s.peak_lr():.3g}); "
-                                   "lower lr= or keep grad_clip > 0, and start again (no checkpoint was written "
-                                   "after the divergence)")
+            where = f" at {u.hook_in!r}" if u.hook_in else ""
+            raise TrainingDiverged(f"training diverged at step {step + 1} of {s.steps}: the {u.sae.kind} dictionary{where} "
+                                   f"has NaN or infinite {', '.join(bad)} (peak lr {s.peak_lr():.3g}); lower lr= or keep "
+                                   "grad_clip > 0, and start again (no checkpoint was written after the divergence)")
 
 
 def _run(src, units: list, s: TrainSettings, checkpoint, every, resume, stop_at, progress) -> list:
