@@ -37,3 +37,14 @@ def test_what_asks_for_a_process_group(env, asked):
 def test_incomplete_or_inconsistent_variables_are_named(env, words):
     with pytest.raises(RuntimeError, match=words):
         requested(env)
+
+
+def test_sprout_train_refuses_a_stray_world_size_too(monkeypatch):
+    from sprout.training.loop import _distributed
+    for name in TORCHRUN:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(RuntimeError, match="not a torchrun launch"):
+        _distributed()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert _distributed() == (1, 0)
