@@ -22,7 +22,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_bytes
 from safetensors.torch import save as save_bytes
 
-from sprout.files import folder_lock, write_bytes, write_folder
+from sprout.files import file_in, folder_lock, write_bytes, write_folder
 from sprout.settings import range_error, type_error
 
 from ..tuned_lens import PathLike
@@ -88,7 +88,7 @@ def restore(folder: PathLike, units: list, s: TrainSettings, meta: dict) -> int:
         return 0
     record = _read_record(folder, len(units), s.steps)
     _check_same(folder, record, s, meta)
-    path = folder / TENSORS
+    path = _inside(folder, TENSORS)
     try:
         tensors = load_bytes(_read(path, 1 << 36))
     except (SafetensorError, ValueError, RuntimeError) as e:
@@ -122,6 +122,14 @@ def _restore_unit(u, i: int, tensors: dict, path: Path) -> None:
     u.since_fired = _tensor(tensors, f"{i}.since_fired", path, u.since_fired).clone()
 
 
+def _inside(folder: Path, name: str) -> Path:
+    """`folder / name`, refused (naming it) when a symlink takes it out of the folder, as `sprout.load` refuses."""
+    try:
+        return file_in(folder, name, "checkpoint file")
+    except ValueError as e:
+        raise SAEFileError(str(e)) from None
+
+
 # each dictionary's scalars in trainer.json: (type, range), as sprout.settings.Checked states them
 _UNIT_FIELDS = {"scale_in": ("float", (0, None, "(")), "scale_out": ("float", (0, None, "(")),
                 "coef": ("float", (0, None, "[")), "adam_t": ("int", (0, None, "["))}
@@ -129,7 +137,7 @@ _UNIT_FIELDS = {"scale_in": ("float", (0, None, "(")), "scale_out": ("float", (0
 
 def _read_record(folder: Path, n_units: int, steps: int) -> dict:
     """trainer.json, every field the resume reads checked: its step, and per dictionary its scalars."""
-    path = folder / META
+    path = _inside(folder, META)
     record = read_json(path)
     if record.get("format") != FORMAT:
         raise SAEFileError(f"{path} is not an SAE training checkpoint of ours (format {record.get('format')!r})")

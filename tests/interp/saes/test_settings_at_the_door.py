@@ -105,3 +105,11 @@ def test_resume_tensors_are_checked_naming_the_file(stopped, how, words):
     save_file(tensors, str(path))
     with pytest.raises(SAEFileError, match="trainer.safetensors: " + words):
         interp.train_sae(ACTS, **QUICK, checkpoint=stopped, resume=True)
+
+
+def test_a_checkpoint_file_linked_from_outside_the_folder_is_refused(stopped, tmp_path):
+    outside = tmp_path / "elsewhere.safetensors"
+    (stopped / "trainer.safetensors").rename(outside)
+    (stopped / "trainer.safetensors").symlink_to(outside)
+    with pytest.raises(SAEFileError, match="trainer.safetensors.*outside"):
+        interp.train_sae(ACTS, **QUICK, checkpoint=stopped, resume=True)
