@@ -14,6 +14,8 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Optional
 
+import torch
+
 from sprout.settings import Checked, range_error, type_error
 
 from .kinds import KIND_NAMES, TOPK_KINDS, check_widths, default_k
@@ -161,3 +163,13 @@ class TrainSettings(Checked):
             raise SettingsError(f"unknown training settings {unknown}; known: {', '.join(f.name for f in fields(cls))}")
         return cls(**d)
 
+
+def check_finite(units: list, step: int, s: TrainSettings) -> None:
+    """Stop a run that diverged (a NaN or infinite weight) instead of returning a dictionary that will not load."""
+    for u in units:
+        bad = [n for n, p in u.sae.named_parameters() if not torch.isfinite(p).all()]
+        if bad:
+            where = f" at {u.hook_in!r}" if u.hook_in else ""
+            raise TrainingDiverged(f"training diverged at step {step + 1} of {s.steps}: the {u.sae.kind} dictionary{where} "
+                                   f"has NaN or infinite {', '.join(bad)} (peak lr {s.peak_lr():.3g}); lower lr= or keep "
+                                   "grad_clip > 0, and start again (no checkpoint was written after the divergence)")

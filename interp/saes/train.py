@@ -38,7 +38,7 @@ from . import checkpoint as ckpt
 from .harvest import ModelSource, TensorSource
 from .kinds import TOPK_KINDS, batch_threshold
 from .sae import SAE, Transcoder, input_hook, output_hook
-from .settings import SettingsError, TrainingDiverged, TrainSettings, check_run
+from .settings import SettingsError, TrainSettings, check_finite, check_run
 
 _RATE = 0.05  # target_l0: the coefficient moves by up to 5% a step
 
@@ -348,17 +348,6 @@ def _new_sae(s: TrainSettings, d_in: int, hook_in: str, hook_out: Optional[str],
     return Transcoder(d_in, s.d_sae, d_out, skip=s.skip, layer=layer, hook_name=hook_in, hook_name_out=hook_out, **kw)
 
 
-def _check_finite(units: list, step: int, s: TrainSettings) -> None:
-    """Stop a run that diverged (a NaN or infinite weight) instead of returning a dictionary that will not load."""
-    for u in units:
-        bad = [n for n, p in u.sae.named_parameters() if not torch.isfinite(p).all()]
-        if bad:
-            where = f" at {u.hook_in!r}" if u.hook_in else ""
-            raise TrainingDiverged(f"training diverged at step {step + 1} of {s.steps}: the {u.sae.kind} dictionary{where} "
-                                   f"has NaN or infinite {', '.join(bad)} (peak lr {s.peak_lr():.3g}); lower lr= or keep "
-                                   "grad_clip > 0, and start again (no checkpoint was written after the divergence)")
-
-
 def _run(src, units: list, s: TrainSettings, checkpoint, every, resume, stop_at, progress) -> list:
     n_proc, rank = world_and_rank()
     if checkpoint is None or rank != 0:
@@ -387,7 +376,7 @@ def _run_locked(src, units: list, s: TrainSettings, checkpoint, every, resume, s
             if step == 0:
                 _init_unit(u, x, y, s)
             _step_unit(u, x, y, s, step, s.batch_size)
-        _check_finite(units, step, s)
+        check_finite(units, step, s)
         bar.set_postfix(fvu=f"{units[0].fvu:.3f}", l0=f"{units[0].l0:.1f}")
         if checkpoint is not None and every is not None and (step + 1) % every == 0 and step + 1 < end:
             ckpt.write(checkpoint, units, s, meta, step + 1)

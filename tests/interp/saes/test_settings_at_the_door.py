@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 
 import interp
 from interp.saes.files import SAEFileError
-from interp.saes.train import TrainingDiverged
+from interp.saes.settings import TrainingDiverged
 
 D = 8
 ACTS = torch.randn(512, D, generator=torch.Generator().manual_seed(0))
