@@ -10,6 +10,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -92,11 +93,15 @@ def parser(name: str, doc: str, text: Optional[str] = None) -> argparse.Argument
 
 
 def model_label(spec: str) -> str:
-    """'gpt-4' for a demo name, the folder name for a checkpoint path."""
+    """'gpt-4' for a demo name, the folder name for a checkpoint path (of the real folder for '.', '..' or
+    a path ending in one). A label names files under `--out`, so it is one plain path component: letters,
+    digits and `._+-` (anything else becomes '-'), never starting with '.' (no '..', no hidden files)."""
     p = Path(spec)
     if p.suffix in (".safetensors", ".pt", ".pth", ".bin"):
         p = p.parent
-    return p.name or str(spec)
+    name = p.name if p.name not in ("", ".", "..") and p.parts[-1:] != ("..",) else Path(os.path.abspath(p)).name
+    label = re.sub(r"[^A-Za-z0-9._+-]+", "-", name).lstrip(".-")
+    return label or "model"
 
 
 class Models(dict):

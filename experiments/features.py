@@ -26,6 +26,7 @@ import sprout
 from interp.saes.describe import tokens_of
 from interp.saes.features import feature_report
 from interp.saes.score import interpretability_score, interpretability_summary
+from sprout.files import replace_file
 from sprout.material import generate_story, unseen_texts
 from sprout.names import act_name
 from sprout.tokenizer import raw
@@ -206,7 +207,8 @@ def run(models, out, args) -> list[dict]:
             rep = feature_report(model, sae, text, n_show=args.show, before=24, after=8)
             scores, summary = _scores(model, sae, text, held, rep, args.score_latents)
             page = out.dir / model_label / f"{slug(label)}.html"
-            page.write_text(dictionary_page(label, model_label, rep, js, scores, model, windows), encoding="utf-8")
+            html_text = dictionary_page(label, model_label, rep, js, scores, model, windows)
+            replace_file(page, html_text.encode("utf-8"))  # the old page or the new one, whole
             out.table(rep.table, f"{model_label}_{slug(label)}")
             out.table(scores, f"{model_label}_{slug(label)}_descriptions")
             items.append(f"<tr><td><a href='{model_label}/{page.name}'>{html.escape(label)}</a></td><td>{sae.kind}, "
@@ -223,8 +225,8 @@ def run(models, out, args) -> list[dict]:
                  "the held-out AUROC of their descriptions.</p>",
                  "<table><tr><th>dictionary</th><th>kind</th><th>held-out metrics (shipped)</th>"
                  "<th>interpretability score: dictionary / PCA / random</th></tr>", *items, "</table>"]
-        (out.dir / f"{model_label}.html").write_text(_page(f"{model_label}: features", index,
-                                                           os.path.relpath(out.plotly_js(), out.dir)), encoding="utf-8")
+        replace_file(out.dir / f"{model_label}.html", _page(f"{model_label}: features", index,
+                                                            os.path.relpath(out.plotly_js(), out.dir)).encode("utf-8"))
         out.links.append((f"{model_label}.html", f"{model_label}: a page per dictionary"))
         rows.append(number("dictionaries with feature pages", len(found), None, model_label, fmt="{:d}"))
     return rows

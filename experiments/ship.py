@@ -54,6 +54,7 @@ from interp.data import model_text
 from interp.saes.convert import to_jumprelu
 from interp.saes.shipped import shipped_folder
 from sprout.files import demo_dir, demo_names, latest_checkpoint, replace_file
+from sprout.files.folders import uninterrupted
 from sprout.names import act_name
 from sprout.training.english import is_english
 from sprout.training.recipes import Recipe as TrainRecipe
@@ -115,6 +116,11 @@ class ShipPlan:
                              "same held-out texts, so set them on the ShipPlan itself")
         return replace(self, **own, overrides={})
 
+    def with_steps(self, steps: int) -> "ShipPlan":
+        """Every dictionary trained `steps` steps, those whose override sets their own too (`--steps`)."""
+        own = {key: {f: v for f, v in o.items() if f not in STEP_FIELDS} for key, o in self.overrides.items()}
+        return replace(self, steps=steps, transcoder_steps=steps, overrides=own)
+
     def most_train_chars(self) -> int:
         """The longest training prefix any of the demo's dictionaries reads (the text is read once)."""
         return max([self.train_chars] + [o.get("train_chars", 0) for o in self.overrides.values()])
@@ -127,6 +133,8 @@ SHIP_PLANS = {"gpt-4": ShipPlan(), "sprout-mini": ShipPlan()}
 PARTS = ("resid", "transcoders")
 STEPS = ("lens", "saes", "phase", "readme")  # what one command rebuilds, in this order
 TEXT_FIELDS = ("held_out_chars", "dead_chars")  # one value per demo (demo_texts reads them once)
+STEP_FIELDS = ("steps", "transcoder_steps")  # what --steps overrides, in the recipe and in every override
+
 LENS = dict(steps=150, batch_size=8, train_chars=400_000, held_out_chars=60_000, seed=0)
 
 
@@ -272,7 +280,8 @@ def ship_saes(name: str, model, r: ShipPlan, parts=PARTS, keep_passing: bool = F
               + "\n  ".join(bad))
     elif bad:
         raise SystemExit(f"{name}: not shipped, {len(bad)} target(s) missed:\n  " + "\n  ".join(bad))
-    written = [sae.save(folder) for sae, folder in ready]
+    with uninterrupted():  # Ctrl-C waits for the group: the demo's dictionaries are all new or all old
+        written = [sae.save(folder) for sae, folder in ready]
     for sae, _ in ready:  # what was written is what the loaders find for these weights
         found = interp.load_transcoder(model, sae.layer, skip=sae.skip) if isinstance(sae, interp.Transcoder) \
             else interp.load_sae(model, sae.hook_name)
@@ -360,7 +369,7 @@ def main(argv=None) -> int:
             raise SystemExit(f"{args.name} has no dictionary plan; those with one: {', '.join(SHIP_PLANS)}")
         r = SHIP_PLANS[args.name]
         if args.steps is not None:
-            r = replace(r, steps=args.steps, transcoder_steps=args.steps)
+            r = r.with_steps(args.steps)
         ship_saes(args.name, model, r, args.parts, keep_passing=args.keep_passing, layers=args.layers)
     if "readme" in only:
         ship_readme(args.readme, args.docs, args.threads or 2)

@@ -29,8 +29,8 @@ class NormHooks(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The whole RMSNorm, gain included, firing this norm's hooks: what TransformerLens' RMSNorm module
-        computes, so `model.unembed(model.ln_final(x))` are the logits and `blocks[l].attn(blocks[l].ln1(x))`
-        is block l's attention. (`W_U`, `W_Q` ... carry the gain themselves: pair them with `normalize`.)"""
+        computes, so `blocks[l].attn(blocks[l].ln1(x))` is block l's attention (`W_Q` ... carry the gain
+        themselves: pair them with `normalize`). The final norm is `FinalNormHooks`, gainless."""
         return self.norm.module(x, self)
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
@@ -45,6 +45,17 @@ def _upcast(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype == torch.float64 else x.float()
 
 
+class FinalNormHooks(NormHooks):
+    """The final norm's hook points, computing as TransformerLens' folded `ln_final` (`RMSNormPre` under
+    fold_ln): x / rms(x) without the gain, which `W_U` carries. So `model.unembed(model.ln_final(x))` and
+    `model.ln_final(x) @ model.W_U + model.b_U` are both the logits, as TransformerLens' tools expect
+    (`tools.analysis.logit_lens`' readout check, `accumulated_resid(apply_ln=True) @ W_U`)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x / rms(x) [..., d_model], firing `hook_scale` and `hook_normalized`; no gain."""
+        return self.norm.module(x, self, gain=False)
+
+
 class RMSNorm(nn.Module):
     """Rescale a vector to unit root-mean-square, then apply a learned gain (computed in float32, or float64)."""
 
@@ -53,9 +64,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor, hooks: Optional[NormHooks] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, hooks: Optional[NormHooks] = None, gain: bool = True) -> torch.Tensor:
+        """The norm of x [..., d]; `hooks` fire on the way; `gain=False` leaves the gain out (the folded `ln_final`)."""
+        weight = _upcast(self.weight) if gain else None
         if hooks is None or not hooked(hooks.hook_scale, hooks.hook_normalized):
-            return F.rms_norm(_upcast(x), (x.size(-1),), _upcast(self.weight), self.eps).type_as(x)
+            return F.rms_norm(_upcast(x), (x.size(-1),), weight, self.eps).type_as(x)
         xf = _upcast(x)
         ms = xf.pow(2).mean(-1, keepdim=True) + self.eps
         scale, same = observe(hooks.hook_scale, editable(ms.sqrt(), hooks.hook_scale))
@@ -68,7 +81,8 @@ class RMSNorm(nn.Module):
             normalized = xf * ms.rsqrt()
             if scale.requires_grad and torch.is_grad_enabled():
                 normalized = normalized.detach() + (xf / scale - (xf / scale).detach())
-        return (hooks.hook_normalized(normalized) * _upcast(self.weight)).type_as(x)
+        normalized = hooks.hook_normalized(normalized)
+        return (normalized if weight is None else normalized * weight).type_as(x)
 
 
 def rope_tables(d_head: int, context: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -151,6 +165,11 @@ class UnembedHooks(nn.Module):
         self.hook_out = HookPoint()  # [batch, pos, vocab]: the logits
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits [..., vocab] from the final norm's output x (gain applied: `model.ln_final(x)`), through
-        the tied embedding; `W_U` is this matrix with the gain folded in, for the gainless stream."""
+        """Logits [..., vocab] from the gainless final norm's output x (`model.ln_final(x)`, TransformerLens'
+        folded convention): x @ W_U + b_U, through `hook_out`."""
+        return self.hook_out(x @ self.W_U.to(x.dtype) + self.b_U.to(x.dtype))
+
+    def from_gained(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits [..., vocab] from the whole final RMSNorm's output (gain applied), through the tied
+        embedding and `hook_out`: the forward's own path (one matmul, the gain not folded per call)."""
         return self.hook_out(self.head.module(x))

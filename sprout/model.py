@@ -30,7 +30,7 @@ from transformer_lens.hook_points import HookPoint
 from transformers import PreTrainedTokenizerFast
 
 from .config import SproutConfig, SproutTransformerLensConfig
-from .layers import FeedForward, MLPHooks, NormHooks, RMSNorm, UnembedHooks, rope_rows, rope_tables, rotate
+from .layers import FeedForward, FinalNormHooks, MLPHooks, NormHooks, RMSNorm, UnembedHooks, rope_rows, rope_tables, rotate
 from .tl import text
 from .tl.forward import blocks_in_range, course_loss
 from .tl.generation import sample
@@ -235,7 +235,7 @@ class SproutTransformer(nn.Module):
         self.hook_embed = HookPoint()  # [batch, pos, d_model]
         self.blocks = nn.ModuleList(Block(cfg, self.cfg) for _ in range(cfg.n_layer))
         self.norm = RMSNorm(cfg.d_model)
-        self.ln_final = NormHooks(self.norm)
+        self.ln_final = FinalNormHooks(self.norm)  # gainless, as TransformerLens' folded ln_final
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.head.weight = self.embed.weight  # weight tying
         self.unembed = UnembedHooks(self.norm, self.head)
@@ -286,7 +286,7 @@ class SproutTransformer(nn.Module):
             x = block(x, cos, sin, attn_mask, None if past_kv_cache is None else past_kv_cache[i])
         if stop_at_layer is not None:
             return x
-        return self.unembed(self.norm(x, self.ln_final))
+        return self.unembed.from_gained(self.norm(x, self.ln_final))
 
 
 class Sprout(SproutTransformer, HookedLM):

@@ -1,21 +1,15 @@
-"""Data parallelism under torchrun, shared by the trainers (tuned lens, sparse autoencoders): who we are, and
-the gradients' all-reduce."""
+"""Data parallelism under torchrun, shared by the trainers (tuned lens, sparse autoencoders): who we are
+(`sprout.distributed`: a process group only when asked), and the gradients' all-reduce."""
 from __future__ import annotations
 
-import os
 from typing import cast
 
 import torch
 import torch.distributed as dist
 
+from sprout.distributed import requested, world_and_rank
 
-def world_and_rank() -> tuple[int, int]:
-    """(processes, this one's rank): under torchrun after joining the gloo group, else (1, 0)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        dist.init_process_group("gloo")
-    if dist.is_initialized():
-        return dist.get_world_size(), dist.get_rank()
-    return 1, 0
+__all__ = ["average_grads", "requested", "world_and_rank"]
 
 
 def average_grads(module: torch.nn.Module, world: int) -> None:

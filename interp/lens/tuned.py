@@ -25,6 +25,7 @@ from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_bytes
 
 from sprout.files import check_floating, file_in, read_json_file, regular_file, replace_file, warn_non_finite
+from sprout.files.folders import uninterrupted
 
 from .._core.batching import TextOrTokens, batches, token_rows
 from .._core.identity import PathLike, fingerprint, model_config
@@ -110,8 +111,10 @@ class TunedLens(nn.Module):
         tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
         data = safetensors_bytes(tensors, metadata={"format": FORMAT})
         record = {**self.meta(), "weights_sha256": hashlib.sha256(data).hexdigest()}
-        replace_file(weights, data)
-        replace_file(meta, (json.dumps(_finite(record), indent=1, allow_nan=False) + "\n").encode())
+        text = (json.dumps(_finite(record), indent=1, allow_nan=False) + "\n").encode()
+        with uninterrupted():  # Ctrl-C waits for both files: never new weights beside the old JSON
+            replace_file(weights, data)
+            replace_file(meta, text)
         return weights
 
     @classmethod

@@ -13,6 +13,7 @@ else changes), and the change of each token's next-token log-probability beside 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
@@ -25,6 +26,7 @@ from .._core.batching import TextOrTokens, batches, token_rows
 from .._core.model import HookedModel, str_tokens
 from .clamp import clamp_baselines, clamp_verdict
 from .files import hook_layer
+from .settings import COUNT, check_args
 from .splice import _as_list, _spliced, is_transcoder, latent_name
 
 if TYPE_CHECKING:
@@ -103,6 +105,7 @@ def logit_effects(model: HookedModel, sae: SAE, k: int = 10) -> pd.DataFrame:
         Rows `latent`, `direction` ("top" / "bottom"), `rank` (0 = strongest), `token` (id), `token_str`,
         `effect` (the logit added per unit of activation, before the final norm's per-position scale).
     """
+    check_args("logit_effects", k=(k, "int", (1, int(model.cfg.d_vocab), "[]")))
     with torch.no_grad():
         effects = sae.W_dec.float() @ model.W_U.float().to(sae.W_dec.device)  # [d_sae, d_vocab]
         top, bottom = effects.topk(k, dim=-1), effects.topk(k, dim=-1, largest=False)
@@ -169,6 +172,13 @@ def feature_report(model: HookedModel, sae: SAE, data: TextOrTokens, latents: Op
         `logit_effects`: as `logit_effects(model, sae, k)`, for every latent.
     """
     (sae,) = _as_list([sae])
+    check_args("feature_report", n_show=(n_show, *COUNT), n_examples=(n_examples, *COUNT), before=(before, "int", (0, None, "[")),
+               after=(after, "int", (0, None, "[")), k=(k, *COUNT), batch_size=(batch_size, *COUNT),
+               seq_len=(seq_len, "Optional[int]", COUNT[1]))
+    for j in latents if latents is not None else []:
+        check_args("feature_report", latents=(j, "int", None))
+        if not 0 <= j < sae.d_sae:
+            raise ValueError(f"latent {j} is out of range: the dictionary has {sae.d_sae} latents (0..{sae.d_sae - 1})")
     if hasattr(sae, "check_model"):
         sae.check_model(model, f"the {type(sae).__name__} at {sae.hook_name!r}")
     rows = token_rows(model, data, seq_len)
@@ -179,9 +189,6 @@ def feature_report(model: HookedModel, sae: SAE, data: TextOrTokens, latents: Op
     if latents is None:
         latents = _pick(density, h.max / mean_act.clamp_min(1e-9), n_show)
     latents = [int(j) for j in latents]
-    bad = [j for j in latents if not 0 <= j < sae.d_sae]
-    if bad:
-        raise ValueError(f"latent {bad[0]} is out of range: the dictionary has {sae.d_sae} latents")
     effects = logit_effects(model, sae, k)
     with torch.inference_mode():
         ctx = _contexts(model, sae, rows, h, latents, n_examples, before, after, batch_size)
@@ -233,9 +240,15 @@ def clamp_effect(model: HookedModel, sae: SAE, latent: int, data: TextOrTokens, 
     (sae,) = _as_list([sae])
     if hasattr(sae, "check_model"):
         sae.check_model(model, f"the {type(sae).__name__} at {sae.hook_name!r}")
-    if not 0 <= int(latent) < sae.d_sae:
-        raise ValueError(f"latent {latent} is out of range: the dictionary has {sae.d_sae} latents")
-    latent, rows = int(latent), token_rows(model, data, seq_len)
+    if isinstance(latent, bool) or not hasattr(type(latent), "__index__"):
+        raise ValueError(f"latent must be an integer in 0..{sae.d_sae - 1}, got {latent!r}")
+    if not 0 <= latent.__index__() < sae.d_sae:
+        raise ValueError(f"latent {latent} is out of range: the dictionary has {sae.d_sae} latents (0..{sae.d_sae - 1})")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
+        raise ValueError(f"value (the clamp) must be a finite number or None (the latent's largest activation), "
+                         f"got {value!r}")
+    check_args("clamp_effect", k=(k, *COUNT), batch_size=(batch_size, *COUNT), seq_len=(seq_len, "Optional[int]", COUNT[1]))
+    latent, rows = latent.__index__(), token_rows(model, data, seq_len)
     with torch.inference_mode():
         if value is None:
             value = max(float(_acts(model, sae, ids)[..., latent].max()) for _, ids in batches(rows, batch_size, model.cfg.device))

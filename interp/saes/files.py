@@ -29,18 +29,18 @@ import math
 import os
 import stat
 from pathlib import Path
-from typing import Any, Optional, cast
+from typing import Any, Optional
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load as load_bytes
 from safetensors.torch import save as save_bytes
 
-from sprout.files import write_bytes, write_folder
+from sprout.files import file_in, write_bytes, write_folder
 from sprout.names import layer_of
 
-from .._core.identity import PathLike, fingerprint, model_config
-from .._core.model import HookedModel, model_name, require_hooks
+from .._core.identity import PathLike
+from .._core.model import HookedModel
 from .saelens import warn_skip
 
 CFG, WEIGHTS = "cfg.json", "sae_weights.safetensors"
@@ -67,7 +67,7 @@ def hook_layer(hook_name: Optional[str]) -> Optional[int]:
 def is_transcoder(sae: object) -> bool:
     # by what it has, not its class: this module reads and writes dictionaries without importing sae.py,
     # which imports it (so an SAE can save and load itself)
-    return getattr(sae, "hook_name_out", None) is not None
+    return bool(getattr(sae, "transcoder", False)) or getattr(sae, "hook_name_out", None) is not None
 
 
 def architecture(sae: Any) -> str:
@@ -259,9 +259,13 @@ def _kind_of(spec: dict, cfg: dict, path: Path) -> None:
         raise SAEFileError(f"{path}: field 'metadata.sprout.kind' is {kind!r}, which architecture {arch!r} cannot hold")
     k = ours.get("k") if kind in ("batchtopk", "matryoshka") else None
     if kind == "topk":
-        k = _field(cfg, "k", int, path) or (cfg.get("activation_fn_kwargs") or {}).get("k") or ours.get("k")
+        k = _field(cfg, "k", int, path)  # 0 is refused as 0 (by the SAE), not replaced by another source
+        for other in ((cfg.get("activation_fn_kwargs") or {}).get("k") if isinstance(cfg.get("activation_fn_kwargs"),
+                                                                                     dict) else None, ours.get("k")):
+            k = other if k is None else k
     spec.update(transcoder=transcoder, skip=skip, kind=kind, k=k, widths=ours.get("widths"),
-                bandwidth=ours.get("bandwidth") or 0.05, rescale=bool(cfg.get("rescale_acts_by_decoder_norm", False)),
+                bandwidth=0.05 if ours.get("bandwidth") is None else ours["bandwidth"],
+                rescale=_field(cfg, "rescale_acts_by_decoder_norm", bool, path, default=False),
                 d_out=_pos_int(cfg, "d_out", path) if transcoder else spec["d_in"])
     act_fn = cfg.get("activation_fn", cfg.get("activation_fn_str"))
     if not transcoder and kind != "topk" and act_fn not in ("relu", None):
@@ -319,6 +323,28 @@ def _read_tensors(sae: Any, path: Path, spec: dict) -> dict:
     return tensors
 
 
+def weight_shapes(path: Path) -> dict[str, list[int]]:
+    """The tensor shapes a safetensors file declares in its header, read without reading the tensors (the
+    file already checked to be a regular file inside its folder)."""
+    try:
+        with safe_open(str(path), "pt") as f:
+            return {name: list(f.get_slice(name).get_shape()) for name in f.keys()}
+    except (SafetensorError, OSError, ValueError) as e:
+        raise SAEFileError(f"cannot read {path}: not a safetensors file ({str(e)[:120]})") from e
+
+
+def _check_header(path: Path, spec: dict, cfg_path: Path) -> None:
+    """cfg.json's d_in, d_sae and d_out against the shapes of W_enc and W_dec in the weights' header, so a
+    config that does not fit its weights is named before a dictionary of its size is allocated."""
+    shapes = weight_shapes(path)
+    want = {"W_enc": [spec["d_in"], spec["d_sae"]], "W_dec": [spec["d_sae"], spec["d_out"]]}
+    for name, shape in want.items():
+        if name in shapes and shapes[name] != shape:
+            fields = "d_in, d_sae" if name == "W_enc" else "d_sae, " + ("d_out" if spec["transcoder"] else "d_in")
+            raise SAEFileError(f"{cfg_path}: fields {fields} are {shape}, but {path.name} holds {name} of shape "
+                               f"{shapes[name]}: the config does not fit the weights")
+
+
 def load(folder: PathLike, model: Optional[HookedModel], expect: type, classes: tuple) -> Any:
     """The SAE or transcoder in `folder` (ours or SAELens'), checked against `model` when given.
 
@@ -330,9 +356,16 @@ def load(folder: PathLike, model: Optional[HookedModel], expect: type, classes: 
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"no SAE at {folder}: not a folder")
-    cfg_path, weights_path = folder / CFG, folder / WEIGHTS
+    # refused: a name that leaves the folder through a symlink (as sprout.load refuses one)
+    try:
+        cfg_path, weights_path = file_in(folder, CFG, "SAE config"), file_in(folder, WEIGHTS, "SAE weights")
+    except FileNotFoundError:
+        raise
+    except ValueError as e:
+        raise SAEFileError(str(e)) from None
     cfg = read_json(cfg_path)
     spec = _spec(cfg, cfg_path)
+    _check_header(weights_path, spec, cfg_path)  # before building: cfg.json's sizes against the weights' own
     sae = _build(spec, cfg_path, classes)
     if expect is classes[1] and not is_transcoder(sae):
         raise SAEFileError(f"{cfg_path}: architecture {spec['arch']!r} is an SAE, not a transcoder")
@@ -350,51 +383,5 @@ def load(folder: PathLike, model: Optional[HookedModel], expect: type, classes: 
     sae.info = ours.get("info") if isinstance(ours.get("info"), dict) else {}
     sae.eval()
     if model is not None:
-        check_model(sae, model, f"the SAE at {folder}")
+        sae.check_model(model, f"the SAE at {folder}")
     return sae
-
-
-def check_model(sae: Any, model: HookedModel, source: str = "this SAE") -> None:
-    """Refuse a model this dictionary was not trained on, or one that lacks its hooks or writes another width."""
-    if sae.model_fingerprint is not None:
-        mine = fingerprint(model)
-        if sae.model_config:
-            theirs = model_config(model)
-            diff = [f"{k}: SAE {sae.model_config.get(k)!r}, model {theirs.get(k)!r}"
-                    for k in sorted(set(sae.model_config) | set(theirs)) if sae.model_config.get(k) != theirs.get(k)]
-            if diff:
-                raise ValueError(f"{source} was trained for another model: config differs ({'; '.join(diff[:4])})")
-        if mine != sae.model_fingerprint:
-            raise ValueError(f"{source} was trained for another model: weights fingerprint {sae.model_fingerprint} "
-                             f"(cfg.json metadata.sprout.model_fingerprint), this {model_name(model)}'s is {mine}")
-    hooks = [h for h in (sae.hook_name, getattr(sae, "hook_name_out", None)) if h is not None]
-    if not hooks:
-        raise ValueError(f"{source} has no hook_name: set sae.hook_name to the hook point it reads")
-    require_hooks(model, hooks)
-    widths = hook_widths(model, hooks)
-    for hook, want in zip(hooks, (sae.d_in, sae.d_out)):
-        if widths[hook] != want:
-            raise ValueError(f"{source} reads {want}-wide activations at {hook!r}, but {model_name(model)} "
-                             f"writes {widths[hook]} there")
-
-
-def hook_widths(model: HookedModel, hooks: list[str]) -> dict:
-    """The last axis of each hook's activation, from a one-token forward that stops after the last layer
-    needed. A hook that does not fire, or whose activation is not [batch, pos, d], is refused by name."""
-    seen: dict = {}
-
-    def grab(x, hook):
-        if x.dim() != 3:
-            raise ValueError(f"the activation at {hook.name!r} has shape {list(x.shape)}; dictionaries here read "
-                             "[batch, pos, d] activations (the residual stream, MLP and attention outputs, norms)")
-        seen[hook.name] = int(x.shape[-1])
-
-    layers = [hook_layer(h) for h in hooks]
-    stop = None if any(layer is None for layer in layers) else min(max(cast(list[int], layers)) + 1, int(model.cfg.n_layers))
-    ids = torch.zeros(1, 1, dtype=torch.long, device=model.cfg.device)
-    with torch.inference_mode():
-        model.run_with_hooks(ids, fwd_hooks=[(h, grab) for h in hooks], stop_at_layer=stop)
-    missing = [h for h in hooks if h not in seen]
-    if missing:
-        raise ValueError(f"{model_name(model)}'s hook {missing[0]!r} did not fire in a forward: nothing to read there")
-    return seen

@@ -12,7 +12,8 @@ batch (clean, spliced, zero-ablated), and returns one row:
 - `ce_clean`, `ce_spliced` (the activation replaced by the reconstruction, no error term), `ce_zero`
   (the activation replaced by zeros: for a transcoder, the MLP's output zeroed): mean next-token
   cross-entropy in nats over every prediction of a real token from a real token;
-- `ce_loss_recovered` = (ce_zero - ce_spliced) / (ce_zero - ce_clean), 1 for a perfect dictionary;
+- `ce_loss_recovered` = (ce_zero - ce_spliced) / (ce_zero - ce_clean), 1 for a perfect dictionary; NaN
+  (with a warning) from fewer than `MIN_CE_PREDICTIONS` predictions, where it is noise;
 - `kl_spliced`, `kl_zero`: mean KL(clean || spliced) and KL(clean || zero-ablated) of the next-token
   distributions, over every real token.
 
@@ -29,6 +30,7 @@ mask, and padded positions count in nothing; a list of texts is tokenized text b
 """
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Optional, Union
 
 import pandas as pd
@@ -42,10 +44,13 @@ from .._core.batching import TextOrTokens, batches, token_rows
 from .._core.inputs import stream_windows
 from .._core.model import HookedModel, require_hooks
 from .baselines import Baselines, baseline_columns, ce_kl, fit_baselines, hidden_name, outputs
+from .settings import COUNT, check_args
 from .splice import _as_list, _spliced, is_transcoder, latent_name
 
 if TYPE_CHECKING:
     from .sae import SAE
+
+MIN_CE_PREDICTIONS = 32  # fewer next-token predictions than this give no ce_loss_recovered (NaN, with a warning)
 
 
 def _chunks(model: HookedModel, data: TextOrTokens, batch_size: int, seq_len: Optional[int], attention_mask):
@@ -61,6 +66,9 @@ def _chunks(model: HookedModel, data: TextOrTokens, batch_size: int, seq_len: Op
     mask = torch.as_tensor(attention_mask)
     if mask.shape != data.shape:
         raise ValueError(f"attention_mask has shape {list(mask.shape)} but the ids have shape {list(data.shape)}")
+    if mask.is_complex() or not ((mask == 0) | (mask == 1)).all():
+        raise ValueError("attention_mask must hold only 0 (padding) and 1 (real token); "
+                         f"got values {sorted({float(v) for v in mask.unique()[:6].tolist()})}")
     if data.shape[1] > int(model.cfg.n_ctx):
         raise ValueError(f"padded ids of {data.shape[1]} positions exceed the model's context of {model.cfg.n_ctx}: "
                          "pass shorter rows (or a list of texts, which is cut into windows)")
@@ -111,6 +119,10 @@ class _Sums:
         freq = self.fires / self.n
         ce = {k: v / self.n_pred for k, v in self.ce.items()} if self.n_pred else dict.fromkeys(self.ce, float("nan"))
         gap = ce["zero"] - ce["clean"]
+        if self.n_pred < MIN_CE_PREDICTIONS:  # a ratio of differences of a few losses is noise, not a measurement
+            warnings.warn(f"ce_loss_recovered is NaN: {self.n_pred} next-token predictions (of real tokens from real "
+                          f"tokens) are too few to measure it; give at least {MIN_CE_PREDICTIONS}", stacklevel=3)
+            gap = 0.0
         row = dict(n_tokens=self.n, fvu=fvu, explained_variance=1 - fvu, mse=self.sse / (self.n * self.sum_x.numel()),
                    l0=self.l0 / self.n, dead_fraction=dead_fraction(self.fires),
                    dense_fraction=float((freq > dense_threshold).double().mean()),
@@ -253,8 +265,8 @@ def sae_metrics(model: HookedModel, sae: SAE, data: TextOrTokens, batch_size: in
         >>> float(row["l0"]), bool(row["explained_variance"] > 0.9), bool(row["ce_loss_recovered"] > 0.9)
         (32.0, True, True)
     """
-    if not 0 <= dense_threshold < 1:
-        raise ValueError(f"dense_threshold is a fraction of tokens in [0, 1), got {dense_threshold}")
+    check_args("sae_metrics", batch_size=(batch_size, *COUNT), seq_len=(seq_len, "Optional[int]", COUNT[1]),
+               dense_threshold=(dense_threshold, "float", (0, 1, "[)")))
     (sae,) = _as_list([sae])
     require_hooks(model, [sae.hook_name, _target_name(sae)])
     if hasattr(sae, "check_model"):

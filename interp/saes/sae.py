@@ -23,12 +23,14 @@ import torch.nn as nn
 from jaxtyping import Float
 
 from sprout.names import act_name
+from sprout.settings import range_error, type_error
 
-from .._core.identity import PathLike
-from .._core.model import HookedModel
+from .._core.identity import PathLike, fingerprint, model_config
+from .._core.model import HookedModel, model_name, require_hooks
 from . import files
 from .files import hook_layer
 from .kinds import KIND_NAMES, THRESHOLD_KINDS, TOPK_KINDS, make_kind
+from .settings import SettingsError
 
 if TYPE_CHECKING:
     from .kinds.jumprelu import JumpReLU
@@ -36,12 +38,29 @@ if TYPE_CHECKING:
 
 
 
-def _check_dim(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return value
+# each constructor argument's type and range, as `sprout.settings.Checked` states them
+_FIELDS = {"d_in": ("int", (1, None, "[")), "d_sae": ("int", (1, None, "[")), "d_out": ("Optional[int]", (1, None, "[")),
+           "bandwidth": ("float", (0, None, "(")), "seed": ("int", (0, 2 ** 63 - 1, "[]")),
+           "skip": ("bool", None), "layer": ("Optional[int]", (0, None, "[")),
+           "hook_name": ("Optional[str]", None), "hook_name_out": ("Optional[str]", None)}
+
+
+def check_fields(what: str, **values: object) -> None:
+    """Refuse a constructor argument of the wrong type or out of range (a bool is not a number, 1.7 not a
+    seed, NaN not a bandwidth), naming the argument, before anything is allocated."""
+    for name, value in values.items():
+        kind, rule = _FIELDS[name]
+        expected = type_error(kind, value) or range_error(rule, value)
+        if expected is None and isinstance(value, str) and not value:
+            expected = "a hook name (a non-empty string)"
+        if expected:
+            raise SettingsError(f"{what} argument {name} must be {expected}, got {value!r}")
+
+
+def _check_dtype(dtype: object) -> torch.dtype:
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise SettingsError(f"dtype must be a floating torch dtype such as torch.float32, got {dtype!r}")
+    return dtype
 
 
 class SAE(nn.Module):
@@ -74,6 +93,7 @@ class SAE(nn.Module):
     """
 
     apply_b_dec_to_input = True
+    transcoder = False  # a Transcoder's is True
     tied_init = True  # W_enc starts as W_dec^T (Gao et al.; Conerly et al.), where both live in one space
 
     def __init__(self, d_in: int, d_sae: int, kind: str = "topk", k: Optional[int] = None,
@@ -81,8 +101,11 @@ class SAE(nn.Module):
                  seed: int = 0, dtype: torch.dtype = torch.float32, device: Optional[Union[str, torch.device]] = None,
                  d_out: Optional[int] = None) -> None:
         super().__init__()
-        self.d_in, self.d_sae = _check_dim(d_in, "d_in"), _check_dim(d_sae, "d_sae")
-        self.d_out = self.d_in if d_out is None else _check_dim(d_out, "d_out")
+        check_fields(type(self).__name__, d_in=d_in, d_sae=d_sae, d_out=d_out, bandwidth=bandwidth, seed=seed,
+                     hook_name=hook_name)
+        _check_dtype(dtype)
+        self.d_in, self.d_sae = d_in, d_sae
+        self.d_out = self.d_in if d_out is None else d_out
         if not isinstance(kind, str):
             raise TypeError(f"kind must be one of {', '.join(KIND_NAMES)}, got {kind!r}")
         self.rule = make_kind(kind, k, self.d_sae, widths, bandwidth)
@@ -175,7 +198,7 @@ class SAE(nn.Module):
     def check_model(self, model: HookedModel, source: str = "this SAE") -> None:
         """Raise a ValueError if `model` is not the one this dictionary was trained on (its fingerprint and
         config), lacks its hook point(s), or writes another width there."""
-        files.check_model(self, model, source)
+        check_model(self, model, source)
 
     def extra_repr(self) -> str:
         k = f", k={self.k}" if self.k is not None else ""
@@ -220,20 +243,18 @@ class Transcoder(SAE):
 
     apply_b_dec_to_input = False
     tied_init = False
+    transcoder = True  # how the files and the splice tell one, with or without hook names
 
     def __init__(self, d_in: int, d_sae: int, d_out: Optional[int] = None, kind: str = "topk", k: Optional[int] = None,
                  skip: bool = False, layer: Optional[int] = None, hook_name: Optional[str] = None,
                  hook_name_out: Optional[str] = None, widths: Optional[Sequence[int]] = None, bandwidth: float = 0.05,
                  seed: int = 0, dtype: torch.dtype = torch.float32, device: Optional[Union[str, torch.device]] = None) -> None:
-        if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int) or layer < 0):
-            raise ValueError(f"layer must be a block number (an int >= 0), got {layer!r}")
-        hook_name = hook_name or (input_hook(layer) if layer is not None else None)
+        check_fields("Transcoder", skip=skip, layer=layer, hook_name=hook_name, hook_name_out=hook_name_out)
+        hook_name, hook_name_out = transcoder_hooks(layer, hook_name, hook_name_out)
         super().__init__(d_in, d_sae, kind=kind, k=k, hook_name=hook_name, widths=widths, bandwidth=bandwidth,
                          seed=seed, dtype=dtype, device=device, d_out=d_in if d_out is None else d_out)
-        self.hook_name_out = hook_name_out or (output_hook(layer) if layer is not None else None)
+        self.hook_name_out = hook_name_out
         self.layer = layer if layer is not None else hook_layer(hook_name)
-        if not isinstance(skip, bool):
-            raise TypeError(f"skip must be True or False, got {skip!r}")
         self.W_skip = nn.Parameter(torch.zeros(self.d_out, self.d_in, dtype=dtype, device=device)) if skip else None
 
     @property
@@ -254,9 +275,78 @@ class Transcoder(SAE):
         return super().extra_repr() + f", d_out={self.d_out}, skip={self.skip}, hook_name_out={self.hook_name_out!r}"
 
 
+def transcoder_hooks(layer: Optional[int], hook_name: Optional[str], hook_name_out: Optional[str]
+                     ) -> tuple[Optional[str], Optional[str]]:
+    """(input hook, output hook) of a transcoder: each given one kept, a missing one from `layer` or from
+    the other's block (MLP l reads `blocks.l.ln2.hook_normalized` and writes `blocks.l.hook_mlp_out`).
+    One hook alone without a block to pair it with is refused: a transcoder given its input hook only
+    would otherwise write its prediction of the MLP's output over its own input."""
+    block = layer if layer is not None else hook_layer(hook_name) if hook_name else hook_layer(hook_name_out)
+    if (hook_name is None) != (hook_name_out is None) and block is None:
+        given, missing = ("hook_name", "hook_name_out") if hook_name else ("hook_name_out", "hook_name")
+        raise ValueError(f"a Transcoder reads hook_name and writes hook_name_out; {given} given without {missing}, "
+                         "and no block to pair it with: give both (or layer=)")
+    if block is not None:
+        hook_name = hook_name or input_hook(block)
+        hook_name_out = hook_name_out or output_hook(block)
+    if hook_name is not None and hook_name == hook_name_out:
+        raise ValueError(f"a Transcoder reads hook_name and writes hook_name_out, which must differ; both are {hook_name!r}")
+    return hook_name, hook_name_out
+
+
 def input_hook(layer: int) -> str:
     return act_name("normalized", layer, "ln2")
 
 
 def output_hook(layer: int) -> str:
     return act_name("mlp_out", layer)
+
+
+def check_model(sae: SAE, model: HookedModel, source: str = "this SAE") -> None:
+    """Refuse a model this dictionary was not trained on, or one that lacks its hooks or writes another width."""
+    if sae.model_config:  # with or without a fingerprint: a record of the model's config is compared
+        theirs = model_config(model)
+        diff = [f"{k}: SAE {sae.model_config.get(k)!r}, model {theirs.get(k)!r}"
+                for k in sorted(set(sae.model_config) | set(theirs)) if sae.model_config.get(k) != theirs.get(k)]
+        if diff:
+            raise ValueError(f"{source} was trained for another model: config differs ({'; '.join(diff[:4])})")
+    if sae.model_fingerprint is not None:
+        mine = fingerprint(model)
+        if mine != sae.model_fingerprint:
+            raise ValueError(f"{source} was trained for another model: weights fingerprint {sae.model_fingerprint} "
+                             f"(cfg.json metadata.sprout.model_fingerprint), this {model_name(model)}'s is {mine}")
+    hooks = [h for h in (sae.hook_name, getattr(sae, "hook_name_out", None)) if h is not None]
+    if not hooks:
+        raise ValueError(f"{source} has no hook_name: set sae.hook_name to the hook point it reads")
+    require_hooks(model, hooks)
+    widths = hook_widths(model, hooks)
+    if len(hooks) == 2 and list(widths) != hooks:  # hook_widths' keys come in the order the hooks fired
+        raise ValueError(f"{source} reads {hooks[0]!r} and writes {hooks[1]!r}, but {model_name(model)} runs "
+                         f"{hooks[1]!r} first: a transcoder's output hook must come after its input hook "
+                         "(MLP l: blocks.l.ln2.hook_normalized -> blocks.l.hook_mlp_out)")
+    for hook, want in zip(hooks, (sae.d_in, sae.d_out)):
+        if widths[hook] != want:
+            raise ValueError(f"{source} reads {want}-wide activations at {hook!r}, but {model_name(model)} "
+                             f"writes {widths[hook]} there")
+
+
+def hook_widths(model: HookedModel, hooks: list[str]) -> dict:
+    """The last axis of each hook's activation, from a one-token forward that stops after the last layer
+    needed. A hook that does not fire, or whose activation is not [batch, pos, d], is refused by name."""
+    seen: dict = {}
+
+    def grab(x, hook):
+        if x.dim() != 3:
+            raise ValueError(f"the activation at {hook.name!r} has shape {list(x.shape)}; dictionaries here read "
+                             "[batch, pos, d] activations (the residual stream, MLP and attention outputs, norms)")
+        seen.setdefault(hook.name, int(x.shape[-1]))  # keys in the order the hooks first fired
+
+    layers = [hook_layer(h) for h in hooks]
+    stop = None if any(layer is None for layer in layers) else min(max(cast(list[int], layers)) + 1, int(model.cfg.n_layers))
+    ids = torch.zeros(1, 1, dtype=torch.long, device=model.cfg.device)
+    with torch.inference_mode():
+        model.run_with_hooks(ids, fwd_hooks=[(h, grab) for h in hooks], stop_at_layer=stop)
+    missing = [h for h in hooks if h not in seen]
+    if missing:
+        raise ValueError(f"{model_name(model)}'s hook {missing[0]!r} did not fire in a forward: nothing to read there")
+    return seen

@@ -49,7 +49,12 @@ POINTS = ("hook_sae_input", "hook_sae_acts_pre", "hook_sae_acts_post", "hook_sae
 
 
 def is_transcoder(sae: object) -> bool:
-    return getattr(sae, "hook_name_out", None) is not None
+    return bool(getattr(sae, "transcoder", False)) or getattr(sae, "hook_name_out", None) is not None
+
+
+def writes(sae: object) -> str:
+    """The activation a spliced dictionary replaces: an SAE's own hook, a transcoder's output hook."""
+    return getattr(sae, "hook_name_out") if is_transcoder(sae) else getattr(sae, "hook_name")
 
 
 def latent_name(sae: SAE, point: str = "hook_sae_acts_post") -> str:
@@ -197,12 +202,18 @@ def spliced(model: HookedModel, saes: Dictionaries, use_error_term: bool = False
         >>> logits.shape
         torch.Size([1, 7, 4096])
     """
+    if not isinstance(use_error_term, bool):  # "no" is truthy: a string must not switch the error term on
+        raise TypeError(f"use_error_term must be True or False, got {use_error_term!r}")
     saes = _as_list(saes)
-    for sae in saes:
-        if hasattr(sae, "check_model"):  # an interp.SAE knows the model it was trained on
-            sae.check_model(model, f"the {type(sae).__name__} at {sae.hook_name!r}")
-    with _spliced(model, saes, use_error_term):
-        yield model
+    lock = getattr(model, "_lock", None)
+    with ExitStack() as stack:
+        if lock is not None:  # the hook table is read, and rebuilt by a splice, under the model's lock only
+            stack.enter_context(lock)
+        for sae in saes:
+            if hasattr(sae, "check_model"):  # an interp.SAE knows the model it was trained on, and its hooks' order
+                sae.check_model(model, f"the {type(sae).__name__} at {sae.hook_name!r}")
+        with _spliced(model, saes, use_error_term):
+            yield model
 
 
 @contextmanager
@@ -252,6 +263,8 @@ def _is_saelens(sae: object) -> bool:
 
 
 def _as_list(saes) -> list:
+    if not hasattr(saes, "hook_name") and not _is_saelens(saes) and (isinstance(saes, (str, bytes)) or not hasattr(saes, "__iter__")):
+        raise TypeError(f"saes must be an SAE, a Transcoder or a list of them, got {type(saes).__name__}")
     saes = [saes] if hasattr(saes, "hook_name") or _is_saelens(saes) else list(saes)
     saes = [SAELensView(s) if _is_saelens(s) else s for s in saes]
     if not saes:
@@ -259,10 +272,21 @@ def _as_list(saes) -> list:
     bad = [type(s).__name__ for s in saes if not hasattr(s, "hook_name") or not hasattr(s, "encode")]
     if bad:
         raise TypeError(f"expected SAEs or transcoders (with hook_name, encode, decode), got {bad[0]}")
+    unhooked = [s for s in saes if not isinstance(s.hook_name, str) or (is_transcoder(s) and not
+                                                                        isinstance(getattr(s, "hook_name_out", None), str))]
+    if unhooked:
+        what = "hook_name and hook_name_out (the MLP's input and output)" if is_transcoder(unhooked[0]) else "hook_name"
+        raise ValueError(f"a spliced {type(unhooked[0]).__name__} needs {what}; got {unhooked[0].hook_name!r}"
+                         + (f", {getattr(unhooked[0], 'hook_name_out', None)!r}" if is_transcoder(unhooked[0]) else ""))
     names = [s.hook_name for s in saes]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise ValueError(f"two dictionaries read {dup[0]!r}: splice one dictionary per hook")
+    written = [writes(s) for s in saes]
+    dup = sorted({n for n in written if written.count(n) > 1})
+    if dup:
+        raise ValueError(f"two dictionaries write {dup[0]!r} (an SAE there and a transcoder whose output it is, or "
+                         "two transcoders): the result would depend on their order; splice one of them")
     return saes
 
 

@@ -19,12 +19,12 @@ from .checkpoint import (
                          save,
                          warn_non_finite,
 )
-from .folders import NotOursError, is_temp_sibling, remove_ours, replace_file, write_bytes, write_folder
+from .folders import FolderLocked, NotOursError, folder_lock, is_temp_sibling, remove_ours, replace_file, write_bytes, write_folder
 from .tokenizer_file import load_tokenizer, save_tokenizer
 from .walkthrough_keys import from_walkthrough_state_dict, to_walkthrough_state_dict
 from .weightfiles import check_fields, file_in, read_bounded, read_json, read_json_file, regular_file
 
-__all__ = ["NotOursError", "check_fields", "check_floating", "demo_dir", "demo_names", "file_in",
+__all__ = ["FolderLocked", "NotOursError", "folder_lock", "check_fields", "check_floating", "demo_dir", "demo_names", "file_in",
            "from_state_dict", "from_walkthrough_state_dict", "hf", "infer_config", "is_checkpoint", "is_temp_sibling",
            "latest_checkpoint", "load", "load_tokenizer", "read_bounded", "read_json", "read_json_file",
            "regular_file", "remove_ours", "replace_file", "save", "save_tokenizer", "to_walkthrough_state_dict",

@@ -6,21 +6,73 @@ folder only when it is provably ours: every entry is a plain file with a name we
 carries our proof (a config.json or safetensors header only we write). Anything else (a project
 folder with a config.json beside a thesis, a downloaded model with its README) is refused with the
 list of what would have been lost. Old folders are emptied file by file, never with `rmtree`, so a
-file that appears in one meanwhile survives. New folders get the user's umask.
+file that appears in one meanwhile survives. New folders get the user's umask. Writers of one folder
+take turns: each holds the folder's lock (`folder_lock`, the `filelock` package; the lock files live in
+the temporary folder, `lock_path`) from the check to the swap and the sweep of what killed writers
+left, so two processes never delete each other's temporary folders or swap half-checked folders in.
 
 A single file is written the same way by `replace_file`, the project's one atomic write (checkpoint
 files, tuned lenses, run markers and logs, README tables, plotly.js).
 """
 from __future__ import annotations
 
+import ctypes
+import functools
+import hashlib
 import os
+import signal
+import tempfile
+import threading
 import uuid
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO, Callable, Union
+from typing import BinaryIO, Callable, Iterator, Union
+
+from filelock import FileLock, Timeout
 
 SHOWN = 12  # entries named in a refusal
 Data = Union[bytes, Callable[[BinaryIO], None]]  # what a file is written from
+
+
+LOCK_WAIT_S = 600.0  # how long a writer waits for another writer of the same folder
+
+
+class FolderLocked(TimeoutError):
+    """Another process holds a folder's lock (a writer that did not finish in time, or a run that uses it)."""
+
+
+def lock_path(target: Union[str, os.PathLike], kind: str = "lock") -> Path:
+    """The lock file of the folder `target` (`kind` "run.lock" for a run that uses it throughout): one per real
+    path, in this user's lock folder under the temporary folder, so that nothing is left beside the user's
+    folders and every name of one folder (a link, a relative path) finds the same lock."""
+    real = os.path.realpath(os.path.join(os.path.realpath(Path(target).parent), Path(target).name))
+    digest = hashlib.sha256(real.encode("utf-8", "surrogateescape")).hexdigest()[:24]
+    user = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
+    return Path(tempfile.gettempdir()) / f"sprout-locks-{user}" / f"{digest}.{kind}"
+
+
+@contextmanager
+def folder_lock(target: Union[str, os.PathLike], wait: float = LOCK_WAIT_S, kind: str = "lock",
+                what: str = "a writer") -> Iterator[Path]:
+    """Hold the lock of the folder `target` (`lock_path`) for the block, waiting at most `wait` seconds (0: not at all).
+
+    Raises:
+        FolderLocked: another process held it all that time, naming the folder and the lock file.
+    """
+    path = lock_path(target, kind)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    lock = FileLock(path, timeout=wait)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise FolderLocked(f"{Path(target)} is in use: {what} in another process holds {path}"
+                           + (f" (waited {wait:.0f} s)" if wait > 0 else "") + "; wait for it to end, or use another "
+                           "folder") from None
+    try:
+        yield path
+    finally:
+        lock.release()
 
 
 class NotOursError(FileExistsError, ValueError):
@@ -62,7 +114,17 @@ def write_folder(directory: Union[str, os.PathLike], fill: Callable[[Path], None
     given = Path(directory)
     target = Path(os.path.realpath(given)) if given.is_symlink() else given
     check_replaceable(target, own, proof, what)
+    with folder_lock(target, what=f"a writer of {what}"):
+        return _write_locked(given, target, fill, own, proof, what)
+
+
+def _write_locked(given: Path, target: Path, fill: Callable[[Path], None], own: frozenset, proof: Callable[[Path], bool],
+                  what: str) -> Path:
+    """`write_folder`'s work, under the folder's lock."""
     target.parent.mkdir(parents=True, exist_ok=True)
+    _recover(target, own, proof)
+    check_replaceable(target, own, proof, what)  # again: another writer may have finished meanwhile
+    _remove_stale(target, own)  # under the lock, a temporary or old folder beside it is a killed writer's
     tmp = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex[:8]}")
     tmp.mkdir()  # mode 0o777 less the umask, unlike tempfile.mkdtemp's 0o700
     old = None
@@ -71,12 +133,17 @@ def write_folder(directory: Union[str, os.PathLike], fill: Callable[[Path], None
         fsync_dir(tmp)
         if target.exists():
             check_replaceable(target, own, proof, what)  # again: it may have changed while we wrote
-            old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
-            os.rename(target, old)
-        os.rename(tmp, target)
+            if exchange(tmp, target):  # one step: `target` is never missing, `tmp` now holds the old folder
+                old, tmp = tmp, target
+            else:
+                old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
+                os.rename(target, old)
+        if tmp != target:
+            os.rename(tmp, target)
         fsync_dir(target.parent)
     except BaseException:
-        remove_ours(tmp, own)
+        if tmp != target:
+            remove_ours(tmp, own)
         if old is not None and not target.exists():
             os.rename(old, target)  # put the previous folder back
         raise
@@ -84,6 +151,44 @@ def write_folder(directory: Union[str, os.PathLike], fill: Callable[[Path], None
         remove_ours(old, own)
     _remove_stale(target, own)
     return given
+
+
+@contextmanager
+def uninterrupted() -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT) until the block ends, then raise it: a group of writes that belong together (a
+    demo's dictionaries) all land, or, interrupted before the block, none of them. The main thread only;
+    elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt("interrupted while writing; every write of the group finished first")
+
+
+_RENAME_EXCHANGE, _AT_FDCWD = 2, -100
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one atomic step (Linux's renameat2 with RENAME_EXCHANGE); False where the
+    system or the file system cannot (the caller then renames twice)."""
+    rename2 = getattr(_libc(), "renameat2", None)
+    if rename2 is None:
+        return False
+    return rename2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0
+
+
+@functools.lru_cache(maxsize=1)
+def _libc() -> object:
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:  # no C library to ask (not Linux or macOS)
+        return None
 
 
 def remove_ours(folder: Path, own: frozenset) -> None:
@@ -107,6 +212,19 @@ def _remove_stale(target: Path, own: frozenset) -> None:
         for stale in target.parent.glob(f".{_glob_escape(target.name)}.{kind}-*"):
             if stale.is_dir() and not stale.is_symlink() and not foreign(stale, own, lambda _: True):
                 remove_ours(stale, own)
+
+
+def _recover(target: Path, own: frozenset, proof: Callable[[Path], bool]) -> None:
+    """A writer killed between moving the old folder aside and moving the new one in left `target` missing:
+    put the old one back (a complete folder of ours), so a sweep of stale folders does not lose it."""
+    if os.path.lexists(target):
+        return
+    for old in sorted(target.parent.glob(f".{_glob_escape(target.name)}.old-*")):
+        if old.is_dir() and not old.is_symlink() and not foreign(old, own, proof):
+            os.rename(old, target)
+            warnings.warn(f"{target} was missing (a write killed half way); its previous copy is back in place",
+                          stacklevel=4)
+            return
 
 
 def _glob_escape(name: str) -> str:

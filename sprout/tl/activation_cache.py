@@ -1,12 +1,11 @@
 """TransformerLens' ActivationCache, with the final norm's recomputation matched to the folded `W_U`.
 
 `cache.accumulated_resid(apply_ln=True)` (and `apply_ln_to_stack(..., recompute_ln=True)`) renormalise
-each stream of the stack by calling `model.ln_final(x)`. A TransformerLens model loaded the default way
+each stream of the stack through the final norm. A TransformerLens model loaded the default way
 (`fold_ln=True`) has a gainless `ln_final` and the gain folded into `W_U`, so `stack @ model.W_U` are
-logits. Sprout's `W_U` is folded the same way, but `model.ln_final(x)` computes the whole RMSNorm, gain
-included (as TransformerLens' own `RMSNorm` module), so that `model.unembed(model.ln_final(x))` are the
-logits too. This cache recomputes the final norm without its gain (`ln_final.normalize`), so the stack
-still pairs with `W_U`, as `ln_final.hook_normalized` and the cached-scale paths do.
+logits. Sprout's `ln_final` and `W_U` are that pair (`sprout.layers.FinalNormHooks`); this cache calls
+`ln_final.normalize` (the same numbers, without firing the final norm's hooks), and leaves a model
+without one to TransformerLens' own path.
 """
 from __future__ import annotations
 

@@ -171,7 +171,7 @@ class HookedLM(HookedRootModule):
             idx = x = text.check_tokens(self, input)  # the fast path: ids in
         else:
             if isinstance(input, (str, list, tuple)):
-                idx, padded = text.tokens_and_mask(self, input, prepend_bos, padding_side)
+                idx, padded = text.tokens_and_mask(self, input, prepend_bos, padding_side, truncate=True)
             else:
                 text.check_prepend_bos(self, prepend_bos)
                 idx, padded = text.check_tokens(self, input), None
@@ -185,8 +185,7 @@ class HookedLM(HookedRootModule):
             attention_mask = text.mask_from_padding(self, idx, padding_side, prepend_bos)
         positions = attn_mask = None
         if past_kv_cache is not None:
-            attention_mask, positions, attn_mask = kv_cache.cache_masks(
-                self, past_kv_cache, attention_mask, x[..., 0] if start_at_layer is not None else cast(torch.Tensor, idx))
+            kv_cache.check_cache_layers(past_kv_cache, start_at_layer, stop_at_layer, len(self.blocks))
         elif attention_mask is None and targets is None and idx is not None:
             text.warn_if_left_padded(self, idx)
         if attention_mask is not None and past_kv_cache is None:
@@ -194,7 +193,11 @@ class HookedLM(HookedRootModule):
             attention_mask = text.check_attention_mask(
                 attention_mask, x[..., 0] if start_at_layer is not None else cast(torch.Tensor, idx))
             positions, attn_mask = padding_masks(attention_mask)
-        out = self.run_layers(x, attn_mask, positions, start_at_layer, stop_at_layer, past_kv_cache)
+        with kv_cache.all_or_nothing(past_kv_cache):  # every block's entry extended, or none
+            if past_kv_cache is not None:
+                attention_mask, positions, attn_mask = kv_cache.cache_masks(
+                    self, past_kv_cache, attention_mask, x[..., 0] if start_at_layer is not None else cast(torch.Tensor, idx))
+            out = self.run_layers(x, attn_mask, positions, start_at_layer, stop_at_layer, past_kv_cache)
         if stop_at_layer is not None:
             return out
         return finish(out, idx, targets, loss_mask, attention_mask, return_type, loss_per_token)
@@ -207,7 +210,7 @@ class HookedLM(HookedRootModule):
         None where a shortformer model returns one), the ids [batch, pos] and the padding mask or None.
         `model(residual, start_at_layer=0, attention_mask=attention_mask)` resumes the forward."""
         if isinstance(input, (str, list, tuple)):
-            tokens, padded = text.tokens_and_mask(self, input, prepend_bos, padding_side)
+            tokens, padded = text.tokens_and_mask(self, input, prepend_bos, padding_side, truncate=True)
             attention_mask = padded if attention_mask is None else attention_mask
         else:
             tokens = text.check_tokens(self, input)  # ids in: prepend_bos does not apply, as in TransformerLens

@@ -7,7 +7,8 @@ sequence.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Protocol
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional, Protocol
 
 import torch
 from jaxtyping import Bool, Int
@@ -39,6 +40,11 @@ def _check_cache(model, cache, batch: int) -> int:
                         f"batch_size)), got {type(cache).__name__}")
     if len(entries) != model.cfg.n_layers:
         raise ValueError(f"past_kv_cache has {len(entries)} layers but the model has {model.cfg.n_layers}")
+    lengths = sorted({int(e.past_keys.size(1)) for e in entries} | {int(e.past_values.size(1)) for e in entries})
+    if len(lengths) > 1:
+        raise ValueError(f"past_kv_cache is spoilt: its layers hold {lengths[0]}..{lengths[-1]} positions (a forward "
+                         "that extended some blocks only, e.g. one stopped by an error); start a new cache with "
+                         "sprout.tl.kv_cache.new_cache(model, batch_size)")
     keys = entries[0].past_keys
     want = (batch, model.cfg.n_heads, model.cfg.d_head)
     if (keys.size(0), keys.size(2), keys.size(3)) != want:
@@ -49,6 +55,42 @@ def _check_cache(model, cache, batch: int) -> int:
         raise ValueError(f"past_kv_cache's attention mask has shape {tuple(cache.previous_attention_mask.shape)} "
                          f"but it holds {past} positions of a batch of {batch}")
     return past
+
+
+def check_cache_layers(cache: TransformerLensKeyValueCache, start_at_layer: Optional[int], stop_at_layer: Optional[int],
+                       n_layers: int) -> None:
+    """A forward that grows a key-value cache runs every block, so that every layer's entry grows by the same
+    positions: a stop before the last block, or a start after the first, is refused (a frozen cache, which
+    is read and not grown, takes any range, as in TransformerLens)."""
+    if getattr(cache, "frozen", False):
+        return
+    if stop_at_layer is not None and stop_at_layer < n_layers:
+        raise ValueError(f"stop_at_layer={stop_at_layer} with past_kv_cache would extend the cache of blocks "
+                         f"0..{stop_at_layer - 1} only; run the whole model with a cache, stop_at_layer without one, "
+                         "or freeze the cache first (cache.freeze())")
+    if start_at_layer:
+        raise ValueError(f"start_at_layer={start_at_layer} with past_kv_cache would leave blocks 0..{start_at_layer - 1}"
+                         "'s cache behind; run the whole model with a cache, start_at_layer without one, or "
+                         "freeze the cache first (cache.freeze())")
+
+
+@contextmanager
+def all_or_nothing(cache: Optional[TransformerLensKeyValueCache]) -> Iterator[None]:
+    """The cache as it was, restored, when the block is left by an exception (a hook raising, Ctrl-C):
+    a forward extends every layer's entry and the mask, or none of them."""
+    if cache is None:
+        yield
+        return
+    entries = getattr(cache, "entries", None) or []
+    saved = [(e.past_keys, e.past_values) for e in entries], getattr(cache, "previous_attention_mask", None)
+    try:
+        yield
+    except BaseException:
+        for e, (keys, values) in zip(entries, saved[0]):
+            e.past_keys, e.past_values = keys, values
+        if saved[1] is not None:
+            cache.previous_attention_mask = saved[1]
+        raise
 
 
 def cache_masks(model: Configured, cache: TransformerLensKeyValueCache, attention_mask: Optional[Int[torch.Tensor, "batch _pos"]],

@@ -2,8 +2,9 @@
 
 These read only `model.cfg.d_vocab`, `model.cfg.n_ctx`, `model.cfg.default_prepend_bos` and
 `model.tokenizer`, so every model family shares them. Every check names what is wrong: no silent id
-wrap-around, and no truncation except `to_tokens`' (TransformerLens' default, `truncate=True`); the
-forward, `run_with_cache` and `generate` refuse a text longer than the context.
+wrap-around, and no truncation except TransformerLens' own: `to_tokens`' (`truncate=True`, its default)
+and the forward's and `run_with_cache`'s of text (with a warning naming the cut); `generate` and the
+analyses refuse a text longer than the context.
 
 BOS: with `prepend_bos=True` (or `model.cfg.default_prepend_bos = True`) a text starts with
 `<|endoftext|>`, GPT-2's BOS. The demos were trained without it (their documents are separated by
@@ -119,18 +120,37 @@ def pad_rows(model: TextModel, ids: list[list[int]], padding_side: Optional[str]
             torch.tensor(mask, dtype=torch.long, device=device))
 
 
-def tokens_and_mask(model: TextModel, text: Texts, prepend_bos: Optional[bool] = None, padding_side: Optional[str] = None
-                    ) -> tuple[Int[torch.Tensor, "batch pos"], Optional[Int[torch.Tensor, "batch pos"]]]:
+def tokens_and_mask(model: TextModel, text: Texts, prepend_bos: Optional[bool] = None, padding_side: Optional[str] = None,
+                    truncate: bool = False) -> tuple[Int[torch.Tensor, "batch pos"], Optional[Int[torch.Tensor, "batch pos"]]]:
     """Text or a list of texts -> (ids [batch, pos], attention_mask [batch, pos] or None), for a forward.
 
     With `prepend_bos` (None = `model.cfg.default_prepend_bos`) each text starts with `<|endoftext|>`.
     Texts of unequal token length are padded with the tokenizer's pad token on `padding_side` (default
     the tokenizer's, "right"); the mask is 1 at real tokens and 0 at padding, and None when nothing
-    was padded. Nothing is truncated: a text longer than the context is an error.
+    was padded. A text longer than the context is an error, or with `truncate=True` (what the forward
+    and `run_with_cache` pass, as TransformerLens' forward truncates text) cut to its first n_ctx
+    tokens with a warning that names the cut.
     """
+    if not isinstance(truncate, bool):
+        raise TypeError(f"truncate must be True or False, got {truncate!r}")
     bos = bos_token_id(model, prepend_bos)
-    idx, mask = pad_rows(model, [_encode(model, t, bos) for t in _check_texts(text)], padding_side)
+    rows = [_encode(model, t, bos) for t in _check_texts(text)]
+    if truncate:
+        rows = _truncated(rows, int(model.cfg.n_ctx))
+    idx, mask = pad_rows(model, rows, padding_side)
     return check_tokens(model, idx), mask
+
+
+def _truncated(rows: list[list[int]], n_ctx: int) -> list[list[int]]:
+    """Each row's first n_ctx ids, warning of every row cut (which, how long, how much was dropped)."""
+    cut = [(i, len(r)) for i, r in enumerate(rows) if len(r) > n_ctx]
+    if cut:
+        which = ", ".join(f"text {i} ({n} tokens, the last {n - n_ctx} dropped)" for i, n in cut[:4])
+        more = f" and {len(cut) - 4} more" if len(cut) > 4 else ""
+        warnings.warn(f"truncated to the model's context of {n_ctx} tokens, as TransformerLens does: {which}{more}. "
+                      f"To run all of a long text, cut it into windows: sprout.tl.text.windows(ids, {n_ctx})",
+                      stacklevel=5)
+    return [r[:n_ctx] for r in rows]
 
 
 def to_tokens(model: TextModel, text: Union[Texts, Int[torch.Tensor, "*batch pos"]], prepend_bos: Optional[bool] = None,
@@ -142,6 +162,8 @@ def to_tokens(model: TextModel, text: Union[Texts, Int[torch.Tensor, "*batch pos
     ids with `sprout.tl.text.windows`). `to_tokens("")` is the BOS alone with prepend_bos, else an empty
     [1, 0] tensor.
     """
+    if not isinstance(truncate, bool):
+        raise TypeError(f"truncate must be True or False, got {truncate!r}")
     if isinstance(text, torch.Tensor):
         return check_tokens(model, text)
     bos = bos_token_id(model, prepend_bos)

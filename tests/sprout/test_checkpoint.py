@@ -11,7 +11,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from sprout import Sprout, SproutConfig
-from sprout.files import checkpoint
+from sprout.files import checkpoint, folders
 from sprout.tokenizer import char_tokenizer
 from tests.conftest import TINY, randomize_gains
 
@@ -309,6 +309,7 @@ def test_failed_rename_puts_the_old_checkpoint_back(tmp_path, monkeypatch):
         real_rename(src, dst)
 
     monkeypatch.setattr(os, "rename", failing_rename)
+    monkeypatch.setattr(folders, "exchange", lambda a, b: False)  # the two-rename path, where no atomic swap exists
     with pytest.raises(OSError, match="I/O error"):
         checkpoint.save(b, tmp_path / "ckpt")
     monkeypatch.undo()

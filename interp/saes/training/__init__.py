@@ -5,7 +5,7 @@
     train.py       train_sae / train_transcoder (one process or torchrun)
     checkpoint.py  a run's checkpoint, to resume
 """
-from .settings import SettingsError, TrainSettings
+from ..settings import SettingsError, TrainSettings
 from .train import train_sae, train_transcoder
 
 __all__ = ["SettingsError", "TrainSettings", "train_sae", "train_transcoder"]

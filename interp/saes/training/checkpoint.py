@@ -14,16 +14,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import ContextManager
 
+import torch
 import torch.distributed as dist
+from safetensors import SafetensorError
 from safetensors.torch import load as load_bytes
 from safetensors.torch import save as save_bytes
 
-from sprout.files import write_bytes, write_folder
+from sprout.files import file_in, folder_lock, write_bytes, write_folder
+from sprout.settings import range_error, type_error
 
 from ..._core.identity import PathLike
 from ..files import SAEFileError, read_bytes, read_json
-from .settings import TrainSettings
+from ..settings import TrainSettings
 
 FORMAT = "sprout-sae-trainer"
 META, TENSORS = "trainer.json", "trainer.safetensors"
@@ -58,6 +62,12 @@ def write(folder: PathLike, units: list, s: TrainSettings, meta: dict, step: int
         dist.barrier()
 
 
+def run_lock(folder: PathLike) -> ContextManager[Path]:
+    """The checkpoint folder's run lock (`sprout.files.folders.lock_path`), held for a whole run by rank 0: a
+    second run with the same folder fails at once instead of both overwriting each other's checkpoints."""
+    return folder_lock(folder, wait=0, kind="run.lock", what="an SAE training run")
+
+
 def refuse_existing(folder: PathLike) -> None:
     """A new run does not overwrite another run's checkpoint (as `sprout train` refuses without --resume)."""
     if (Path(folder) / META).exists():
@@ -76,27 +86,74 @@ def restore(folder: PathLike, units: list, s: TrainSettings, meta: dict) -> int:
     folder = Path(folder)
     if not (folder / META).exists():
         return 0
-    record = _read_record(folder)
+    record = _read_record(folder, len(units), s.steps)
     _check_same(folder, record, s, meta)
-    tensors = load_bytes(read_bytes(folder / TENSORS, 1 << 36))
+    path = _inside(folder, TENSORS)
+    try:
+        tensors = load_bytes(read_bytes(path, 1 << 36))
+    except (SafetensorError, ValueError, RuntimeError) as e:
+        raise SAEFileError(f"cannot read {path}: {str(e)[:200]}") from e
     for i, u in enumerate(units):
-        own = {n: tensors[f"{i}.sae.{n}"] for n in u.sae.state_dict()}
-        u.sae.load_state_dict(own)
-        for j, (m, v) in enumerate(zip(u.opt.m, u.opt.v)):
-            m.copy_(tensors[f"{i}.opt.{j}.exp_avg"])
-            v.copy_(tensors[f"{i}.opt.{j}.exp_avg_sq"])
-        u.since_fired = tensors[f"{i}.since_fired"].clone()
+        _restore_unit(u, i, tensors, path)
         sc = record["units"][i]
-        u.scale_in, u.scale_out, u.coef = float(sc["scale_in"]), float(sc["scale_out"]), float(sc["coef"])
-        u.opt.t = int(sc["adam_t"])
-    return int(record["step"])
+        u.scale_in, u.scale_out, u.coef, u.opt.t = sc["scale_in"], sc["scale_out"], sc["coef"], sc["adam_t"]
+    return record["step"]
 
 
-def _read_record(folder: Path) -> dict:
-    path = folder / META
+def _tensor(tensors: dict, key: str, path: Path, like: torch.Tensor) -> torch.Tensor:
+    """One tensor of the checkpoint, refused by name when missing, misshapen or not finite."""
+    t = tensors.get(key)
+    if t is None:
+        raise SAEFileError(f"{path}: tensor {key!r} is missing: not a checkpoint of this run's dictionaries")
+    if tuple(t.shape) != tuple(like.shape) or t.is_floating_point() != like.is_floating_point():
+        raise SAEFileError(f"{path}: tensor {key!r} has shape {list(t.shape)} and dtype {t.dtype}, expected "
+                           f"{list(like.shape)} ({like.dtype})")
+    if t.is_floating_point() and not torch.isfinite(t).all():
+        raise SAEFileError(f"{path}: tensor {key!r} holds NaN or infinite values: the run had diverged")
+    return t
+
+
+def _restore_unit(u, i: int, tensors: dict, path: Path) -> None:
+    own = {n: _tensor(tensors, f"{i}.sae.{n}", path, t) for n, t in u.sae.state_dict().items()}
+    u.sae.load_state_dict(own)
+    for j, (m, v) in enumerate(zip(u.opt.m, u.opt.v)):
+        m.copy_(_tensor(tensors, f"{i}.opt.{j}.exp_avg", path, m))
+        v.copy_(_tensor(tensors, f"{i}.opt.{j}.exp_avg_sq", path, v))
+    u.since_fired = _tensor(tensors, f"{i}.since_fired", path, u.since_fired).clone()
+
+
+def _inside(folder: Path, name: str) -> Path:
+    """`folder / name`, refused (naming it) when a symlink takes it out of the folder, as `sprout.load` refuses."""
+    try:
+        return file_in(folder, name, "checkpoint file")
+    except ValueError as e:
+        raise SAEFileError(str(e)) from None
+
+
+# each dictionary's scalars in trainer.json: (type, range), as sprout.settings.Checked states them
+_UNIT_FIELDS = {"scale_in": ("float", (0, None, "(")), "scale_out": ("float", (0, None, "(")),
+                "coef": ("float", (0, None, "[")), "adam_t": ("int", (0, None, "["))}
+
+
+def _read_record(folder: Path, n_units: int, steps: int) -> dict:
+    """trainer.json, every field the resume reads checked: its step, and per dictionary its scalars."""
+    path = _inside(folder, META)
     record = read_json(path)
-    if record.get("format") != FORMAT or not isinstance(record.get("step"), int) or not isinstance(record.get("units"), list):
+    if record.get("format") != FORMAT:
         raise SAEFileError(f"{path} is not an SAE training checkpoint of ours (format {record.get('format')!r})")
+    bad = type_error("int", record.get("step")) or range_error((0, steps, "[]"), record.get("step"))
+    if bad:
+        raise SAEFileError(f"{path}: field 'step' must be {bad} (the run has {steps} steps), got {record.get('step')!r}")
+    units = record.get("units")
+    if not isinstance(units, list) or len(units) != n_units or not all(isinstance(u, dict) for u in units):
+        raise SAEFileError(f"{path}: field 'units' must be a list of {n_units} objects (one per dictionary), got "
+                           f"{str(units)[:80]}")
+    for i, unit in enumerate(units):
+        for name, (kind, rule) in _UNIT_FIELDS.items():
+            value = unit.get(name)
+            bad = type_error(kind, value) or range_error(rule, value)
+            if bad:
+                raise SAEFileError(f"{path}: field 'units[{i}].{name}' must be {bad}, got {value!r}")
     return record
 
 

@@ -22,7 +22,8 @@ from ..._core.distributed import world_and_rank
 from ..._core.inputs import TextOrTokens
 from ..._core.inputs import stream_windows as windows
 from ..._core.model import HookedModel, require_hooks
-from ..files import hook_layer, hook_widths
+from ..files import hook_layer
+from ..sae import hook_widths
 
 _PERMS: dict = {}
 

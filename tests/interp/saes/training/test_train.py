@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import interp
+from interp.saes.settings import SettingsError
 from interp.saes.training.harvest import ModelSource
-from interp.saes.training.settings import SettingsError
 from sprout import Sprout
 from tests.conftest import TINY, randomize_gains
 

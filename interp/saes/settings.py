@@ -14,9 +14,11 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Optional
 
+import torch
+
 from sprout.settings import Checked, range_error, type_error
 
-from ..kinds import KIND_NAMES, TOPK_KINDS, check_widths, default_k
+from .kinds import KIND_NAMES, TOPK_KINDS, check_widths, default_k
 
 B_DEC_INITS = ("geometric_median", "mean", "zeros")
 _POSITIVE, _NON_NEGATIVE = (1, None, "["), (0, None, "[")
@@ -24,6 +26,34 @@ _POSITIVE, _NON_NEGATIVE = (1, None, "["), (0, None, "[")
 
 class SettingsError(ValueError, TypeError):
     """A training setting of the wrong type or out of range (the message names the field and the value)."""
+
+
+class TrainingDiverged(RuntimeError):
+    """A run whose weights became NaN or infinite: stopped, naming the step and the dictionary."""
+
+
+COUNT = ("int", (1, None, "["))  # an argument that counts something: an integer >= 1
+
+
+def check_args(where: str, **args: tuple) -> None:
+    """Refuse the first argument of the wrong type or out of range, as `Checked` refuses a field: each keyword
+    is `name=(value, kind, rule)` with `kind` "int", "Optional[float]" ... and `rule` a range (or None)."""
+    for name, (value, kind, rule) in args.items():
+        expected = type_error(kind, value) or range_error(rule, value)
+        if expected:
+            raise SettingsError(f"{where}: {name} must be {expected}, got {value!r}")
+
+
+def check_run(steps: object, stop_at: object, every: object, resume: object, progress: object) -> None:
+    """The run's own arguments, checked before any work: stop_at in 1..steps, checkpoint_every >= 1,
+    resume and progress booleans (a string such as "no" is not False)."""
+    for name, value, kind, rule in (("stop_at", stop_at, "Optional[int]", (1, steps, "[]") if isinstance(steps, int) else None),
+                                    ("checkpoint_every", every, "Optional[int]", (1, None, "[")),
+                                    ("resume", resume, "bool", None), ("progress", progress, "bool", None)):
+        bad = type_error(kind, value) or range_error(rule, value)
+        if bad:
+            raise SettingsError(f"{name} must be {bad}" + (f" (steps={steps})" if name == "stop_at" else "")
+                                + f", got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -133,3 +163,13 @@ class TrainSettings(Checked):
             raise SettingsError(f"unknown training settings {unknown}; known: {', '.join(f.name for f in fields(cls))}")
         return cls(**d)
 
+
+def check_finite(units: list, step: int, s: TrainSettings) -> None:
+    """Stop a run that diverged (a NaN or infinite weight) instead of returning a dictionary that will not load."""
+    for u in units:
+        bad = [n for n, p in u.sae.named_parameters() if not torch.isfinite(p).all()]
+        if bad:
+            where = f" at {u.hook_in!r}" if u.hook_in else ""
+            raise TrainingDiverged(f"training diverged at step {step + 1} of {s.steps}: the {u.sae.kind} dictionary{where} "
+                                   f"has NaN or infinite {', '.join(bad)} (peak lr {s.peak_lr():.3g}); lower lr= or keep "
+                                   "grad_clip > 0, and start again (no checkpoint was written after the divergence)")

@@ -1,0 +1,58 @@
+"""Who we are under torchrun, for every trainer here (`sprout train`, the tuned lens, the dictionaries).
+
+A process group is joined only when asked: torchrun's own variables all present and consistent
+(WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and TORCHELASTIC_RUN_ID, which torchrun sets),
+or the same variables with SPROUT_DISTRIBUTED=1 for another launcher. A stray WORLD_SIZE > 1 without
+them fails at once, naming what is missing, instead of waiting on a rendezvous no other process joins;
+the rendezvous itself waits RENDEZVOUS_S seconds (SPROUT_RENDEZVOUS_S), not torch's 30 minutes.
+"""
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Mapping
+
+import torch.distributed as dist
+
+REQUIRED = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+RENDEZVOUS_S = 300
+
+
+def _int(env: Mapping[str, str], name: str) -> int:
+    try:
+        return int(env[name])
+    except ValueError:
+        raise RuntimeError(f"{name}={env[name]!r} is not an integer: the process group's variables are torchrun's "
+                           "(launch with torchrun, or unset them for one process)") from None
+
+
+def requested(env: Mapping[str, str] = os.environ) -> bool:
+    """Whether the environment asks for a process group: WORLD_SIZE > 1 with torchrun's variables complete and
+    consistent. A WORLD_SIZE > 1 without them is an error (see the module), WORLD_SIZE 1 or absent is not asked."""
+    if "WORLD_SIZE" not in env or _int(env, "WORLD_SIZE") <= 1:
+        return False
+    world = _int(env, "WORLD_SIZE")
+    missing = [n for n in REQUIRED if not env.get(n)]
+    launched = bool(env.get("TORCHELASTIC_RUN_ID")) or env.get("SPROUT_DISTRIBUTED") == "1"
+    if missing or not launched:
+        what = ", ".join(missing) if missing else "TORCHELASTIC_RUN_ID (or SPROUT_DISTRIBUTED=1)"
+        raise RuntimeError(f"WORLD_SIZE={world} is set but {what} is not: this is not a torchrun launch, and a process "
+                           "group would wait for processes that never come. Unset WORLD_SIZE to train in one process, "
+                           "or launch with torchrun --nproc_per_node=N")
+    rank, local = _int(env, "RANK"), _int(env, "LOCAL_RANK")
+    local_world = _int(env, "LOCAL_WORLD_SIZE") if env.get("LOCAL_WORLD_SIZE") else world
+    if not (0 <= rank < world and 0 <= local < local_world <= world):
+        raise RuntimeError(f"inconsistent torchrun variables: RANK={rank}, LOCAL_RANK={local}, "
+                           f"LOCAL_WORLD_SIZE={local_world}, WORLD_SIZE={world} (need 0 <= RANK < WORLD_SIZE and "
+                           "0 <= LOCAL_RANK < LOCAL_WORLD_SIZE <= WORLD_SIZE)")
+    return True
+
+
+def world_and_rank() -> tuple[int, int]:
+    """(processes, this one's rank): under torchrun after joining the gloo group, else (1, 0)."""
+    if not dist.is_initialized() and requested():
+        wait = _int(os.environ, "SPROUT_RENDEZVOUS_S") if os.environ.get("SPROUT_RENDEZVOUS_S") else RENDEZVOUS_S
+        dist.init_process_group("gloo", timeout=timedelta(seconds=wait))
+    if dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0

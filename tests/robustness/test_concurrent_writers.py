@@ -1,0 +1,134 @@
+"""Writers of one folder take turns (issue 36, bad case 7): two writers saving SAEs into one folder never
+delete each other's temporary folders and leave a folder that loads; a second training run on a
+checkpoint folder in use fails at once, naming the lock."""
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+import interp
+from interp.saes.files import CFG, WEIGHTS, is_ours
+from sprout.files import FolderLocked, write_folder
+from sprout.files.folders import lock_path
+
+D = 8
+
+
+def test_two_writers_saving_into_one_folder_both_succeed_and_it_loads(tmp_path):
+    saes = [interp.SAE(D, 16, kind="relu", hook_name="blocks.0.hook_resid_post", seed=i) for i in range(2)]
+    errors = []
+
+    def work(sae):
+        try:
+            for _ in range(12):
+                sae.save(tmp_path / "sae")
+        except Exception as e:  # noqa: BLE001 - collected and reported below
+            errors.append(repr(e))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=work, args=(s,)) for s in saes]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors, errors[:2]
+    back = interp.SAE.load(tmp_path / "sae")
+    assert any(torch.equal(back.W_dec, s.W_dec) for s in saes)
+    assert sorted(os.listdir(tmp_path)) == ["sae"]  # no temporary or old folder left behind
+
+
+def test_a_second_run_on_a_checkpoint_folder_in_use_fails_at_once(tmp_path):
+    folder = tmp_path / "ckpt"
+    holder = subprocess.Popen([sys.executable, "-c", (  # another process, as a second run would be
+        "import time, filelock\n"
+        f"with filelock.FileLock({str(lock_path(folder, 'run.lock'))!r}, timeout=0):\n"
+        "    print('held', flush=True); time.sleep(60)")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        acts = torch.randn(256, D)
+        t0 = time.perf_counter()
+        with pytest.raises(FolderLocked, match="is in use"):
+            interp.train_sae(acts, kind="topk", d_sae=16, k=2, steps=3, batch_size=64, checkpoint=folder, progress=False)
+        assert time.perf_counter() - t0 < 5 and not folder.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    sae = interp.train_sae(torch.randn(256, D), kind="topk", d_sae=16, k=2, steps=3, batch_size=64, checkpoint=folder,
+                           progress=False)  # the lock died with its process
+    assert sae.info["steps"] == 3 and lock_path(folder, "run.lock").exists()
+
+
+def test_a_replace_swaps_in_one_step_and_a_killed_writers_old_copy_comes_back(tmp_path):
+    """The old folder and the new one are exchanged atomically (the folder is never missing); where a writer
+    was killed between two renames, the next write puts the old copy back before sweeping, even if that
+    write then fails."""
+    a = interp.SAE(D, 16, kind="relu", hook_name="blocks.0.hook_resid_post", seed=1)
+    b = interp.SAE(D, 16, kind="relu", hook_name="blocks.0.hook_resid_post", seed=2)
+    a.save(tmp_path / "sae")
+    inode = (tmp_path / "sae").stat().st_ino
+    b.save(tmp_path / "sae")
+    assert (tmp_path / "sae").stat().st_ino != inode and sorted(os.listdir(tmp_path)) == ["sae"]
+    (tmp_path / "sae").rename(tmp_path / ".sae.old-0123abcd")  # killed after moving the old copy aside
+
+    def fail(tmp):
+        raise OSError("disk full")
+
+    with pytest.warns(UserWarning, match="previous copy is back"), pytest.raises(OSError, match="disk full"):
+        write_folder(tmp_path / "sae", fail, frozenset({CFG, WEIGHTS}), is_ours, "an SAE folder")
+    assert torch.equal(interp.SAE.load(tmp_path / "sae").W_dec, b.W_dec) and sorted(os.listdir(tmp_path)) == ["sae"]
+
+
+def test_ctrl_c_during_a_group_of_writes_waits_for_the_group(tmp_path):
+    """experiments.ship saves a demo's dictionaries under `uninterrupted`: a Ctrl-C arriving mid-group is
+    raised once every dictionary is written, so the demo never holds a mix of new and old ones."""
+    import signal
+
+    from sprout.files.folders import uninterrupted
+    saes = [interp.SAE(D, 16, kind="relu", hook_name=f"blocks.{i}.hook_resid_post", seed=i) for i in range(3)]
+    with pytest.raises(KeyboardInterrupt, match="every write of the group finished"):
+        with uninterrupted():
+            for i, sae in enumerate(saes):
+                if i == 1:
+                    os.kill(os.getpid(), signal.SIGINT)
+                sae.save(tmp_path / f"sae{i}")
+    assert all(torch.equal(interp.SAE.load(tmp_path / f"sae{i}").W_dec, s.W_dec) for i, s in enumerate(saes))
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_ctrl_c_between_a_tuned_lens_two_files_waits_for_both(tmp_path, monkeypatch):
+    """A tuned lens is two files (weights, then the JSON with their hash): a Ctrl-C after the first no longer
+    leaves new weights beside the old JSON, which the loader refuses (issue 36: 'a lens refused')."""
+    import importlib
+    import signal
+
+    from sprout import Sprout
+    from tests.conftest import TINY
+    tl = importlib.import_module("interp.tuned_lens")  # the module (interp.tuned_lens is also a function)
+    model = Sprout(TINY).eval()
+    tl.TunedLens(model).save(tmp_path)
+    lens = tl.TunedLens(model)
+    with torch.no_grad():
+        for p in lens.parameters():
+            p.add_(0.5)
+    real, calls = tl.replace_file, []
+
+    def then_interrupt(path, data):
+        real(path, data)
+        calls.append(path)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(tl, "replace_file", then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        lens.save(tmp_path)
+    assert len(calls) == 2
+    back = tl.TunedLens.load(model, tmp_path)
+    assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), lens.state_dict().values()))

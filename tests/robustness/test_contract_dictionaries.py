@@ -1,0 +1,112 @@
+"""The contract walk over every public dictionary and splice entry point (issue 36): each argument given
+hostile values (bools for numbers, 1.7 for counts, NaN and infinities, strings for booleans, out-of-range
+and empty values) is refused with a ValueError or TypeError that names the argument, before any work.
+A new entry point in `interp.saes.__all__` (or the feature functions) must join the table."""
+import math
+from contextlib import ExitStack
+
+import pytest
+import torch
+
+import interp
+import interp.saes
+from interp.saes import features
+from sprout import Sprout
+from tests.conftest import TINY, randomize_gains
+
+D = TINY.d_model
+HOOK = "blocks.0.hook_resid_post"
+ACTS = torch.randn(256, D, generator=torch.Generator().manual_seed(0))
+IDS = torch.randint(0, TINY.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
+QUICK = dict(kind="topk", d_sae=16, k=2, steps=2, batch_size=64, progress=False)
+
+COUNT = [0, -1, 1.5, True, "3", math.nan]  # an integer >= 1
+FLAG = ["no", 1, None]  # True or False
+SEED = [1.7, -1, True, "0"]
+RATE = [math.nan, math.inf, -1.0, "0.1", True]  # a positive finite number
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return randomize_gains(Sprout(TINY).eval())
+
+
+def _sae():
+    return interp.SAE(D, 16, kind="topk", k=2, hook_name=HOOK, seed=1)
+
+
+def _splice(model, **kw):
+    with ExitStack() as stack:
+        stack.enter_context(interp.spliced(model, kw.pop("saes", [_sae()]), **kw))
+
+
+def _run(model, **kw):
+    args = {"tokens": IDS, "saes": [_sae()], **kw}
+    return interp.run_with_saes(model, args.pop("tokens"), args.pop("saes"), **args)
+
+
+def _metrics(model, **kw):
+    return interp.sae_metrics(model, kw.pop("sae", _sae()), kw.pop("data", IDS), **kw)
+
+
+def _clamp(model, **kw):
+    args = {"latent": 0, "value": 1.0, **kw}
+    return features.clamp_effect(model, kw.pop("sae", _sae()), args.pop("latent"), IDS, **{k: v for k, v in args.items()
+                                                                                           if k != "sae"})
+
+
+# entry point -> (how to call it with one argument changed, {argument: hostile values})
+TABLE = {
+    "SAE": (lambda m, **kw: interp.SAE(**{"d_in": D, "d_sae": 16, **kw}),
+            {"d_in": COUNT, "d_sae": COUNT, "k": [0, 17, 1.5, True], "kind": ["TopK", 3, None], "seed": SEED,
+             "bandwidth": [0, math.nan, -0.1, "0.05"], "hook_name": ["", 3], "dtype": [torch.int64, "float32"],
+             "d_out": [0, 1.5, True]}),
+    "Transcoder": (lambda m, **kw: interp.Transcoder(**{"d_in": D, "d_sae": 16, **kw}),
+                   {"d_in": COUNT, "d_sae": COUNT, "d_out": [0, 1.5, True], "skip": FLAG, "layer": [-1, 1.5, True, "1"],
+                    "hook_name": ["", 3], "hook_name_out": ["", 3], "seed": SEED}),
+    "train_sae": (lambda m, **kw: interp.train_sae(ACTS, **{**QUICK, **kw}),
+                  {"steps": COUNT, "lr": RATE + [0.0], "batch_size": COUNT, "seed": SEED, "d_sae": COUNT,
+                   "k": [0, 1.5, True], "kind": ["TopK", 3], "stop_at": [0, -5, 1.5, 99, True],
+                   "checkpoint_every": [0, 1.5, True], "resume": FLAG[:2], "progress": FLAG, "grad_clip": [math.nan, -1.0],
+                   "decay_fraction": [math.nan, 1.5], "normalize": ["no", 1], "warmup_steps": [-1, 1.5]}),
+    "train_transcoder": (lambda m, **kw: interp.train_transcoder(m, IDS, **{"layer": 0, **QUICK, **kw}),
+                         {"layer": [-1, 2, 1.5, True, [0, 0], [], "0"], "skip": FLAG[:2], "steps": COUNT,
+                          "stop_at": [0, -5, 1.5], "seed": SEED}),
+    "load_sae": (lambda m, **kw: interp.load_sae(m, **{"hook": HOOK, **kw}), {"hook": ["", 3, None]}),
+    "load_transcoder": (lambda m, **kw: interp.load_transcoder(m, **{"layer": 0, **kw}), {"layer": [-1, 2, 1.5, True, "0"]}),
+    "spliced": (_splice, {"saes": [object(), [], [_sae(), _sae()], [interp.SAE(D, 16, hook_name="blocks.9.hook_resid_post")]],
+                          "use_error_term": FLAG}),
+    "run_with_saes": (_run, {"saes": [object(), []], "use_error_term": FLAG,
+                             "tokens": [IDS.float(), torch.zeros(1, TINY.context + 1, dtype=torch.long)]}),
+    "sae_metrics": (_metrics, {"batch_size": COUNT, "seq_len": [0, 1.5, True], "dense_threshold": [math.nan, 1.5, -0.1, "0.1"],
+                               "attention_mask": [torch.full(IDS.shape, 0.5), torch.full(IDS.shape, 2)],
+                               "sae": [object()]}),
+    "clamp_effect": (_clamp, {"value": [math.nan, math.inf, "3", True], "latent": [1.7, True, -1, 16],
+                              "k": [0, 1.5, True], "batch_size": [0, 1.5, True]}),
+    "feature_report": (lambda m, **kw: features.feature_report(m, _sae(), IDS, **kw),
+                       {"n_show": [0, 1.5, True], "n_examples": [0, 1.5], "k": [0, 1.5], "batch_size": [0, 1.5],
+                        "latents": [[1.7], [16], [-1]]}),
+    "logit_effects": (lambda m, **kw: features.logit_effects(m, _sae(), **kw), {"k": [0, 1.5, True, TINY.vocab_size + 1]}),
+}
+NOT_CALLS = {"SettingsError", "TrainSettings"}  # types, walked by tests/robustness/test_contract_settings.py
+
+
+def test_the_table_walks_every_public_entry_point():
+    public = set(interp.saes.__all__) - NOT_CALLS
+    public |= {n for n in ("feature_report", "clamp_effect", "logit_effects") if callable(getattr(features, n))}
+    assert public <= set(TABLE), f"add {sorted(public - set(TABLE))} to TABLE in {__file__}"
+
+
+CASES = [(name, arg, value) for name, (_, args) in TABLE.items() for arg, values in args.items() for value in values]
+
+
+@pytest.mark.parametrize("name, arg, value", CASES, ids=[f"{n}-{a}-{v!r}"[:60] for n, a, v in CASES])
+def test_hostile_values_are_refused_naming_the_argument(model, name, arg, value):
+    call, _ = TABLE[name]
+    with pytest.raises((ValueError, TypeError)) as err:
+        call(model, **{arg: value})
+    message = str(err.value)
+    named = {"saes": ("SAE", "dictionar", "transcoder", "hook"), "sae": ("SAE", "dictionar", "transcoder"),
+             "tokens": ("token", "sequence"), "d_in": ("d_in",), "hook": ("hook",)}.get(arg, (arg,))
+    assert any(word in message for word in named), f"{name}({arg}={value!r}) raised without naming {arg}: {message}"
