@@ -111,7 +111,7 @@ def test_ctrl_c_between_a_tuned_lens_two_files_waits_for_both(tmp_path, monkeypa
 
     from sprout import Sprout
     from tests.conftest import TINY
-    tl = importlib.import_module("interp.tuned_lens")  # the module (interp.tuned_lens is also a function)
+    tl = importlib.import_module("interp.lens.tuned")  # the module
     model = Sprout(TINY).eval()
     tl.TunedLens(model).save(tmp_path)
     lens = tl.TunedLens(model)

@@ -4,7 +4,7 @@ import time
 
 import pytest
 import torch
-from interp._distributed import requested
+from interp._core.distributed import requested
 
 import interp
 
