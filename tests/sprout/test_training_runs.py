@@ -66,7 +66,7 @@ def second_copy_loss(model, half: int = 24, n: int = 6, seed: int = 41) -> float
 def test_the_induction_demos_copy_repeated_random_tokens(run):
     model = sprout.load(RUNS / run).eval()
     assert second_copy_loss(model) < 0.1  # issue 41's target; measured 0.004 and 0.003 (README)
-    assert second_copy_loss(model, half=40, seed=7) < 0.1
+    assert second_copy_loss(model, half=32, seed=7) < 0.1
 
 
 def test_the_walkthrough_predicts_held_out_shakespeare_within_the_target():
