@@ -32,6 +32,7 @@ import torch
 
 from .._core.batching import TextOrTokens, batches, token_rows
 from .._core.model import HookedModel, str_tokens
+from .settings import COUNT, check_args
 
 if TYPE_CHECKING:
     from .sae import SAE
@@ -256,6 +257,8 @@ def describe_latent(model: HookedModel, sae: SAE, latent: int, train: TextOrToke
         One row: `latent`, `kind`, `description`, `train_f1`, `precision`, `recall`, `auroc`, `fuzz`,
         `density` (test tokens it fires on), `n_fire` (the module docstring defines each).
     """
+    check_args("describe_latent", latent=(latent, "int", None), max_units=(max_units, *COUNT), min_count=(min_count, *COUNT),
+               n_contexts=(n_contexts, *COUNT), seed=(seed, "int", (0, None, "[")), seq_len=(seq_len, "Optional[int]", COUNT[1]))
     if not 0 <= int(latent) < int(sae.W_dec.shape[0]):
         raise ValueError(f"latent {latent} is out of range: the dictionary has {sae.W_dec.shape[0]} latents")
     if sae.hook_name is None:

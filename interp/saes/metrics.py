@@ -153,7 +153,10 @@ def dead_fractions(model: HookedModel, saes: list, data: TextOrTokens, batch_siz
     Returns:
         ([dead fraction per dictionary, in order], tokens measured).
     """
+    check_args("dead_fractions", batch_size=(batch_size, *COUNT), seq_len=(seq_len, "Optional[int]", COUNT[1]))
     saes = _as_list(saes)
+    if not saes:
+        raise ValueError("dead_fractions: saes is empty: give at least one SAE or transcoder")
     hooks = sorted({s.hook_name for s in saes})
     require_hooks(model, hooks)
     layers = [layer_of(h) for h in hooks]

@@ -20,6 +20,7 @@ from .._core.batching import TextOrTokens
 from .._core.model import HookedModel
 from .baselines import pca_basis
 from .describe import GOOD_AUROC, Tokens, choose, hook_acts, score_description, tokens_of
+from .settings import COUNT, check_args
 
 if TYPE_CHECKING:
     from .sae import SAE
@@ -62,8 +63,8 @@ def interpretability_score(model: HookedModel, sae: SAE, train: TextOrTokens, te
         direction number), and `describe_latent`'s columns (`kind`, `description`, `train_f1`,
         `precision`, `recall`, `auroc`, `fuzz`, `density`, `n_fire`).
     """
-    if n < 1:
-        raise ValueError(f"interpretability_score: n must be >= 1, got {n}")
+    check_args("interpretability_score", n=(n, *COUNT), baselines=(baselines, "bool", None), seed=(seed, "int", (0, None, "[")),
+               max_units=(max_units, *COUNT), min_count=(min_count, *COUNT), seq_len=(seq_len, "Optional[int]", COUNT[1]))
     if sae.hook_name is None:
         raise ValueError("interpretability_score: the dictionary has no hook_name (the hook it reads)")
     (tok_tr, rows_tr), (tok_te, rows_te) = tokens_of(model, train, seq_len), tokens_of(model, test, seq_len)
@@ -92,6 +93,9 @@ def interpretability_score(model: HookedModel, sae: SAE, train: TextOrTokens, te
 def interpretability_summary(scores: pd.DataFrame, good: float = GOOD_AUROC) -> pd.DataFrame:
     """Per source of an `interpretability_score` frame: `n`, `share_good` (held-out AUROC >= `good`: the
     interpretability score), `median_auroc`, `median_fuzz`, `median_precision`, `median_recall`."""
+    if not isinstance(scores, pd.DataFrame):
+        raise TypeError(f"interpretability_summary: scores must be interpretability_score's DataFrame, got {type(scores).__name__}")
+    check_args("interpretability_summary", good=(good, "float", (0, 1, "[]")))
     missing = {"source", "auroc", "fuzz", "precision", "recall"} - set(scores.columns)
     if missing:
         raise ValueError(f"interpretability_summary: the frame lacks {sorted(missing)} (interpretability_score's frame)")

@@ -25,6 +25,7 @@ Its conventions, and how ours map onto them:
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -59,6 +60,8 @@ def _ln2_gain(model: HookedModel, layer: int) -> torch.Tensor:
 
 
 def _check_set(transcoders: Sequence[Transcoder], model: HookedModel) -> list[Transcoder]:
+    if isinstance(transcoders, (str, bytes)) or not hasattr(transcoders, "__iter__"):
+        raise TypeError(f"transcoders must be a list of interp.Transcoder, got {type(transcoders).__name__}")
     tcs = list(transcoders)
     if not tcs or not all(isinstance(t, Transcoder) for t in tcs):
         raise TypeError("transcoders must be a list of interp.Transcoder, one per block, in block order")
@@ -177,6 +180,8 @@ def load_circuit_tracer(folder: PathLike, model: HookedModel) -> list[Transcoder
         FileNotFoundError: no config.yaml, or a layer file missing.
         ValueError: another kind of set, other hooks, or layers that do not match `model`.
     """
+    if not isinstance(folder, (str, os.PathLike)):
+        raise TypeError(f"load_circuit_tracer: folder must be a path, got {type(folder).__name__}")
     folder = Path(folder)
     config = _read_config(folder)
     record = config.get("sprout")

@@ -3,8 +3,11 @@ hostile values (bools for numbers, 1.7 for counts, NaN and infinities, strings f
 and empty values) is refused with a ValueError or TypeError that names the argument, before any work.
 A new entry point in `interp.saes.__all__` (or the feature functions) must join the table."""
 import math
+import tempfile
 from contextlib import ExitStack
+from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
@@ -50,6 +53,13 @@ def _metrics(model, **kw):
     return interp.sae_metrics(model, kw.pop("sae", _sae()), kw.pop("data", IDS), **kw)
 
 
+_SCORES = pd.DataFrame({"source": ["dictionary"], "auroc": [0.9]})
+
+
+def _tmp() -> Path:
+    return Path(tempfile.mkdtemp()) / "set"
+
+
 def _clamp(model, **kw):
     args = {"latent": 0, "value": 1.0, **kw}
     return features.clamp_effect(model, kw.pop("sae", _sae()), args.pop("latent"), IDS, **{k: v for k, v in args.items()
@@ -88,8 +98,22 @@ TABLE = {
                        {"n_show": [0, 1.5, True], "n_examples": [0, 1.5], "k": [0, 1.5], "batch_size": [0, 1.5],
                         "latents": [[1.7], [16], [-1]]}),
     "logit_effects": (lambda m, **kw: features.logit_effects(m, _sae(), **kw), {"k": [0, 1.5, True, TINY.vocab_size + 1]}),
+    "dead_fractions": (lambda m, **kw: interp.saes.dead_fractions(m, kw.pop("saes", [_sae()]), IDS, **kw),
+                       {"saes": [object(), []], "batch_size": COUNT, "seq_len": [0, 1.5, True]}),
+    "describe_latent": (lambda m, **kw: interp.describe_latent(m, _sae(), kw.pop("latent", 0), IDS, IDS, **kw),
+                        {"latent": [1.7, True, -1, 16], "max_units": COUNT, "min_count": COUNT, "n_contexts": COUNT,
+                         "seed": SEED}),
+    "interpretability_score": (lambda m, **kw: interp.interpretability_score(m, _sae(), IDS, IDS, **kw),
+                               {"n": COUNT, "baselines": FLAG, "seed": SEED, "max_units": COUNT, "min_count": COUNT}),
+    "interpretability_summary": (lambda m, **kw: interp.interpretability_summary(kw.pop("scores", _SCORES), **kw),
+                                 {"scores": [object(), "auroc"], "good": [math.nan, -0.1, 1.5, "0.8", True]}),
+    "save_circuit_tracer": (lambda m, **kw: interp.saes.save_circuit_tracer(kw.pop("transcoders", []), _tmp(), m, **kw),
+                            {"transcoders": [object(), [], [_sae()]]}),
+    "load_circuit_tracer": (lambda m, **kw: interp.saes.load_circuit_tracer(kw.pop("folder", _tmp()), m),
+                            {"folder": [3, None]}),
 }
-NOT_CALLS = {"SettingsError", "TrainSettings"}  # types, walked by tests/robustness/test_contract_settings.py
+# types (walked by tests/robustness/test_contract_settings.py), and a call that takes no argument
+NOT_CALLS = {"SettingsError", "TrainSettings", "register_with_saelens"}
 
 
 def test_the_table_walks_every_public_entry_point():
@@ -114,5 +138,6 @@ def test_hostile_values_are_refused_naming_the_argument(model, name, arg, value)
         call(model, **{arg: value})
     message = str(err.value)
     named = {"saes": ("SAE", "dictionar", "transcoder", "hook"), "sae": ("SAE", "dictionar", "transcoder"),
+             "transcoders": ("transcoder", "Transcoder"), "scores": ("scores", "auroc", "source"),
              "tokens": ("token", "sequence"), "d_in": ("d_in",), "hook": ("hook",)}.get(arg, (arg,))
     assert any(word in message for word in named), f"{name}({arg}={value!r}) raised without naming {arg}: {message}"

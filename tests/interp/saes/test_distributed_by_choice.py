@@ -4,9 +4,9 @@ import time
 
 import pytest
 import torch
-from interp._core.distributed import requested
 
 import interp
+from interp._core.distributed import requested
 
 TORCHRUN = {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "x"}
