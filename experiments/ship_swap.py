@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from interp.saes.files import CFG, WEIGHTS
-from sprout.files.folders import exchange, folder_lock, fsync_dir, remove_ours
+from sprout.files.folders import exchange, folder_lock, fsync_dir, remove_ours, uninterrupted
 
 SAES = "saes"
 OWN = frozenset({CFG, WEIGHTS})  # the files of one dictionary's folder
@@ -50,7 +50,8 @@ def write_set(saes: Path, ready: list[tuple[Any, Path]]) -> list[Path]:
         stage = saes.with_name(f".{saes.name}.tmp-{uuid.uuid4().hex[:8]}")
         try:
             _stage(saes, stage, ready)
-            _switch(stage, saes)
+            with uninterrupted():  # a Ctrl-C between the fallback's renames waits for the switch to end
+                _switch(stage, saes)
         finally:
             _remove_set(stage)  # the previous set once switched; the half-built one if not
     return [saes / Path(folder).name for _, folder in ready]

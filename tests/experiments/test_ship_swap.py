@@ -96,3 +96,18 @@ def test_a_partial_set_keeps_the_other_dictionaries(tmp_path):
     assert same(state(tmp_path), [old[0], new[1], old[2]])
     with pytest.raises(ValueError, match="not a dictionary folder"):
         ship_swap.write_set(tmp_path / "saes", [(new[0], tmp_path / "elsewhere" / "d0")])
+
+
+def test_ctrl_c_after_the_first_dictionary_leaves_the_old_set_and_no_staging(tmp_path, monkeypatch):
+    old, new = saes(0), saes(10)
+    ship_swap.write_set(tmp_path / "saes", ready(tmp_path, old))
+    real = interp.SAE.save
+
+    def save_then_interrupt(self, folder):
+        real(self, folder)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(interp.SAE, "save", save_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        ship_swap.write_set(tmp_path / "saes", ready(tmp_path, new))
+    assert same(state(tmp_path), old) and sorted(os.listdir(tmp_path)) == ["saes"]
