@@ -54,7 +54,6 @@ from interp.data import model_text
 from interp.saes.convert import to_jumprelu
 from interp.saes.shipped import shipped_folder
 from sprout.files import demo_dir, demo_names, latest_checkpoint, replace_file
-from sprout.files.folders import uninterrupted
 from sprout.names import act_name
 from sprout.training.english import is_english
 from sprout.training.recipes import Recipe as TrainRecipe
@@ -62,6 +61,7 @@ from sprout.training.recipes import recipe_corpus
 
 from . import readme, run_all
 from .circuits import SHIPPED_PHASE, measure_phase
+from .ship_swap import SAES, write_set
 from .ship_targets import BASELINE_FIT_CHARS, BaselineFits, default_k, failures, held_out_metrics
 from .stamps import read_shipped_table, stamp_tables
 from .training_dynamics import induction_snapshots, snapshot_dirs
@@ -280,8 +280,8 @@ def ship_saes(name: str, model, r: ShipPlan, parts=PARTS, keep_passing: bool = F
               + "\n  ".join(bad))
     elif bad:
         raise SystemExit(f"{name}: not shipped, {len(bad)} target(s) missed:\n  " + "\n  ".join(bad))
-    with uninterrupted():  # Ctrl-C waits for the group: the demo's dictionaries are all new or all old
-        written = [sae.save(folder) for sae, folder in ready]
+    # one set: staged beside saes/ and switched in one step (ship_swap), so a Ctrl-C or a kill leaves all old or all new
+    written = write_set(demo_dir() / name / SAES, ready)
     for sae, _ in ready:  # what was written is what the loaders find for these weights
         found = interp.load_transcoder(model, sae.layer, skip=sae.skip) if isinstance(sae, interp.Transcoder) \
             else interp.load_sae(model, sae.hook_name)

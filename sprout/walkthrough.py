@@ -79,11 +79,17 @@ class LayerNorm(nn.Module):
         self.hook_normalized = HookPoint()  # [batch, pos, d_model]: (x - mean) / scale, before gain and bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer_norm(x, affine=True)
+
+    def layer_norm(self, x: torch.Tensor, affine: bool) -> torch.Tensor:
+        """The LayerNorm of x [..., d_model], firing the hooks; `affine=False` leaves gain and bias out."""
+        weight, bias = (self.weight, self.bias) if affine else (None, None)
         if not hooked(self.hook_scale, self.hook_normalized):
-            return F.layer_norm(x, (x.size(-1),), self.weight, self.bias, self.eps)
+            return F.layer_norm(x, (x.size(-1),), weight, bias, self.eps)
         x = x - x.mean(-1, keepdim=True)
         scale = self.hook_scale(editable((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt(), self.hook_scale))
-        return self.hook_normalized(x / scale) * self.weight + self.bias
+        normalized = self.hook_normalized(x / scale)
+        return normalized * self.weight + self.bias if affine else normalized
 
     def without_hooks(self, x: torch.Tensor) -> torch.Tensor:
         """The same LayerNorm, firing no hooks (for each head's own copy of the stream)."""
@@ -92,6 +98,20 @@ class LayerNorm(nn.Module):
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         """(x - mean) / scale, without gain and bias (which `W_U`, `W_Q` ... carry folded in)."""
         return F.layer_norm(x, (x.size(-1),), None, None, self.eps)
+
+
+class FinalLayerNorm(LayerNorm):
+    """The final LayerNorm, computing as TransformerLens' folded `ln_final` (`LNPre` under fold_ln): without
+    gain and bias, which `W_U` and `b_U` carry. So `model.unembed(model.ln_final(x))` and
+    `model.ln_final(x) @ model.W_U + model.b_U` are both the logits, as TransformerLens' tools expect
+    (`tools.analysis.logit_lens`); the model's own forward applies the whole norm (`gained`)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer_norm(x, affine=False)
+
+    def gained(self, x: torch.Tensor) -> torch.Tensor:
+        """The whole LayerNorm (gain and bias), firing the hooks: the forward's own path."""
+        return self.layer_norm(x, affine=True)
 
 
 class Head(nn.Module):
@@ -229,6 +249,8 @@ class Block(nn.Module):
     """One block of a step: [ln1 ->] attention [-> extra projection], added to x if residual; then the
     same for the feed-forward layer. Hooks exist only for what the step computes."""
 
+    hook_out_is_single_residual_stream = True  # TransformerLens' logit_lens asks: the output is the one stream
+
     def __init__(self, cfg: WalkthroughConfig, flags: SproutTransformerLensConfig) -> None:
         super().__init__()
         self.residual = cfg.residual
@@ -304,6 +326,12 @@ class Unembed(nn.Linear):
         self.hook_out = HookPoint()  # [batch, pos, vocab]: the logits
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits [..., vocab] from the gainless final norm's output x (`model.ln_final(x)`, TransformerLens'
+        folded convention): x @ W_U + b_U, through `hook_out`."""
+        return self.hook_out(x @ self.W_U.to(x.dtype) + self.b_U.to(x.dtype))
+
+    def from_gained(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits [..., vocab] from the whole final norm's output, through `hook_out`: the forward's own path."""
         return self.hook_out(super().forward(x))
 
 
@@ -326,7 +354,7 @@ class WalkthroughGPT(HookedLM):
         self.hook_embed = HookPoint()  # [batch, pos, d_model]
         self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
         self.blocks = nn.ModuleList(Block(cfg, self.cfg) for _ in range(cfg.n_layer))
-        self.ln_final = LayerNorm(cfg.d_model) if cfg.final_layer_norm else nn.Identity()
+        self.ln_final = FinalLayerNorm(cfg.d_model) if cfg.final_layer_norm else nn.Identity()
         self.unembed = Unembed(cfg.d_model, cfg.vocab_size, self.ln_final)
         self.setup()
 
@@ -354,4 +382,4 @@ class WalkthroughGPT(HookedLM):
             x = block(x, attn_mask, None if past_kv_cache is None else past_kv_cache[i])
         if stop_at_layer is not None:
             return x
-        return self.unembed(self.ln_final(x))
+        return self.unembed.from_gained(self.ln_final.gained(x) if isinstance(self.ln_final, FinalLayerNorm) else x)

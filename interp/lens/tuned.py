@@ -24,8 +24,8 @@ from safetensors import safe_open
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_bytes
 
-from sprout.files import check_floating, file_in, read_json_file, regular_file, replace_file, warn_non_finite
-from sprout.files.folders import uninterrupted
+from sprout.files import check_floating, file_in, read_json_file, regular_file, warn_non_finite
+from sprout.files.file_sets import current_file, replace_files
 
 from .._core.batching import TextOrTokens, batches, token_rows
 from .._core.identity import PathLike, fingerprint, model_config
@@ -99,7 +99,8 @@ class TunedLens(nn.Module):
 
         `path` is a directory (gets tuned_lens.safetensors + tuned_lens.json) or a .safetensors file
         (the JSON gets the same name with .json). Each file is written atomically, and the JSON records
-        the weights' sha256, so a save killed between the two files is refused at load, never mixed. An
+        the weights' sha256. The two are switched as one (`sprout.files.file_sets.replace_files`): a save killed
+        at any point leaves the old lens or the new one, which `load` reads, never a mix. An
         existing file is replaced only when both files there are a tuned lens of ours (`check_save_target`).
         """
         if format == "tuned-lens":
@@ -112,9 +113,7 @@ class TunedLens(nn.Module):
         data = safetensors_bytes(tensors, metadata={"format": FORMAT})
         record = {**self.meta(), "weights_sha256": hashlib.sha256(data).hexdigest()}
         text = (json.dumps(_finite(record), indent=1, allow_nan=False) + "\n").encode()
-        with uninterrupted():  # Ctrl-C waits for both files: never new weights beside the old JSON
-            replace_file(weights, data)
-            replace_file(meta, text)
+        replace_files({weights: data, meta: text})
         return weights
 
     @classmethod
@@ -132,7 +131,7 @@ class TunedLens(nn.Module):
         """
         if is_tuned_lens_folder(path):  # the tuned-lens package's config.json + params.pt
             return load_tuned_lens_format(cls(model), path)
-        weights, meta_path = _paths(Path(path))
+        weights, meta_path = _current_paths(Path(path))
         for f in (weights, meta_path):
             if not os.path.lexists(f):
                 raise FileNotFoundError(f"no tuned lens at {path}: {f} is missing")
@@ -181,6 +180,12 @@ def _paths(path: Path) -> tuple[Path, Path]:
     if path.suffix == ".safetensors":
         return path, path.with_suffix(".json")
     return path / WEIGHTS, path / META
+
+
+def _current_paths(path: Path) -> tuple[Path, Path]:
+    """The (weights, JSON) files a reader reads: from the switch folder while a killed save's switch is unfinished."""
+    weights, meta = _paths(path)
+    return current_file(weights, weights), current_file(meta, weights)
 
 
 def check_save_target(path: PathLike) -> tuple[Path, Path]:
@@ -247,7 +252,7 @@ def load_tuned_lens(model: HookedModel, path: Optional[PathLike] = None) -> Tune
             last = latest_checkpoint(path)
             places += [] if last is None else [last]
         for place in places:
-            if all(os.path.lexists(f) for f in _paths(place)):  # then `load` names a pipe or a link out
+            if all(os.path.lexists(f) for f in _current_paths(place)):  # then `load` names a pipe or a link out
                 return TunedLens.load(model, place)
         raise FileNotFoundError(f"no tuned lens beside {path} (looked for {WEIGHTS} + {META} in "
                                 f"{', '.join(str(p) for p in places)})")

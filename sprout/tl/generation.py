@@ -15,6 +15,7 @@ on the left and masked, so each gets the continuation it gets alone.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Optional, Protocol, Sequence, Union, cast
 
 import torch
@@ -256,8 +257,8 @@ def _loop(model, ids, embeds, mask, o, criteria):
     finished = torch.zeros(B, dtype=torch.bool, device=model.cfg.device)
     drawn: list[torch.Tensor] = []
     seen_logits: list[torch.Tensor] = []
-    steps = range(o["max_new_tokens"])
-    if o["verbose"] and o["max_new_tokens"] > 50:
+    steps = range(_room(model, (ids if ids is not None else embeds).size(1), o))
+    if o["verbose"] and len(steps) > 50:
         steps = tqdm(steps)
     for step in steps:
         if cache is not None and step > 0 and cache_length(cache) >= model.cfg.n_ctx:
@@ -282,6 +283,25 @@ def _loop(model, ids, embeds, mask, o, criteria):
         if (stops or criteria is not None) and bool(finished.all()):
             break
     return ids, embeds, mask, drawn, seen_logits
+
+
+def _room(model, prompt_len: int, o: dict) -> int:
+    """How many tokens to make: max_new_tokens, or with return_cache=True (a cache of the whole sequence, which
+    must fit the context) as many as fit, with a warning that names the cut: the tokens made are kept, not lost
+    to an error raised after making them."""
+    n, n_ctx = o["max_new_tokens"], int(model.cfg.n_ctx)
+    if not o["return_cache"] or prompt_len + n <= n_ctx:
+        return n
+    warnings.warn(f"generate(return_cache=True): the prompt's {prompt_len} tokens and max_new_tokens={n} would make "
+                  f"{prompt_len + n}, more than the context of {n_ctx} the returned cache can cover; stopping after "
+                  f"{n_ctx - prompt_len} new tokens", stacklevel=5)
+    return n_ctx - prompt_len
+
+
+def _check_room(kind: str, o: dict) -> None:
+    """return_cache=True refused before anything is made (never after, losing what was made)."""
+    if o["return_cache"] and kind == "embeds":
+        raise ValueError("generate(return_cache=True) needs token input, not embeddings (as in TransformerLens)")
 
 
 # --- the result ----------------------------------------------------------------------------------
@@ -317,8 +337,6 @@ def _with_extras(model, result, kind, ids, mask, prompt, o):
     """TransformerLens' return_cache / return_input_tokens: (result, cache), (result, input_tokens) or both."""
     extras = []
     if o["return_cache"]:
-        if kind == "embeds":
-            raise ValueError("generate(return_cache=True) needs token input, not embeddings (as in TransformerLens)")
         _, cache = model.run_with_cache(ids, names_filter=o["names_filter"], device=o["device"], attention_mask=mask)
         extras.append(cache)
     if o["return_input_tokens"]:
@@ -334,6 +352,7 @@ def generate(model: LanguageModel, input: Union[Prompt, Float[torch.Tensor, "bat
     kind, ids, embeds, mask = _prompt(model, input, o["prepend_bos"], o["padding_side"], o["attention_mask"])
     ids, embeds, mask = left_align(ids, embeds, mask)
     prompt = cast(torch.Tensor, ids if ids is not None else embeds)  # the prompt is one of the two
+    _check_room(kind, o)  # before making anything
     if mask is None and prompt.size(0) > 1:
         mask = torch.ones(prompt.shape[:2], dtype=torch.long, device=prompt.device)  # rows are what they are: no guessing
     was_training = model.training

@@ -102,33 +102,3 @@ def test_ctrl_c_during_a_group_of_writes_waits_for_the_group(tmp_path):
     assert all(torch.equal(interp.SAE.load(tmp_path / f"sae{i}").W_dec, s.W_dec) for i, s in enumerate(saes))
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
-
-def test_ctrl_c_between_a_tuned_lens_two_files_waits_for_both(tmp_path, monkeypatch):
-    """A tuned lens is two files (weights, then the JSON with their hash): a Ctrl-C after the first no longer
-    leaves new weights beside the old JSON, which the loader refuses (issue 36: 'a lens refused')."""
-    import importlib
-    import signal
-
-    from sprout import Sprout
-    from tests.conftest import TINY
-    tl = importlib.import_module("interp.lens.tuned")  # the module
-    model = Sprout(TINY).eval()
-    tl.TunedLens(model).save(tmp_path)
-    lens = tl.TunedLens(model)
-    with torch.no_grad():
-        for p in lens.parameters():
-            p.add_(0.5)
-    real, calls = tl.replace_file, []
-
-    def then_interrupt(path, data):
-        real(path, data)
-        calls.append(path)
-        if len(calls) == 1:
-            os.kill(os.getpid(), signal.SIGINT)
-
-    monkeypatch.setattr(tl, "replace_file", then_interrupt)
-    with pytest.raises(KeyboardInterrupt):
-        lens.save(tmp_path)
-    assert len(calls) == 2
-    back = tl.TunedLens.load(model, tmp_path)
-    assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), lens.state_dict().values()))

@@ -52,3 +52,32 @@ def test_a_cache_whose_layers_disagree_is_named_spoilt(model):
     cache.entries[1].past_keys = cache.entries[1].past_keys[:, :2]
     with pytest.raises(ValueError, match="spoilt"):
         model(_ids(1), past_kv_cache=cache)
+
+
+def _walkthrough():
+    from sprout.walkthrough import WalkthroughConfig, WalkthroughGPT
+    torch.manual_seed(0)
+    return WalkthroughGPT(WalkthroughConfig(vocab_size=256, context=64, d_model=32, n_head=2, n_layer=2, dropout=0.0)).eval()
+
+
+@pytest.mark.parametrize("which", ["sprout", "walkthrough"])
+def test_a_generation_whose_cache_would_overflow_stops_before_it_keeping_the_tokens_made(model, which):
+    """generate(return_cache=True) returns a cache of the whole sequence, which must fit the context: 60 prompt
+    tokens and 10 new ones in a context of 64 used to make all 10 and then raise, losing them (issue 36 item 3).
+    Now it stops after 4 with a warning naming the cut; the tokens are those a 4-token generation makes,
+    and the cache is the one a run_with_cache of them gives."""
+    m = model if which == "sprout" else _walkthrough()
+    prompt = _ids(60, 2)
+    with pytest.warns(UserWarning, match="would make 70, more than the context of 64.*stopping after 4 new tokens"):
+        out, cache = m.generate(prompt, max_new_tokens=10, do_sample=False, return_cache=True, verbose=False)
+    assert torch.equal(out, m.generate(prompt, max_new_tokens=4, do_sample=False, verbose=False))
+    assert torch.equal(cache["blocks.1.hook_resid_post"], m.run_with_cache(out)[1]["blocks.1.hook_resid_post"])
+    if which == "sprout":  # embeddings (rotary models only) with return_cache: refused before a token is made
+        calls = []
+        handle = m.blocks[0].register_forward_hook(lambda *args: calls.append(1))
+        try:
+            with pytest.raises(ValueError, match="return_cache=True.*needs token input"):
+                m.generate(m.embed(prompt), max_new_tokens=3, return_cache=True, verbose=False)
+        finally:
+            handle.remove()
+        assert calls == []
