@@ -1,6 +1,7 @@
 """Who we are under torchrun, for every trainer here (`sprout train`, the tuned lens, the dictionaries).
 
-A process group is joined only by `join()`, which each trainer calls once at its start, and only when asked: torchrun's own variables all present and consistent
+A process group is joined only by `join()`, which each trainer calls once at its start (`world_and_rank`
+is a query and starts nothing), and only when asked: torchrun's own variables all present and consistent
 (WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and TORCHELASTIC_RUN_ID, which torchrun sets),
 or the same variables with SPROUT_DISTRIBUTED=1 for another launcher. A stray WORLD_SIZE > 1 without
 them fails at once, naming what is missing, instead of waiting on a rendezvous no other process joins;
