@@ -311,10 +311,12 @@ class HookedLM(HookedRootModule):
         with self.hook_lock:
             if kwargs.get("incl_bwd"):
                 out, cache = run_with_grads(self, model_args, dict(kwargs))
-            else:
-                with self.cache_recycler.cycle():
-                    out, cache = super().run_with_cache(*model_args, **kwargs)
-        return out, SproutActivationCache(cache, self, has_batch_dim=batched)
+                return out, SproutActivationCache(cache, self, has_batch_dim=batched)
+            with self.cache_recycler.cycle() as generation:
+                out, cache = super().run_with_cache(*model_args, **kwargs)
+            result = SproutActivationCache(cache, self, has_batch_dim=batched)
+            generation.hand_to(result)  # the caller owns these tensors until it drops `result`
+        return out, result
 
     def run_with_hooks(self, *model_args: Any, **kwargs: Any) -> Any:
         """Run with temporary hooks (removed afterwards, even if the forward raises); output as forward's."""
