@@ -75,7 +75,7 @@ def test_a_zero_bandwidth_in_our_record_is_refused_not_replaced(tmp_path):
 
 
 def test_a_dictionary_without_a_fingerprint_still_has_its_model_config_compared():
-    from interp.tuned_lens import model_config
+    from interp._core.identity import model_config
 
     from sprout import Sprout
     from tests.conftest import TINY
