@@ -1,6 +1,7 @@
 """Who we are under torchrun, for every trainer here (`sprout train`, the tuned lens, the dictionaries).
 
-A process group is joined only when asked: torchrun's own variables all present and consistent
+A process group is joined only by `join()`, which each trainer calls once at its start (`world_and_rank`
+is a query and starts nothing), and only when asked: torchrun's own variables all present and consistent
 (WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and TORCHELASTIC_RUN_ID, which torchrun sets),
 or the same variables with SPROUT_DISTRIBUTED=1 for another launcher. A stray WORLD_SIZE > 1 without
 them fails at once, naming what is missing, instead of waiting on a rendezvous no other process joins;
@@ -48,11 +49,21 @@ def requested(env: Mapping[str, str] = os.environ) -> bool:
     return True
 
 
-def world_and_rank() -> tuple[int, int]:
-    """(processes, this one's rank): under torchrun after joining the gloo group, else (1, 0)."""
+def join() -> tuple[int, int]:
+    """Join torchrun's process group (gloo) if the environment asks for one (`requested`) and it is not
+    joined yet; returns (processes, this one's rank). The one call that starts a group: each trainer makes
+    it once, at its start; everything else asks `world_and_rank`."""
     if not dist.is_initialized() and requested():
         wait = _int(os.environ, "SPROUT_RENDEZVOUS_S") if os.environ.get("SPROUT_RENDEZVOUS_S") else RENDEZVOUS_S
         dist.init_process_group("gloo", timeout=timedelta(seconds=wait))
+    return world_and_rank()
+
+
+def world_and_rank() -> tuple[int, int]:
+    """(processes, this one's rank), a query that starts nothing: the joined group's, else what a torchrun
+    launch says (WORLD_SIZE, RANK) before `join`, else (1, 0)."""
     if dist.is_initialized():
         return dist.get_world_size(), dist.get_rank()
+    if requested():
+        return _int(os.environ, "WORLD_SIZE"), _int(os.environ, "RANK")
     return 1, 0

@@ -1,5 +1,5 @@
 """Data parallelism under torchrun, shared by the trainers (tuned lens, sparse autoencoders): who we are
-(`sprout.distributed`: a process group only when asked), and the gradients' all-reduce."""
+(`sprout.distributed`: a process group only when a trainer joins one, never from a query), and the gradients' all-reduce."""
 from __future__ import annotations
 
 from typing import cast
@@ -7,9 +7,9 @@ from typing import cast
 import torch
 import torch.distributed as dist
 
-from sprout.distributed import requested, world_and_rank
+from sprout.distributed import join, requested, world_and_rank
 
-__all__ = ["average_grads", "requested", "world_and_rank"]
+__all__ = ["average_grads", "join", "requested", "world_and_rank"]
 
 
 def average_grads(module: torch.nn.Module, world: int) -> None:

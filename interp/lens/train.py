@@ -25,7 +25,7 @@ from jaxtyping import Int
 from tqdm.auto import tqdm
 
 from .._core.batching import TextOrTokens, token_rows
-from .._core.distributed import average_grads, world_and_rank
+from .._core.distributed import average_grads, join
 from .._core.inputs import stream_windows
 from .._core.model import HookedModel, unembed
 from ..data import model_text
@@ -142,7 +142,7 @@ def _start(model: HookedModel, data, s: TunedLensSettings, lens: Optional[TunedL
 
 def _train(model: HookedModel, data: TextOrTokens, s: TunedLensSettings, lens: Optional[TunedLens], held_out, progress: bool,
            data_name: Optional[str]) -> TunedLens:
-    world, rank = world_and_rank()
+    world, rank = join()  # the trainer starts the process group (if torchrun asks for one); queries never do
     if held_out is not None:
         token_rows(model, held_out)  # checked before training, not after it
     lens, opt, rows, start = _start(model, data, s, lens, world)

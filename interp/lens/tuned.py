@@ -28,7 +28,7 @@ from sprout.files import check_floating, file_in, read_json_file, regular_file, 
 from sprout.files.file_sets import current_file, replace_files
 
 from .._core.batching import TextOrTokens, batches, token_rows
-from .._core.identity import PathLike, fingerprint, model_config
+from .._core.identity import PathLike, check_once, fingerprint, model_config
 from .._core.model import HookedModel, logits_of, model_name, require_hooks
 from ..measures import unigram_log_probs
 from .format import is_tuned_lens_folder, load_tuned_lens_format, save_tuned_lens_format
@@ -76,7 +76,14 @@ class TunedLens(nn.Module):
         return resid + t(resid.to(t.weight.dtype)).to(resid.dtype)
 
     def check_model(self, model: HookedModel, source: str = "this tuned lens") -> None:
-        """Raise a ValueError naming the mismatch if `model` is not the one the lens was trained for."""
+        """Raise a ValueError naming the mismatch if `model` is not the one the lens was trained for.
+
+        Checked once per model and state of its weights (`interp._core.identity.check_once`): a
+        `tuned_lens` call after the first hashes nothing; an in-place edit of a weight checks again."""
+        what = ("tuned lens", repr(sorted(self.config.items())), self.model_fingerprint)
+        check_once(model, what, lambda: self._check_model(model, source))
+
+    def _check_model(self, model: HookedModel, source: str) -> None:
         theirs = model_config(model)
         diff = [f"{k}: lens {self.config.get(k)!r}, model {theirs.get(k)!r}"
                 for k in sorted(set(self.config) | set(theirs)) if self.config.get(k) != theirs.get(k)]

@@ -25,7 +25,7 @@ from jaxtyping import Float
 from sprout.names import act_name
 from sprout.settings import range_error, type_error
 
-from .._core.identity import PathLike, fingerprint, model_config
+from .._core.identity import PathLike, check_once, fingerprint, model_config
 from .._core.model import HookedModel, model_name, require_hooks
 from . import files
 from .files import hook_layer
@@ -303,7 +303,16 @@ def output_hook(layer: int) -> str:
 
 
 def check_model(sae: SAE, model: HookedModel, source: str = "this SAE") -> None:
-    """Refuse a model this dictionary was not trained on, or one that lacks its hooks or writes another width."""
+    """Refuse a model this dictionary was not trained on, or one that lacks its hooks or writes another width.
+
+    Checked once per model and state of its weights (`interp._core.identity.check_once`): a splice per
+    batch hashes nothing and runs no forward after the first; an in-place edit of a weight checks again."""
+    what = ("dictionary", repr(sorted((sae.model_config or {}).items())), sae.model_fingerprint, sae.hook_name,
+            getattr(sae, "hook_name_out", None), sae.d_in, sae.d_out)
+    check_once(model, what, lambda: _check_model(sae, model, source))
+
+
+def _check_model(sae: SAE, model: HookedModel, source: str) -> None:
     if sae.model_config:  # with or without a fingerprint: a record of the model's config is compared
         theirs = model_config(model)
         diff = [f"{k}: SAE {sae.model_config.get(k)!r}, model {theirs.get(k)!r}"

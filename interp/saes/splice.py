@@ -27,8 +27,8 @@ splice and sees what the model receives; one added with `prepend=True` sees the 
 """
 from __future__ import annotations
 
-from contextlib import ExitStack, contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, Union
+from contextlib import contextmanager, nullcontext
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Optional, Sequence, Union
 
 import torch
 from jaxtyping import Float
@@ -205,10 +205,7 @@ def spliced(model: HookedModel, saes: Dictionaries, use_error_term: bool = False
     if not isinstance(use_error_term, bool):  # "no" is truthy: a string must not switch the error term on
         raise TypeError(f"use_error_term must be True or False, got {use_error_term!r}")
     saes = _as_list(saes)
-    lock = getattr(model, "_lock", None)
-    with ExitStack() as stack:
-        if lock is not None:  # the hook table is read, and rebuilt by a splice, under the model's lock only
-            stack.enter_context(lock)
+    with _hook_lock(model):  # the hook table is read, and rebuilt by a splice, under the model's lock only
         for sae in saes:
             if hasattr(sae, "check_model"):  # an interp.SAE knows the model it was trained on, and its hooks' order
                 sae.check_model(model, f"the {type(sae).__name__} at {sae.hook_name!r}")
@@ -216,13 +213,17 @@ def spliced(model: HookedModel, saes: Dictionaries, use_error_term: bool = False
             yield model
 
 
+def _hook_lock(model: HookedModel) -> ContextManager:
+    """The model's public `hook_lock` (Sprout and the walkthrough GPT); a model without one (TransformerLens'
+    own) has no lock to take."""
+    lock = getattr(model, "hook_lock", None)
+    return nullcontext() if lock is None else lock
+
+
 @contextmanager
 def _spliced(model: HookedModel, saes: list, use_error_term: bool) -> Iterator:
     """`spliced` without the checks against the model (made once by a caller that splices per batch)."""
-    lock = getattr(model, "_lock", None)
-    with ExitStack() as stack:
-        if lock is not None:
-            stack.enter_context(lock)
+    with _hook_lock(model):
         splices, handles = [], []
         try:
             for sae in saes:

@@ -99,13 +99,14 @@ class HookedLM(HookedRootModule):
     hook_flags: HookFlagRules  # the set_use_* flags and the hook points they gate (`sprout.tl.hook_flags`)
     codec: TextCodec  # the tokenizer and the text methods (`sprout.tl.text_io`)
     cache_recycler: CacheRecycler  # the last cache's memory, reused by the next (`sprout.tl.recycle`)
+    hook_lock: threading.RLock  # held by every forward and hooks() block; hold it to change the hook table
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.weights = StackedWeights(self)
         self.hook_flags = HookFlagRules(self)
         self.codec = TextCodec(self)
-        self._lock = threading.RLock()
+        self.hook_lock = threading.RLock()
         self.cache_recycler = CacheRecycler()
 
     def setup(self) -> None:
@@ -114,13 +115,13 @@ class HookedLM(HookedRootModule):
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state.pop("_lock", None)
+        state.pop("hook_lock", None)
         state.pop("cache_recycler", None)
         return state
 
     def __setstate__(self, state):
         super().__setstate__(state)
-        self._lock = threading.RLock()
+        self.hook_lock = threading.RLock()
         self.cache_recycler = CacheRecycler()
 
     def _apply(self, fn, recurse: bool = True):
@@ -129,7 +130,7 @@ class HookedLM(HookedRootModule):
         return follow_weights(super()._apply(fn, recurse))
 
     def __call__(self, *args, **kwargs):
-        with self._lock:
+        with self.hook_lock:
             return super().__call__(*args, **kwargs)
 
     def num_params(self) -> int:
@@ -235,7 +236,7 @@ class HookedLM(HookedRootModule):
         Hooks are active for every forward of this model in this thread until the `with` block ends,
         including in a generator suspended inside it; other threads wait for the block to end.
         """
-        with self._lock, super().hooks(fwd_hooks, bwd_hooks, reset_hooks_end, clear_contexts) as model:
+        with self.hook_lock, super().hooks(fwd_hooks, bwd_hooks, reset_hooks_end, clear_contexts) as model:
             yield model
 
     def _enable_hook(self, name, hook, dir):
@@ -307,13 +308,15 @@ class HookedLM(HookedRootModule):
             kwargs["names_filter"] = not_attn_result
         warn_of_filter(self, names_filter)
         batched = not kwargs.get("remove_batch_dim", False)
-        with self._lock:
+        with self.hook_lock:
             if kwargs.get("incl_bwd"):
                 out, cache = run_with_grads(self, model_args, dict(kwargs))
-            else:
-                with self.cache_recycler.cycle():
-                    out, cache = super().run_with_cache(*model_args, **kwargs)
-        return out, SproutActivationCache(cache, self, has_batch_dim=batched)
+                return out, SproutActivationCache(cache, self, has_batch_dim=batched)
+            with self.cache_recycler.cycle() as generation:
+                out, cache = super().run_with_cache(*model_args, **kwargs)
+            result = SproutActivationCache(cache, self, has_batch_dim=batched)
+            generation.hand_to(result)  # the caller owns these tensors until it drops `result`
+        return out, result
 
     def run_with_hooks(self, *model_args: Any, **kwargs: Any) -> Any:
         """Run with temporary hooks (removed afterwards, even if the forward raises); output as forward's."""

@@ -23,7 +23,7 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from ..config import SproutConfig
-from ..distributed import world_and_rank
+from ..distributed import join
 from ..files import load, save
 from ..files.checkpoint import PathLike
 from ..material import repeated_random_tokens
@@ -153,7 +153,7 @@ class Run:
 def _distributed() -> tuple[int, int]:
     """(world size, rank): under torchrun, after joining the process group (gloo); else (1, 0). A stray
     WORLD_SIZE without torchrun's other variables is refused (`sprout.distributed`)."""
-    return world_and_rank()
+    return join()
 
 
 def _check_same_recipe(run_dir: RunDir, recipe: Recipe) -> None:

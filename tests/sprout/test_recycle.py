@@ -137,3 +137,30 @@ def test_a_cache_taken_inside_a_hook_of_a_cached_forward_recycles_nothing_of_its
     assert torch.equal(inner["cache"]["blocks.0.hook_resid_post"], clean["blocks.0.hook_resid_post"])
     assert all(torch.equal(outer[k], clean[k]) for k in clean.keys())
     assert not model.cache_recycler.active
+
+
+def test_a_cache_is_recycled_once_the_object_handed_out_is_gone():
+    """Ownership by the returned cache object (a weak reference), not by who else refers to the tensors."""
+    model = tiny()
+    x = torch.randint(0, 64, (2, 16))
+    _, cache = model.run_with_cache(x)
+    kept = cache["blocks.0.hook_resid_post"]  # the caller keeps one tensor of a cache it then drops
+    saved = kept.clone()
+    del cache
+    generation = model.cache_recycler._generations[-1]
+    assert generation.dropped and any(t is kept for t in generation.tensors)
+    for _ in range(2):
+        model.run_with_cache(x + 1)
+    assert torch.equal(kept, saved)  # let go of, never written: the tensor is still the caller's
+    assert all(t is not kept for g in model.cache_recycler._generations for t in g.tensors)
+
+
+def test_a_call_that_raised_leaves_a_generation_no_one_owns():
+    model = tiny()
+
+    def fail(resid, hook):
+        raise RuntimeError("stop")
+
+    with model.hooks(fwd_hooks=[("blocks.1.hook_resid_post", fail)]), pytest.raises(RuntimeError, match="stop"):
+        model.run_with_cache(torch.randint(0, 64, (2, 16)))
+    assert model.cache_recycler._generations[-1].dropped and not model.cache_recycler.active

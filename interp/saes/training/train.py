@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from tqdm.auto import tqdm
 
-from ..._core.distributed import world_and_rank
+from ..._core.distributed import join
 from ..._core.identity import PathLike, fingerprint, model_config
 from ..._core.inputs import TextOrTokens
 from ..._core.model import HookedModel
@@ -349,7 +349,7 @@ def _new_sae(s: TrainSettings, d_in: int, hook_in: str, hook_out: Optional[str],
 
 
 def _run(src, units: list, s: TrainSettings, checkpoint, every, resume, stop_at, progress) -> list:
-    n_proc, rank = world_and_rank()
+    n_proc, rank = join()  # the trainer starts the process group (if torchrun asks for one); queries never do
     if checkpoint is None or rank != 0:
         return _run_locked(src, units, s, checkpoint, every, resume, stop_at, progress, rank)
     with ckpt.run_lock(checkpoint):  # one run per checkpoint folder

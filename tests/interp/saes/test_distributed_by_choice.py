@@ -4,9 +4,10 @@ import time
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import interp
-from interp._core.distributed import requested
+from interp._core.distributed import join, requested, world_and_rank
 
 TORCHRUN = {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "x"}
@@ -48,3 +49,19 @@ def test_sprout_train_refuses_a_stray_world_size_too(monkeypatch):
         _distributed()
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert _distributed() == (1, 0)
+
+
+def test_a_query_for_the_world_size_starts_no_process_group(monkeypatch):
+    """`world_and_rank` answers from the launch's variables; only a trainer's `join` starts a group."""
+    started = []
+    monkeypatch.setattr(dist, "init_process_group", lambda *a, **k: started.append(k))
+    for name, value in TORCHRUN.items():
+        monkeypatch.setenv(name, value)
+    assert not dist.is_initialized()
+    assert world_and_rank() == (2, 1)
+    assert started == [] and not dist.is_initialized()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert world_and_rank() == (1, 0)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    join()  # the trainers' call: the group is started here (patched out: nothing else listens)
+    assert len(started) == 1 and started[0]["timeout"].total_seconds() > 0
