@@ -20,9 +20,8 @@ import torch
 import torch.distributed as dist
 
 from ..settings import Checked, field_comments
-from .recipes import flag
 
-__all__ = ["Adam", "add_settings_flags", "clip_grads", "reduce_grads", "resume_changes", "set_lr", "settings_from_flags"]
+__all__ = ["Adam", "add_settings_flags", "clip_grads", "flag", "reduce_grads", "resume_changes", "set_lr", "settings_from_flags"]
 
 
 def reduce_grads(params: Iterable[torch.Tensor], world: int, mean: bool = True) -> None:
@@ -123,6 +122,11 @@ _KINDS = {"int": int, "float": float, "str": str}
 
 def _base(kind: str) -> str:
     return kind[len("Optional["):-1] if kind.startswith("Optional[") else kind
+
+
+def flag(name: str) -> str:
+    """The command-line flag of a settings field: grad_clip -> --grad-clip."""
+    return "--" + name.replace("_", "-")
 
 
 def add_settings_flags(parser: argparse.ArgumentParser, cls: type, title: str, skip: Iterable[str] = ()) -> None:
