@@ -37,13 +37,13 @@ C = TypeVar("C", bound="Checked")
 Rule = Union[set, frozenset, tuple[Any, Any, str]]
 
 
-def _name(kind) -> str:
+def annotation_name(kind: object) -> str:
     """An annotation as the text `from __future__ import annotations` leaves: int -> "int", Optional[int] -> "Optional[int]"."""
     if isinstance(kind, str):
         return kind
     args = typing.get_args(kind)
     if len(args) == 2 and type(None) in args:
-        return f"Optional[{_name(next(a for a in args if a is not type(None)))}]"
+        return f"Optional[{annotation_name(next(a for a in args if a is not type(None)))}]"
     return getattr(kind, "__name__", str(kind))
 
 
@@ -89,7 +89,7 @@ def field_comments(cls: type) -> dict[str, str]:
 def type_error(kind: object, value: object) -> Optional[str]:
     """What a value of annotation `kind` ("int", "Optional[float]", or the type itself) must be, or None when
     `value` is one."""
-    kind = _name(kind)
+    kind = annotation_name(kind)
     optional = kind.startswith("Optional[") and kind.endswith("]")
     base = kind[len("Optional["):-1] if optional else kind
     if optional and value is None:

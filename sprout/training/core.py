@@ -19,7 +19,7 @@ from typing import Any, Iterable, Mapping, Union, cast
 import torch
 import torch.distributed as dist
 
-from ..settings import Checked, field_comments
+from ..settings import Checked, annotation_name, field_comments
 
 __all__ = ["Adam", "add_settings_flags", "clip_grads", "flag", "reduce_grads", "resume_changes", "set_lr", "settings_from_flags"]
 
@@ -136,7 +136,7 @@ def add_settings_flags(parser: argparse.ArgumentParser, cls: type, title: str, s
     group = parser.add_argument_group(title)
     helps = field_comments(cls)
     for f in fields(cls):
-        kind = _base(str(f.type))
+        kind = _base(annotation_name(f.type))
         if f.name in skip or kind not in {*_KINDS, "bool"}:
             continue
         help_ = helps.get(f.name, "").replace("%", "%%")
