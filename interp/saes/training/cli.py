@@ -41,9 +41,9 @@ def parser() -> argparse.ArgumentParser:
     where.add_argument("--layer", action="append", type=whole_number(0),
                        help="transcoder for this block's MLP (repeat: one per block)")
     ap.add_argument("--out", required=True, help="folder for the dictionary; with several, one subfolder each")
-    ap.add_argument("--text", default=None, help="a UTF-8 text file to train on (default: the demos' own text)")
+    ap.add_argument("--text-file", default=None, help="a UTF-8 text file to train on (default: the demos' own text)")
     ap.add_argument("--train-chars", type=positive, default=400_000,
-                    help="without --text: this many characters of the demos' training corpus")
+                    help="without --text-file: this many characters of the demos' training corpus")
     ap.add_argument("--checkpoint", default=None, help="folder for the run's checkpoint (to resume)")
     ap.add_argument("--checkpoint-every", type=positive, default=None, help="steps between checkpoints")
     ap.add_argument("--resume", action="store_true", help="continue the run in --checkpoint")
@@ -64,12 +64,12 @@ def _targets(out: Path, names: list) -> list[Path]:
 
 
 def _text(args: argparse.Namespace) -> str:
-    if args.text is None:
+    if args.text_file is None:
         return model_text(args.train_chars)
     try:
-        return Path(args.text).read_text(encoding="utf-8")
+        return Path(args.text_file).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"--text {args.text}: cannot read it as UTF-8 text ({e})") from None
+        raise ValueError(f"--text-file {args.text_file}: cannot read it as UTF-8 text ({e})") from None
 
 
 def run(args: argparse.Namespace) -> list[Path]:

@@ -28,7 +28,7 @@ def test_every_settings_field_is_a_flag_with_its_comment_as_help():
 def test_the_command_saves_what_train_sae_trains(tmp_path):
     text = tmp_path / "own.txt"
     text.write_text(TEXT, encoding="utf-8")
-    assert cli.main(["gpt-1", "--hook", H0, "--out", str(tmp_path / "sae"), "--text", str(text), *FLAGS]) == 0
+    assert cli.main(["gpt-1", "--hook", H0, "--out", str(tmp_path / "sae"), "--text-file", str(text), *FLAGS]) == 0
     saved = SAE.load(tmp_path / "sae")
     direct = train_sae(load("gpt-1"), H0, data=TEXT, d_sae=16, k=4, steps=3, batch_size=64, seq_len=16,
                        buffer_tokens=256, progress=False)
@@ -39,7 +39,7 @@ def test_the_command_saves_what_train_sae_trains(tmp_path):
 
 @pytest.mark.parametrize("argv,words", [
     (["--hook", H0, "--kind", "nope"], "kind must be"),
-    (["--hook", H0, "--text", "/no/such/file.txt"], "--text /no/such/file.txt"),
+    (["--hook", H0, "--text-file", "/no/such/file.txt"], "--text-file /no/such/file.txt"),
 ])
 def test_bad_settings_or_text_are_one_line(tmp_path, capsys, argv, words):
     assert cli.main(["gpt-1", "--out", str(tmp_path / "sae"), *argv, *FLAGS]) == 1
