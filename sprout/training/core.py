@@ -14,12 +14,12 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import fields
-from typing import Any, Iterable, Mapping, Union, cast
+from typing import Any, Callable, Iterable, Mapping, Optional, Union, cast
 
 import torch
 import torch.distributed as dist
 
-from ..settings import Checked, annotation_name, field_comments
+from ..settings import Checked, Rule, annotation_name, field_comments, range_error, type_error
 
 __all__ = ["Adam", "add_settings_flags", "clip_grads", "flag", "reduce_grads", "resume_changes", "set_lr", "settings_from_flags"]
 
@@ -129,10 +129,31 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def add_settings_flags(parser: argparse.ArgumentParser, cls: type, title: str, skip: Iterable[str] = ()) -> None:
+def _checked(kind: str, rule: Optional[Rule]) -> Callable[[str], Any]:
+    """An argparse type for a field of `kind` under a range `rule`: a bad value is a usage error naming the
+    flag ("argument --steps: expected a whole number >= 1, got -1"), before any work."""
+    words = {"int": "a whole number", "float": "a finite number", "str": "a string"}[kind]
+
+    def parse(text: str) -> Any:
+        try:
+            value = _KINDS[kind](text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {words}, got {text!r}") from None
+        bad = type_error(kind, value) or range_error(rule, value)
+        if bad:
+            expected = bad if kind == "str" else f"{words} {bad}"  # a str's rule is its choices
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {value!r}")
+        return value
+    parse.__name__ = kind
+    return parse
+
+
+def add_settings_flags(parser: argparse.ArgumentParser, cls: type, title: str, skip: Iterable[str] = (),
+                       ranges: bool = False) -> None:
     """One flag per field of the settings dataclass `cls` (`--grad-clip` for `grad_clip`), its help the field's
     comment (`sprout.settings.field_comments`), its default None (= the settings' own default). Fields of a
-    type a flag cannot hold (lists) and those in `skip` are left out."""
+    type a flag cannot hold (lists) and those in `skip` are left out. With `ranges`, each value is checked
+    against the field's type and range (`cls.RANGES`) as it is parsed, a usage error naming the flag."""
     group = parser.add_argument_group(title)
     helps = field_comments(cls)
     for f in fields(cls):
@@ -142,8 +163,9 @@ def add_settings_flags(parser: argparse.ArgumentParser, cls: type, title: str, s
         help_ = helps.get(f.name, "").replace("%", "%%")
         if kind == "bool":
             group.add_argument(flag(f.name), dest=f.name, default=None, action=argparse.BooleanOptionalAction, help=help_)
-        else:
-            group.add_argument(flag(f.name), dest=f.name, type=_KINDS[kind], default=None, metavar=kind.upper(), help=help_)
+            continue
+        type_ = _checked(kind, getattr(cls, "RANGES", {}).get(f.name)) if ranges else _KINDS[kind]
+        group.add_argument(flag(f.name), dest=f.name, type=type_, default=None, metavar=kind.upper(), help=help_)
 
 
 def settings_from_flags(args: argparse.Namespace, cls: type) -> dict[str, Any]:

@@ -228,18 +228,20 @@ def _recipe_flags() -> set[str]:
     return {flag(f.name) for f in fields(Recipe)}
 
 
-def _dictionary_settings_flags() -> set[str]:
+def _settings_flags() -> set[str]:
+    """The trainers' flags generated from their settings (sprout.training.core.add_settings_flags)."""
     from dataclasses import fields
 
+    from interp.lens.settings import TunedLensSettings
     from interp.saes.settings import TrainSettings
     from sprout.training.core import flag
 
-    return {flag(f.name) for f in fields(TrainSettings)} | {"--no-normalize", "--no-skip"}
+    return {flag(f.name) for cls in (TrainSettings, TunedLensSettings) for f in fields(cls)} | {"--no-normalize", "--no-skip"}
 
 
 def test_no_command_takes_token_ids(capsys):
     _options.capsys = capsys
-    known = PATHS | TEXTS | CHOICES | FLAGS | COUNTS | _recipe_flags() | _dictionary_settings_flags()
+    known = PATHS | TEXTS | CHOICES | FLAGS | COUNTS | _recipe_flags() | _settings_flags()
     commands = {f"sprout {name}": main for name, (main, _) in sprout_cli.COMMANDS.items()}
     commands.update({f"python -m experiments.{n}": script(n).main for n in SCRIPTS + ["demo_table"]})
     commands["python -m interp.lens.train"] = tuned_lens_train.main

@@ -3,8 +3,8 @@
 own training text, and save it.
 
 Every field of `TrainSettings` is a flag (`--d-sae`, `--grad-clip`, ...), generated from the settings class
-with the field's comment as its help, as `sprout train`'s flags are from its recipe
-(`sprout.training.core.add_settings_flags`). A bad flag, model, text or --out is one line naming it, before
+with the field's comment as its help and its range checked as it is parsed, as `sprout train`'s flags are
+from its recipe (`sprout.training.core.add_settings_flags`). A bad flag, model, text or --out is one line naming it, before
 any training.
 """
 from __future__ import annotations
@@ -23,6 +23,7 @@ from ..._core.arguments import positive, whole_number
 from ..._core.distributed import world_and_rank
 from ...data import model_text
 from ..files import is_ours
+from ..sae import SAE
 from ..settings import TrainSettings
 from .train import train_sae, train_transcoder
 
@@ -49,7 +50,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--resume", action="store_true", help="continue the run in --checkpoint")
     ap.add_argument("--stop-at", type=whole_number(0), default=None, help="stop after this many steps")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_settings_flags(ap, TrainSettings, "training settings (default: TrainSettings' own, or train_sae's)")
+    add_settings_flags(ap, TrainSettings, "training settings (default: TrainSettings' own, or train_sae's)", ranges=True)
     return ap
 
 
@@ -86,7 +87,7 @@ def run(args: argparse.Namespace) -> list[Path]:
     else:
         out = train_transcoder(model, text, names if many else names[0], progress=not args.no_progress,
                                **run_args, **settings)
-    dicts = [out[n] for n in names] if many else [out]
+    dicts: list[SAE] = [out[n] for n in names] if isinstance(out, dict) else [out]
     if world_and_rank()[1] != 0:
         return []
     return [d.save(p) for d, p in zip(dicts, targets)]

@@ -91,6 +91,8 @@ class Toy(Checked):
     fast: bool = False  # skip the slow part
     sizes: Optional[tuple] = None  # a tuple: no flag
 
+    RANGES = {"width": (1, None, "["), "rate": (0, 1, "(]"), "name": frozenset({"x", "y"})}
+
 
 def test_settings_flags_are_generated_from_the_fields_and_their_comments():
     ap = argparse.ArgumentParser()
@@ -103,3 +105,16 @@ def test_settings_flags_are_generated_from_the_fields_and_their_comments():
     assert Toy.from_dict(settings_from_flags(ap.parse_args([]), Toy)) == Toy()
     with pytest.raises(SystemExit):
         ap.parse_args(["--width", "2.5"])
+
+
+@pytest.mark.parametrize("argv,words", [(["--width", "0"], "argument --width: expected a whole number >= 1, got 0"),
+                                        (["--rate", "inf"], "argument --rate: expected a finite number"),
+                                        (["--rate", "2"], "argument --rate: expected a finite number in (0, 1], got 2.0"),
+                                        (["--name", "z"], "argument --name: expected 'x' or 'y', got 'z'")])
+def test_with_ranges_a_flag_out_of_its_fields_range_is_a_usage_error(capsys, argv, words):
+    ap = argparse.ArgumentParser()
+    add_settings_flags(ap, Toy, "toy", ranges=True)
+    assert ap.parse_args(["--width", "1", "--rate", "1", "--name", "y"]).rate == 1.0
+    with pytest.raises(SystemExit) as err:
+        ap.parse_args(argv)
+    assert err.value.code == 2 and words in capsys.readouterr().err

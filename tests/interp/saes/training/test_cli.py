@@ -37,14 +37,21 @@ def test_the_command_saves_what_train_sae_trains(tmp_path):
         assert torch.equal(saved.state_dict()[name], t), name
 
 
-@pytest.mark.parametrize("argv,words", [
-    (["--hook", H0, "--kind", "nope"], "kind must be"),
-    (["--hook", H0, "--text-file", "/no/such/file.txt"], "--text-file /no/such/file.txt"),
-])
-def test_bad_settings_or_text_are_one_line(tmp_path, capsys, argv, words):
-    assert cli.main(["gpt-1", "--out", str(tmp_path / "sae"), *argv, *FLAGS]) == 1
-    err = capsys.readouterr().err
-    assert err.startswith("python -m interp.saes.training: error:") and words in err and err.count("\n") == 1
+@pytest.mark.parametrize("flag,value,words", [("--kind", "nope", "expected 'batchtopk' or 'jumprelu'"),
+                                              ("--d-sae", "0", "expected a whole number >= 1, got 0"),
+                                              ("--lr", "nan", "expected a finite number")])
+def test_a_setting_out_of_its_range_is_a_usage_error_naming_the_flag(tmp_path, capsys, flag, value, words):
+    with pytest.raises(SystemExit) as err:
+        cli.main(["gpt-1", "--hook", H0, "--out", str(tmp_path / "sae"), flag, value])
+    assert err.value.code == 2 and f"argument {flag}: {words}" in capsys.readouterr().err
+
+
+def test_bad_settings_together_or_text_are_one_line(tmp_path, capsys):
+    for argv, words in ((["--hook", H0, "--skip"], "skip is for transcoders"),
+                        (["--hook", H0, "--text-file", "/no/such/file.txt"], "--text-file /no/such/file.txt")):
+        assert cli.main(["gpt-1", "--out", str(tmp_path / "sae"), *FLAGS[4:], *argv]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("python -m interp.saes.training: error:") and words in err and err.count("\n") == 1
 
 
 def test_an_out_folder_of_someone_elses_is_refused_before_the_model_loads(tmp_path, capsys):
