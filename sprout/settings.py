@@ -159,6 +159,13 @@ class Checked:
         return self.from_dict({**self.to_dict(), **changes})
 
     def differences(self, other: Checked) -> list[str]:
-        """"field: before X, now Y" for every field where `other` (the earlier settings) differs from these."""
-        return [f"{f.name}: was {getattr(other, f.name)!r}, now {getattr(self, f.name)!r}"
-                for f in fields(self) if getattr(other, f.name) != getattr(self, f.name)]
+        """"field: was X, now Y" for every field where `other` (the earlier settings) differs from these."""
+        return changes(other.to_dict(), self.to_dict())
+
+
+def changes(saved: dict[str, Any], now: dict[str, Any], was: str = "was") -> list[str]:
+    """"field: was X, now Y" for every field whose value differs between two settings dicts, in `now`'s order
+    (then fields only `saved` has); `was` names the saved side ("run has", "checkpoint"). What
+    `Checked.differences` and the trainers' resume check (`sprout.training.core.resume_changes`) say."""
+    keys = list(now) + [k for k in saved if k not in now]
+    return [f"{k}: {was} {saved.get(k)!r}, now {now.get(k)!r}" for k in keys if saved.get(k) != now.get(k)]

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Union, cast
 import torch
 import torch.distributed as dist
 
-from ..settings import Checked, Rule, annotation_name, field_comments, range_error, type_error
+from ..settings import Checked, Rule, annotation_name, changes, field_comments, range_error, type_error
 
 __all__ = ["Adam", "add_settings_flags", "clip_grads", "flag", "reduce_grads", "resume_changes", "set_lr", "settings_from_flags"]
 
@@ -71,9 +71,7 @@ def resume_changes(saved: Settings, now: Settings, was: str = "was") -> list[str
     ['lr: was 0.1, now 0.2']
     """
     old = saved.to_dict() if isinstance(saved, Checked) else dict(saved)
-    new = now.to_dict() if isinstance(now, Checked) else dict(now)
-    keys = list(new) + [k for k in old if k not in new]
-    return [f"{k}: {was} {old.get(k)!r}, now {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
+    return changes(old, now.to_dict() if isinstance(now, Checked) else dict(now), was)  # Checked.differences' words
 
 
 class Adam:
