@@ -37,13 +37,13 @@ C = TypeVar("C", bound="Checked")
 Rule = Union[set, frozenset, tuple[Any, Any, str]]
 
 
-def _name(kind) -> str:
+def annotation_name(kind: object) -> str:
     """An annotation as the text `from __future__ import annotations` leaves: int -> "int", Optional[int] -> "Optional[int]"."""
     if isinstance(kind, str):
         return kind
     args = typing.get_args(kind)
     if len(args) == 2 and type(None) in args:
-        return f"Optional[{_name(next(a for a in args if a is not type(None)))}]"
+        return f"Optional[{annotation_name(next(a for a in args if a is not type(None)))}]"
     return getattr(kind, "__name__", str(kind))
 
 
@@ -89,7 +89,7 @@ def field_comments(cls: type) -> dict[str, str]:
 def type_error(kind: object, value: object) -> Optional[str]:
     """What a value of annotation `kind` ("int", "Optional[float]", or the type itself) must be, or None when
     `value` is one."""
-    kind = _name(kind)
+    kind = annotation_name(kind)
     optional = kind.startswith("Optional[") and kind.endswith("]")
     base = kind[len("Optional["):-1] if optional else kind
     if optional and value is None:
@@ -159,6 +159,13 @@ class Checked:
         return self.from_dict({**self.to_dict(), **changes})
 
     def differences(self, other: Checked) -> list[str]:
-        """"field: before X, now Y" for every field where `other` (the earlier settings) differs from these."""
-        return [f"{f.name}: was {getattr(other, f.name)!r}, now {getattr(self, f.name)!r}"
-                for f in fields(self) if getattr(other, f.name) != getattr(self, f.name)]
+        """"field: was X, now Y" for every field where `other` (the earlier settings) differs from these."""
+        return changes(other.to_dict(), self.to_dict())
+
+
+def changes(saved: dict[str, Any], now: dict[str, Any], was: str = "was") -> list[str]:
+    """"field: was X, now Y" for every field whose value differs between two settings dicts, in `now`'s order
+    (then fields only `saved` has); `was` names the saved side ("run has", "checkpoint"). What
+    `Checked.differences` and the trainers' resume check (`sprout.training.core.resume_changes`) say."""
+    keys = list(now) + [k for k in saved if k not in now]
+    return [f"{k}: {was} {saved.get(k)!r}, now {now.get(k)!r}" for k in keys if saved.get(k) != now.get(k)]

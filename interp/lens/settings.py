@@ -11,6 +11,7 @@ import torch
 from jaxtyping import Int
 
 from sprout.settings import Checked
+from sprout.training.core import resume_changes
 
 if TYPE_CHECKING:
     from .tuned import TunedLens
@@ -82,7 +83,7 @@ def resume_start(lens: TunedLens, now: dict) -> int:
     was = lens.info.get("schedule")
     if was is None:
         raise ValueError(f"cannot resume this lens at step {lens.step}: it records no schedule to check the resume against")
-    diff = [f"{k}: lens has {was.get(k)!r}, now {now[k]!r}" for k in now if was.get(k) != now[k]]
+    diff = resume_changes(was, now, was="lens has")
     if diff:
         raise ValueError(f"cannot resume this lens at step {lens.step}: the settings differ from the ones it was "
                          f"trained with ({', '.join(diff)}); resume with the same steps, batch_size, seq_len, lr, "

@@ -24,8 +24,10 @@ import torch
 from jaxtyping import Int
 from tqdm.auto import tqdm
 
+from sprout.training.core import clip_grads, reduce_grads, set_lr
+
 from .._core.batching import TextOrTokens, token_rows
-from .._core.distributed import average_grads, join
+from .._core.distributed import join
 from .._core.inputs import stream_windows
 from .._core.model import HookedModel, unembed
 from ..data import model_text
@@ -153,14 +155,12 @@ def _train(model: HookedModel, data: TextOrTokens, s: TunedLensSettings, lens: O
     bar = tqdm(range(start, end), initial=start, total=steps, desc="tuned lens", disable=not progress or rank != 0)
     with _frozen(model):
         for step in bar:
-            for group in opt.param_groups:
-                group["lr"] = lr * (1 - momentum) * (1 - step / steps)
+            set_lr(opt, lr * (1 - momentum) * (1 - step / steps))
             ids = rows[_batch_rows(len(rows), batch_size, step, seed)]
             share = batch_size // world
             kls = lens_step(model, lens, ids[rank * share:(rank + 1) * share].to(model.cfg.device), scratch=scratch)
-            average_grads(lens, world)
-            if s.grad_clip > 0:  # 0: no clipping (clip_grad_norm_ to 0 would zero every gradient)
-                torch.nn.utils.clip_grad_norm_(lens.parameters(), s.grad_clip)
+            reduce_grads(lens.parameters(), world)  # the mean over processes
+            clip_grads(lens.parameters(), s.grad_clip)  # 0: no clipping
             opt.step()
             opt.zero_grad(set_to_none=True)
             lens.step = step + 1

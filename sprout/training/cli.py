@@ -8,16 +8,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import fields
 from typing import Optional, Sequence
 
 import torch
 import torch.distributed as dist
 
 from ..files import latest_checkpoint
-from ..settings import field_comments
+from .core import add_settings_flags, settings_from_flags
 from .loop import NonFiniteLoss, check_device, train
-from .recipes import RECIPES, Recipe, flag, get_recipe
+from .recipes import RECIPES, Recipe, get_recipe
 
 DESCRIPTION = """Train a model from a recipe: sprout train --recipe gpt-4 --out runs/gpt-4.
 
@@ -39,15 +38,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> tuple[argparse.Namespace
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads, >= 1 (default: torch's choice)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N: where the model trains")
-    over = p.add_argument_group("recipe overrides (default: the recipe's value)")
-    helps = field_comments(Recipe)  # each flag's help is its field's comment in sprout.training.recipes
-    for f in fields(Recipe):
-        help_ = helps[f.name].replace("%", "%%")
-        if f.type == "bool":
-            over.add_argument(flag(f.name), dest=f.name, default=None, action=argparse.BooleanOptionalAction, help=help_)
-        else:
-            kind = {"int": int, "float": float, "str": str}[str(f.type)]
-            over.add_argument(flag(f.name), dest=f.name, type=kind, default=None, metavar=f.type.upper(), help=help_)
+    # one flag per recipe field, its help the field's comment in sprout.training.recipes
+    add_settings_flags(p, Recipe, "recipe overrides (default: the recipe's value)")
     args = p.parse_args(argv)
     if args.threads is not None and args.threads < 1:
         p.error(f"argument --threads: must be >= 1, got {args.threads}")
@@ -55,7 +47,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> tuple[argparse.Namespace
         check_device(args.device)
     except ValueError as e:
         p.error(str(e))
-    changes = {f.name: getattr(args, f.name) for f in fields(Recipe) if getattr(args, f.name) is not None}
+    changes = settings_from_flags(args, Recipe)
     try:
         recipe = get_recipe(args.recipe).override(**changes)
     except ValueError as e:

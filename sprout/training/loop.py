@@ -5,14 +5,15 @@ The loop is the course's: AdamW (betas 0.9/0.95, weight decay on matrices only),
 cosine decay, gradient clipping, an optional loss mask. Around it: the data cache (`corpus`), a held-out
 evaluation every `eval_every` steps logged to `OUT/train_log.csv`, and atomic checkpoints (`rundir`)
 that `resume=True` continues from so that the weights at the end are bit-identical to an uninterrupted
-run's. Under `torchrun --nproc_per_node=N` it trains with DistributedDataParallel (gloo on CPU).
+run's. Under `torchrun --nproc_per_node=N` it trains data-parallel (gloo on CPU): each process draws its
+own batches, and `core.reduce_grads` averages the gradients before the step (the trainers' shared core).
 """
 from __future__ import annotations
 
 import math
 import re
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Union
 
@@ -31,6 +32,7 @@ from ..model import Sprout
 from ..tl.hooked import HookedLM
 from ..walkthrough import WalkthroughGPT, build_step
 from . import rundir
+from .core import clip_grads, reduce_grads, resume_changes, set_lr
 from .corpus import TokenData, check_windows, get_batch, init_checkpoint, prepare_data, stamp_changes
 from .curriculum import get_train_batch, uses_mask
 from .prepared import stamp_for
@@ -157,10 +159,8 @@ def _distributed() -> tuple[int, int]:
 
 
 def _check_same_recipe(run_dir: RunDir, recipe: Recipe) -> None:
-    saved = run_dir.read_recipe()
-    if saved != recipe:
-        diff = [f"{f.name}: run has {getattr(saved, f.name)!r}, now {getattr(recipe, f.name)!r}"
-                for f in fields(Recipe) if getattr(saved, f.name) != getattr(recipe, f.name)]
+    diff = resume_changes(run_dir.read_recipe(), recipe, was="run has")
+    if diff:
         raise RunDirError(f"--resume: the recipe differs from the run's {run_dir.recipe_path}: " + ", ".join(diff))
 
 
@@ -260,20 +260,20 @@ def resume_from(recipe: Recipe, run_dir: RunDir, data: TokenData, world: int, ra
                last_ckpt=last)
 
 
-def train_step(run: Run, net: torch.nn.Module, step: int) -> tuple[float, float]:
+def train_step(run: Run, step: int) -> tuple[float, float]:
     """One optimiser step; returns (lr, loss). Raises NonFiniteLoss before a NaN/inf reaches the weights."""
     recipe = run.recipe
     lr = lr_at(step, recipe)
-    for group in run.optimizer.param_groups:
-        group["lr"] = lr
+    set_lr(run.optimizer, lr)
     dev = _device_of(run.model)  # batches are drawn on the CPU (its generator's state is what resumes)
     x, y, mask = (t.to(dev, non_blocking=True) for t in get_train_batch(recipe, run.data.train, run.vocab_size,
                                                                          run.batch_gen, step))
-    loss = net(x, return_type="loss", targets=y, loss_mask=mask if uses_mask(recipe, step) else None)
+    loss = run.model(x, return_type="loss", targets=y, loss_mask=mask if uses_mask(recipe, step) else None)
     run.optimizer.zero_grad(set_to_none=True)
     loss.backward()
+    reduce_grads(run.model.parameters(), run.world)  # the mean over processes (data parallelism)
     # grad_clip 0 means no clipping (as in nanoGPT); the norm is still measured for the check below
-    norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), recipe.grad_clip or math.inf)
+    norm = clip_grads(run.model.parameters(), recipe.grad_clip)
     bad = torch.tensor([0.0 if torch.isfinite(loss) and torch.isfinite(norm) else 1.0])
     if run.world > 1:
         dist.all_reduce(bad)
@@ -338,7 +338,6 @@ def _due(run: Run, every: int) -> bool:
 def steps(run: Run, show_progress: bool) -> None:
     """Train from run.step to max_steps: a step, then an evaluation and a checkpoint when due."""
     recipe = run.recipe
-    net = torch.nn.parallel.DistributedDataParallel(run.model) if run.world > 1 else run.model
     snaps = snapshot_steps(recipe.max_steps) if recipe.snapshots else set()
     if run.step == 0 and 0 in snaps:
         checkpoint(run)
@@ -346,7 +345,7 @@ def steps(run: Run, show_progress: bool) -> None:
     with tqdm(total=recipe.max_steps, initial=first, disable=not (show_progress and run.main),
               dynamic_ncols=True, mininterval=2.0) as bar:
         for step in range(first, recipe.max_steps):
-            lr, loss = train_step(run, net, step)
+            lr, loss = train_step(run, step)
             elapsed = time.time() - t0
             bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", refresh=False,
                             tok_s=f"{(run.step - first) * _tokens_per_step(run) / max(elapsed, 1e-9):.0f}")

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, replace
 
 from ..settings import Checked
+from .core import flag
 from .english import EnglishCorpus, english_corpus, is_english, parse_data
 
 MAX_CORPUS_CHARS = 1 << 30  # generated text is held in memory, like a user's (at most 1 GiB)
@@ -91,11 +92,6 @@ class Recipe(Checked):
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2) + "\n"
-
-
-def flag(name: str) -> str:
-    """The command-line flag of a recipe field: grad_clip -> --grad-clip."""
-    return "--" + name.replace("_", "-")
 
 
 def _bad(name: str, expected: str, value) -> ValueError:

@@ -14,6 +14,7 @@ from experiments import EXPERIMENTS
 from experiments.common import MARKER
 from interp import cli
 from interp.lens import train as tuned_lens_train
+from interp.saes.training import cli as saes_cli
 from sprout import Sprout
 from sprout.files import checkpoint
 from sprout.tokenizer import char_tokenizer
@@ -209,29 +210,42 @@ def _options(main, argv=()) -> set[str]:
 # Every option of every command, by what it takes. None takes token ids: a command that starts to must run
 # them through the token contract (sprout.tl.text / interp._core.batching), and be tested on float ids and unequal
 # unmasked lists, before its option is added here.
-PATHS = {"--model", "--models", "--out", "--text-file", "--readme", "--runs", "--data", "--data-cache", "--docs"}
-TEXTS = {"--text", "--name", "--prompt"}
+PATHS = {"--model", "--models", "--out", "--text-file", "--readme", "--runs", "--data", "--data-cache", "--docs",
+         "--checkpoint"}
+TEXTS = {"--text", "--name", "--prompt", "--hook"}
 CHOICES = {"--kind", "--only", "--recipe", "--tokenizer", "--device"}
 FLAGS = {"--tuned", "--overwrite", "--resume", "--no-progress", "--snapshots", "--no-snapshots"}
 COUNTS = {"--score-latents", "--threads", "--top", "--chars", "--n-seqs", "--story-len", "--max-snapshots", "--stories", "--steps",
-          "--train-chars", "--held-out-chars", "--show", "--features"}
+          "--train-chars", "--held-out-chars", "--show", "--features", "--layer", "--checkpoint-every", "--stop-at"}
 
 
 def _recipe_flags() -> set[str]:
     from dataclasses import fields
 
-    from sprout.training.cli import flag
+    from sprout.training.core import flag
     from sprout.training.recipes import Recipe
 
     return {flag(f.name) for f in fields(Recipe)}
 
 
+def _settings_flags() -> set[str]:
+    """The trainers' flags generated from their settings (sprout.training.core.add_settings_flags)."""
+    from dataclasses import fields
+
+    from interp.lens.settings import TunedLensSettings
+    from interp.saes.settings import TrainSettings
+    from sprout.training.core import flag
+
+    return {flag(f.name) for cls in (TrainSettings, TunedLensSettings) for f in fields(cls)} | {"--no-normalize", "--no-skip"}
+
+
 def test_no_command_takes_token_ids(capsys):
     _options.capsys = capsys
-    known = PATHS | TEXTS | CHOICES | FLAGS | COUNTS | _recipe_flags()
+    known = PATHS | TEXTS | CHOICES | FLAGS | COUNTS | _recipe_flags() | _settings_flags()
     commands = {f"sprout {name}": main for name, (main, _) in sprout_cli.COMMANDS.items()}
     commands.update({f"python -m experiments.{n}": script(n).main for n in SCRIPTS + ["demo_table"]})
     commands["python -m interp.lens.train"] = tuned_lens_train.main
+    commands["python -m interp.saes.training"] = saes_cli.main
     seen = {}
     for prog, main in commands.items():
         options = _options(main)

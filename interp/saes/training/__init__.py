@@ -4,6 +4,10 @@
     harvest.py     activations for training: a tensor, or a model run over text in buffered blocks
     train.py       train_sae / train_transcoder (one process or torchrun)
     checkpoint.py  a run's checkpoint, to resume
+    cli.py         `python -m interp.saes.training`: the command, its flags generated from TrainSettings
+
+The optimizer, gradient reduction, clipping and resume check are the trainers' shared core,
+`sprout.training.core`.
 """
 from ..settings import SettingsError, TrainSettings
 from .train import train_sae, train_transcoder

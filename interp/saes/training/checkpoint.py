@@ -24,6 +24,7 @@ from safetensors.torch import save as save_bytes
 
 from sprout.files import file_in, folder_lock, write_bytes, write_folder
 from sprout.settings import range_error, type_error
+from sprout.training.core import resume_changes
 
 from ..._core.identity import PathLike
 from ..files import SAEFileError, read_bytes, read_json
@@ -158,10 +159,7 @@ def _read_record(folder: Path, n_units: int, steps: int) -> dict:
 
 
 def _check_same(folder: Path, record: dict, s: TrainSettings, meta: dict) -> None:
-    saved = record.get("settings") or {}
-    now = s.to_dict()
-    diff = [f"{k}: checkpoint {saved.get(k)!r}, now {now.get(k)!r}" for k in sorted(set(saved) | set(now))
-            if saved.get(k) != now.get(k)]
+    diff = resume_changes(record.get("settings") or {}, s, was="checkpoint")
     for key, what in (("hooks", "hooks"), ("data", "data fingerprint"), ("model", "model fingerprint")):
         if record.get(key) != meta[key]:
             diff.append(f"{what}: checkpoint {record.get(key)!r}, now {meta[key]!r}")

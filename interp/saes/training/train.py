@@ -22,13 +22,15 @@ from __future__ import annotations
 import copy
 import math
 import time
-from typing import Any, Iterable, Optional, Union, cast
+from typing import Any, Optional, Union, cast
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from tqdm.auto import tqdm
+
+from sprout.training.core import Adam, clip_grads, reduce_grads, set_lr
 
 from ..._core.distributed import join
 from ..._core.identity import PathLike, fingerprint, model_config
@@ -43,34 +45,12 @@ from .harvest import ModelSource, TensorSource
 _RATE = 0.05  # target_l0: the coefficient moves by up to 5% a step
 
 
-class Adam:
-    """Adam (Kingma & Ba 2015) over a few tensors, written out: torch.optim's first use imports
-    torch._dynamo, seconds of a short run, and its state would need flattening to be saved anyway."""
-
-    def __init__(self, params: Iterable[torch.Tensor], betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
-        self.params, self.betas, self.eps = list(params), betas, eps
-        self.t = 0
-        self.m = [torch.zeros_like(p) for p in self.params]
-        self.v = [torch.zeros_like(p) for p in self.params]
-
-    @torch.no_grad()
-    def step(self, lr: float) -> None:
-        self.t += 1
-        b1, b2 = self.betas
-        c1, c2 = 1 - b1 ** self.t, 1 - b2 ** self.t
-        for p, m, v in zip(self.params, self.m, self.v):
-            grad = cast(torch.Tensor, p.grad)  # every trained parameter has one after the backward
-            m.mul_(b1).add_(grad, alpha=1 - b1)
-            v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
-            p.addcdiv_(m, (v / c2).sqrt_().add_(self.eps), value=-lr / c1)
-
-
 class _Unit:
     """One dictionary in training: its optimizer, input/output scales, sparsity coefficient, dead counts."""
 
     def __init__(self, sae: SAE, hook_in: str, hook_out: Optional[str], s: TrainSettings):
         self.sae, self.hook_in, self.hook_out = sae, hook_in, hook_out
-        self.opt = Adam(sae.parameters())
+        self.opt = Adam(sae.parameters())  # the core's (why not torch's: see sprout.training.core.Adam)
         self.scale_in = self.scale_out = 1.0
         self.coef = s.coefficient()
         self.since_fired = torch.zeros(sae.d_sae, dtype=torch.long)
@@ -185,21 +165,13 @@ def _step_unit(u: _Unit, x, y, s: TrainSettings, step: int, global_rows: int) ->
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    grads = [cast(torch.Tensor, p.grad) for p in params]  # all set just above
-    if dist.is_initialized():
-        flat = _sum(torch.cat([g.reshape(-1) for g in grads]))
-        for g, chunk in zip(grads, flat.split([p.numel() for p in params])):
-            g.copy_(chunk.view_as(g))
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    reduce_grads(params, world, mean=False)  # the loss is already divided by the global batch: sum
     sae.project_decoder_grad_()
-    if s.grad_clip > 0:
-        with torch.no_grad():
-            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
-            if norm > s.grad_clip:
-                for g in grads:
-                    g.mul_(s.grad_clip / (norm + 1e-6))
-    u.opt.step(s.lr_at(step))
-    for p in params:
-        p.grad = None
+    clip_grads(params, s.grad_clip)  # 0: no clipping
+    set_lr(u.opt, s.lr_at(step))
+    u.opt.step()
+    u.opt.zero_grad()
     sae.normalize_decoder_()
     if sae.kind == "jumprelu":
         assert sae.threshold is not None  # a jumprelu SAE's
