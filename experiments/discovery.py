@@ -39,7 +39,7 @@ from .readme import home, rewrite
 
 MODELS = ["gpt-4", "sprout-mini"]
 SEEDS = (0, 1, 2)
-LENGTHS = {"induction": (16, 32), "names": (64, 96)}  # half length of [A A]; tokens of each story
+LENGTHS: dict[str, tuple[int, ...]] = {"induction": (16, 32), "names": (64, 96)}  # half length of [A A]; tokens of each story
 N_SEQS = 8  # sequences (or stories) per batch
 EXACT_LIMIT = 500  # exact patching of every edge only for graphs up to this many edges (unless --exact-all)
 TOP = 0.05  # "top edges": this fraction of the graph by |score|
