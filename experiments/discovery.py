@@ -10,7 +10,8 @@ Markdown block states only what holds in every setting run, and says which seeds
     python -m experiments.discovery            # the full sweep: seeds 0 1 2, two lengths per task
     python -m experiments.discovery --quick    # one seed, one length (a smoke run; writes no docs block)
 
-Writes results/discovery/{settings.csv, curves.csv} and the `discovery` block of docs/results/discovery.md.
+Writes results/discovery/{settings.csv, curves.csv} and the `discovery` block of docs/results/discovery.md
+(`python -m experiments.ship NAME --only readme` runs it with the other generated blocks after a retraining).
 Not in run_all: the full sweep takes minutes per model on a CPU.
 """
 from __future__ import annotations
@@ -223,7 +224,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--steps", type=int, default=5, help="EAP-IG's steps")
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default="results/discovery")
-    p.add_argument("--doc", default=str(DOC), help="the Markdown file holding the generated block")
+    p.add_argument("--doc", "--readme", dest="doc", default=str(DOC),
+                   help="the Markdown file holding the generated block (--readme: as experiments.ship passes it)")
     args = p.parse_args(argv)
     torch.manual_seed(0)
     names = args.models or [m for m in MODELS if m in demo_names()]
