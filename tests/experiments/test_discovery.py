@@ -64,3 +64,8 @@ def test_sweep_on_a_one_layer_demo(tmp_path, monkeypatch):
     from experiments.readme import rewrite
     rewrite(doc, discovery.BLOCK, discovery.markdown(rows))
     assert "holds over seeds 0, 1 and lengths 6" in doc.read_text() and "\nold\n" not in doc.read_text()
+    written = doc.read_text()
+    rows.to_csv(tmp_path / "settings.csv", index=False)  # the block again from the table alone: the same text
+    doc.write_text("x\n<!-- discovery -->\n<!-- /discovery -->\n")
+    assert discovery.main(["--from-csv", str(tmp_path / "settings.csv"), "--doc", str(doc)]) == 0
+    assert doc.read_text() == written
