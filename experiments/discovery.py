@@ -235,7 +235,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="the Markdown file holding the generated block (--readme: as experiments.ship passes it)")
     args = p.parse_args(argv)
     if args.from_csv:
-        rewrite(args.doc, BLOCK, markdown(pd.concat([pd.read_csv(f, keep_default_na=False) for f in args.from_csv])))
+        rows = pd.concat([pd.read_csv(f) for f in args.from_csv], ignore_index=True)
+        heads = ["top_heads", "induction_circuit_heads"]  # "" (no head) reads back as NaN
+        text = {c: rows[c].astype(object).where(rows[c].notna(), "").astype(str) for c in heads}
+        rewrite(args.doc, BLOCK, markdown(rows.assign(**text)))
         return 0
     torch.manual_seed(0)
     names = args.models or [m for m in MODELS if m in demo_names()]
