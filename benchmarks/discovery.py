@@ -7,8 +7,8 @@ forwards); EAP runs one forward and one backward; EAP-IG `steps` of each (inputs
 group (activations). Each row's median wall time over interleaved rounds is divided by exact
 patching's from the same rounds; beside it, how well the ranking agrees with exact patching (Pearson r of
 the scores, and the share of exact patching's top 5% of edges that the method also puts in its top 5%).
-No time is asserted anywhere. auto-circuit and the EAP-IG package are not dependencies and need a
-network to install; they are not timed here.
+No time is asserted anywhere. auto-circuit and the EAP-IG package are not timed: neither installs and runs
+on a Sprout (the errors are in benchmarks/RESULTS.md, "Peer packages").
 
     nice python -m benchmarks.discovery [--repeats 3] [--steps 5] [--tiny] [--out benchmarks/RESULTS.md]
 """

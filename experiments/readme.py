@@ -16,6 +16,7 @@ HOMES = {
     "bos-table": "docs/guide/transformerlens.md",
     "features": "docs/guide/features.md",
     "circuit:": "docs/guide/circuits.md",
+    "discovery": "docs/results/discovery.md",
 }
 
 

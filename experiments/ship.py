@@ -294,13 +294,14 @@ def ship_saes(name: str, model, r: ShipPlan, parts=PARTS, keep_passing: bool = F
     return written
 
 
-README_TABLES = ("demo_table", "english_loss", "bos_loss", "features")  # each rewrites its module's BLOCK
+README_TABLES = ("demo_table", "english_loss", "bos_loss", "features", "discovery")  # each rewrites its module's BLOCK
 
 
 def readme_steps(root: Path) -> list[tuple[str, list[str], str, Path]]:
     """(experiment, its arguments before --readme, the block it rewrites, the file that holds it) for every
-    generated block: the demo, English, BOS and features tables, and the circuit of each demo that the
-    circuits page (`readme.HOMES`) has a block for. `root` is the checkout holding README.md and docs/."""
+    generated block: the demo, English, BOS and features tables, the discovered circuits (discovery), and
+    the circuit of each demo that the circuits page (`readme.HOMES`) has a block for. `root` is the checkout
+    holding README.md and docs/."""
     steps = []
     for module in README_TABLES:
         name = importlib.import_module(f"experiments.{module}").BLOCK

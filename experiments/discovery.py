@@ -1,0 +1,261 @@
+"""Circuits found on the demos: induction on repeated random tokens and copying the later pieces of invented names.
+
+For each model, task, seed and length: EAP-IG's score for every edge (`interp.edge_scores`), exact
+patching of every edge where the graph is small enough (gpt-4's 309 edges; sprout-mini's ~2,000 only with
+--exact-all), MIB's faithfulness curve of each ranking beside a random one (`interp.faithfulness_curve`)
+with its CPR and CMD, how far EAP-IG agrees with exact patching, the heads its top edges touch, and
+the heads `interp.induction_circuit` names (path patching of the induction heads' inputs). The generated
+Markdown block states only what holds in every setting run, and says which seeds and lengths those were.
+
+    python -m experiments.discovery            # the full sweep: seeds 0 1 2, two lengths per task
+    python -m experiments.discovery --quick    # one seed, one length (a smoke run; writes no docs block)
+
+Writes results/discovery/{settings.csv, curves.csv} and the `discovery` block of docs/results/discovery.md
+(`python -m experiments.ship NAME --only readme` runs it with the other generated blocks after a retraining).
+Not in run_all: the full sweep takes minutes per model on a CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import random
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+import pandas as pd
+import torch
+
+import interp
+import sprout
+from interp.discovery import edge_graph, edge_scores, faithfulness_areas, faithfulness_curve
+from interp.discovery.planted import induction_metric
+from interp.induction.circuit import repeated_pair
+from interp.induction.stories import story_names
+from sprout.files import demo_names
+from sprout.material import generate_story
+from sprout.tokenizer import raw
+
+from .readme import home, rewrite
+
+MODELS = ["gpt-4", "sprout-mini"]
+SEEDS = (0, 1, 2)
+LENGTHS: dict[str, tuple[int, ...]] = {"induction": (16, 32), "names": (64, 96)}  # half length of [A A]; tokens of each story
+N_SEQS = 4  # sequences (or stories) per batch
+EXACT_LIMIT = 500  # exact patching of every edge only for graphs up to this many edges (unless --exact-all)
+TOP = 0.05  # "top edges": this fraction of the graph by |score|
+BLOCK = "discovery"
+DOC = home(BLOCK, Path("."))  # docs/results/discovery.md
+Task = tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]
+
+
+def induction_task(model: Any, half: int, seed: int) -> Task:
+    """Clean [A A] and corrupted [B B] repeated random tokens [N_SEQS, 2 half]; the metric is the mean
+    log p of the right next token over the clean tokens' induction positions."""
+    clean, corrupted = repeated_pair(model, half_len=half, n_seqs=N_SEQS, seed=1000 * seed)
+    return clean, corrupted, induction_metric(clean)
+
+
+def _story(model: Any, length: int, rng: random.Random) -> Optional[tuple[list[int], torch.Tensor]]:
+    """One generated story cut to `length` tokens and bool [length]: positions whose next token is a later
+    piece (not the first) of a name's second or later occurrence; None if too short or without one."""
+    story = generate_story(rng)
+    enc = raw(model.tokenizer).encode(story, add_special_tokens=False)
+    ids, offsets = enc.ids, enc.offsets
+    if len(ids) < length:
+        return None
+    where = torch.zeros(length, dtype=torch.bool)
+    for spans in story_names(story).values():
+        for start, end in spans[1:]:
+            pieces = [p for p in range(length) if offsets[p][0] < end and offsets[p][1] > start]
+            for p in pieces[1:]:
+                where[p - 1] = True
+    return (ids[:length], where) if where.any() else None
+
+
+def _stories(model: Any, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    rows: list[list[int]] = []
+    masks = []
+    for i in range(200 * N_SEQS):
+        got = _story(model, length, random.Random(f"discovery-{seed}-{length}-{i}"))
+        if got is not None:
+            rows.append(got[0])
+            masks.append(got[1])
+        if len(rows) == N_SEQS:
+            return torch.tensor(rows), torch.stack(masks)
+    raise ValueError(f"fewer than {N_SEQS} generated stories of {length} tokens hold a repeated name")
+
+
+def names_task(model: Any, length: int, seed: int) -> Task:
+    """Clean stories [N_SEQS, length] whose invented names come back, corrupted other stories (other
+    names); the metric is the mean log p of the later pieces of names at their later occurrences, which
+    only copying can predict."""
+    if getattr(model, "tokenizer", None) is None:
+        raise ValueError("the names task needs a model with a tokenizer")
+    clean, where = _stories(model, length, seed)
+    corrupted, _ = _stories(model, length, seed + 10_000)
+    nxt = torch.zeros_like(clean)
+    nxt[:, :-1] = clean[:, 1:]
+
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        logp = logits.float().log_softmax(-1).gather(-1, nxt[..., None].to(logits.device))[..., 0]
+        mask = where.to(logits.device)
+        return (logp * mask).sum() / mask.sum()
+    return clean.to(model.cfg.device), corrupted.to(model.cfg.device), metric
+
+
+TASKS = {"induction": induction_task, "names": names_task}
+
+
+def top_heads(scores: pd.DataFrame, top: float = TOP) -> list[str]:
+    """The heads (senders or receivers) of the top `top` fraction of edges by |score|, sorted."""
+    n = max(1, math.ceil(top * len(scores)))
+    best = scores.reindex(scores["score"].abs().sort_values(ascending=False).index).head(n)
+    heads = set(best["sender"]) | set(best["receiver"])
+    return sorted(h for h in heads if h.startswith("L"))
+
+
+def agreement(scores: np.ndarray, exact: np.ndarray, top: float = TOP) -> tuple[float, float]:
+    """(Pearson r with exact, the share of exact's top `top` edges by |score| also in the method's top)."""
+    n = max(1, math.ceil(top * len(exact)))
+    best = set(np.argsort(-np.abs(exact))[:n].tolist())
+    ours = set(np.argsort(-np.abs(scores))[:n].tolist())
+    return float(np.corrcoef(scores, exact)[0, 1]), len(best & ours) / n
+
+
+def one_setting(model: Any, task: Task, exact: bool, steps: int) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
+    """The row of numbers, the faithfulness curve and the edge scores (EAP-IG, exact if asked, stacked)
+    of one (model, task, seed, length)."""
+    clean, corrupted, metric = task
+    frames = [edge_scores(model, clean, corrupted, metric, method="eap-ig", steps=steps)]
+    if exact:
+        frames.append(edge_scores(model, clean, corrupted, metric, method="exact"))
+    scores = pd.concat(frames, ignore_index=True)
+    curve = faithfulness_curve(model, clean, corrupted, metric, scores, baselines=("random",))
+    areas = faithfulness_areas(curve).set_index("method")
+    ig = frames[0]
+    row: dict[str, Any] = {"n_edges": len(ig), "metric_clean": float(metric(model(clean)).item()),
+                           "metric_corrupted": float(metric(model(corrupted)).item()), "top_heads": " ".join(top_heads(ig)),
+                           "top_edge": "{} -> {} ({})".format(*ig.loc[ig["score"].abs().idxmax(), ["sender", "receiver", "via"]])}
+    for name in areas.index:
+        row[f"cpr_{name}"], row[f"cmd_{name}"] = float(areas.loc[name, "cpr"]), float(areas.loc[name, "cmd"])
+    if exact:
+        row["pearson_exact"], row["top_found"] = agreement(ig["score"].to_numpy(), frames[1]["score"].to_numpy())
+    return row, curve, scores
+
+
+def circuit_heads(model: Any) -> str:
+    """The heads `interp.induction_circuit` names: its induction heads and the heads feeding them."""
+    frame, _ = interp.induction_circuit(model, stories=False)
+    if frame.empty:
+        return ""
+    return " ".join(sorted(set(frame["receiver"]) | set(frame.loc[frame["feeds"].astype(bool), "sender"])))
+
+
+def sweep(models: dict[str, Any], seeds: tuple[int, ...], lengths: dict[str, tuple[int, ...]],
+          exact_all: bool, steps: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(one row per model, task, seed and length; every curve stacked) over the whole grid."""
+    rows, curves = [], []
+    for label, model in models.items():
+        exact = exact_all or edge_graph(model).n_edges <= EXACT_LIMIT
+        heads = circuit_heads(model)
+        for task, make in TASKS.items():
+            for seed in seeds:
+                for length in lengths[task]:
+                    with torch.no_grad():
+                        data = make(model, length, seed)
+                    row, curve, _ = one_setting(model, data, exact, steps)
+                    key = dict(model=label, task=task, seed=seed, length=length)
+                    rows.append({**key, **row, "induction_circuit_heads": heads})
+                    curves.append(curve.assign(**key))
+                    print(label, task, seed, length, {k: v for k, v in row.items() if k.startswith("cpr")}, flush=True)
+    return pd.DataFrame(rows), pd.concat(curves, ignore_index=True)
+
+
+def claims(table: pd.DataFrame) -> list[str]:
+    """Sentences each true in every row of `table` (one model and task), else left out."""
+    out = []
+    if (table["cpr_eap-ig-inputs"] > table["cpr_random"]).all() and (table["cmd_eap-ig-inputs"] < table["cmd_random"]).all():
+        out.append("EAP-IG's ranking beats a random one on both CPR (higher) and CMD (lower)")
+    ig, rand = table["cpr_eap-ig-inputs"], table["cpr_random"]
+    out.append(f"EAP-IG's CPR is {ig.min():.2f} to {ig.max():.2f}, a random ranking's {rand.min():.2f} to {rand.max():.2f}")
+    if "cpr_exact" in table and (table["cpr_eap-ig-inputs"] >= table["cpr_exact"] - 0.05).all():
+        out.append("EAP-IG's CPR is within 0.05 of exact patching's")
+    elif "cpr_exact" in table and (table["cpr_exact"] > table["cpr_eap-ig-inputs"]).all():
+        out.append(f"exact patching's ranking has the higher CPR ({table['cpr_exact'].min():.2f} to "
+                   f"{table['cpr_exact'].max():.2f}): EAP-IG falls short of the exact ranking")
+    if "top_found" in table and table["top_found"].min() > 0:
+        out.append(f"EAP-IG finds at least {table['top_found'].min():.0%} of exact patching's top {TOP:.0%} of edges "
+                   f"(Pearson r of the scores at least {table['pearson_exact'].min():.2f})")
+    if table["top_edge"].nunique() == 1:
+        out.append(f"EAP-IG's top edge is {table['top_edge'].iloc[0]}")
+    common = set.intersection(*(set(h.split()) for h in table["top_heads"]))
+    if common:
+        out.append(f"the heads of EAP-IG's top {TOP:.0%} of edges always include {', '.join(sorted(common))}")
+    named = set(table["induction_circuit_heads"].iloc[0].split())
+    if named and all(named <= set(h.split()) for h in table["top_heads"]):
+        out.append(f"every head `induction_circuit` names ({', '.join(sorted(named))}) is among them")
+    return out
+
+
+def markdown(rows: pd.DataFrame) -> str:
+    """The generated block: per model and task, the sentences that hold over every seed and length run."""
+    lines = []
+    for (label, task), table in rows.groupby(["model", "task"], sort=False):
+        seeds = ", ".join(str(s) for s in sorted(table["seed"].unique()))
+        lengths = ", ".join(str(n) for n in sorted(table["length"].unique()))
+        said = claims(table)
+        what = "induction on repeated random tokens (length = half)" if task == "induction" else \
+            "the later pieces of invented names (length = story tokens)"
+        lines.append(f"- **{label}, {what}** ({table['n_edges'].iloc[0]} edges; holds over seeds {seeds} "
+                     f"and lengths {lengths}): " + ("; ".join(said) + "." if said else "no sentence holds in every setting."))
+    cols = ["model", "task", "seed", "length"] + [c for c in rows.columns if c.startswith(("cpr_", "cmd_"))] + \
+        [c for c in ("top_found",) if c in rows]
+    return "\n".join(lines + ["", md_table(rows[cols])])
+
+
+def md_table(frame: pd.DataFrame) -> str:
+    """A Markdown table of `frame`, floats to 3 decimals."""
+    cells = [[f"{v:.3f}" if isinstance(v, float) else str(v) for v in row] for row in frame.itertuples(index=False)]
+    head = ["| " + " | ".join(frame.columns) + " |", "|" + " --- |" * len(frame.columns)]
+    return "\n".join(head + ["| " + " | ".join(r) + " |" for r in cells])
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m experiments.discovery", description=__doc__.splitlines()[0])
+    p.add_argument("--model", "--models", dest="models", nargs="+", default=None, help=f"default: {' '.join(MODELS)}")
+    p.add_argument("--quick", action="store_true", help="one seed and one length per task; no docs block")
+    p.add_argument("--exact-all", action="store_true", help=f"exact patching even above {EXACT_LIMIT} edges")
+    p.add_argument("--steps", type=int, default=5, help="EAP-IG's steps")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out", default="results/discovery")
+    p.add_argument("--from-csv", nargs="+", default=None, metavar="CSV",
+                   help="write the block from settings.csv files of earlier runs (stacked) instead of running")
+    p.add_argument("--doc", "--readme", dest="doc", default=str(DOC),
+                   help="the Markdown file holding the generated block (--readme: as experiments.ship passes it)")
+    args = p.parse_args(argv)
+    if args.from_csv:
+        rows = pd.concat([pd.read_csv(f) for f in args.from_csv], ignore_index=True)
+        heads = ["top_heads", "induction_circuit_heads"]  # "" (no head) reads back as NaN
+        text = {c: rows[c].astype(object).where(rows[c].notna(), "").astype(str) for c in heads}
+        rewrite(args.doc, BLOCK, markdown(rows.assign(**text)))
+        return 0
+    torch.manual_seed(0)
+    names = args.models or [m for m in MODELS if m in demo_names()]
+    models = {m: sprout.load(m).to(args.device).eval() for m in names}
+    seeds = SEEDS[:1] if args.quick else SEEDS
+    lengths = {k: v[:1] for k, v in LENGTHS.items()} if args.quick else LENGTHS
+    rows, curves = sweep(models, seeds, lengths, args.exact_all, args.steps)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows.to_csv(out / "settings.csv", index=False)
+    curves.to_csv(out / "curves.csv", index=False)
+    text = markdown(rows)
+    print(text)
+    if not args.quick:
+        rewrite(args.doc, BLOCK, text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

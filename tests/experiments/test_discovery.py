@@ -1,0 +1,71 @@
+"""experiments.discovery: the planted circuit comes out as truth; the sweep's sentences hold in every row."""
+import pandas as pd
+import pytest
+import torch
+
+import sprout
+from experiments import discovery
+from interp.discovery import planted
+
+
+def test_planted_circuit_is_found_exactly():
+    model = planted.planted_model("induction")
+    clean, corrupted = planted.induction_pair(n_seqs=4)
+    task = (clean, corrupted, planted.induction_metric(clean))
+    row, curve, scores = discovery.one_setting(model, task, exact=True, steps=5)
+    truth = planted.truth("induction")
+    for method, part in scores.groupby("method"):
+        top = part.reindex(part["score"].abs().sort_values(ascending=False).index).head(len(truth))
+        assert set(zip(top["sender"], top["receiver"], top["via"])) == truth, method
+    assert row["top_found"] == 1.0  # exact's top 5% of edges are planted ones, and EAP-IG puts them on top too
+    assert {"L0H0", "L1H0"} <= set(row["top_heads"].split())
+    assert row["cpr_eap-ig-inputs"] > row["cpr_random"] and row["cmd_eap-ig-inputs"] < row["cmd_random"]
+    assert set(curve["method"]) == {"eap-ig-inputs", "exact", "random"}
+
+
+def test_names_task_marks_later_pieces_of_repeated_names():
+    model = sprout.load("gpt-1").eval()
+    clean, corrupted, metric = discovery.names_task(model, 64, seed=0)
+    assert clean.shape == corrupted.shape == (discovery.N_SEQS, 64) and not torch.equal(clean, corrupted)
+    # the metric is a mean log-probability over the marked positions: 0 for logits that put all mass on the answer
+    nxt = torch.cat([clean[:, 1:], clean[:, :1]], dim=1)
+    perfect = torch.nn.functional.one_hot(nxt, int(model.cfg.d_vocab)).float() * 100
+    assert abs(float(metric(perfect))) < 1e-3
+    assert float(metric(torch.zeros_like(perfect))) == pytest.approx(-torch.log(torch.tensor(float(model.cfg.d_vocab))).item())
+
+
+def _rows(beats: list[bool]) -> pd.DataFrame:
+    n = len(beats)
+    return pd.DataFrame({"model": "m", "task": "induction", "seed": range(n), "length": [8, 16] * (n // 2),
+                         "n_edges": 18, "cpr_eap-ig-inputs": [0.9 if b else 0.1 for b in beats], "cpr_random": 0.5,
+                         "cmd_eap-ig-inputs": 0.1, "cmd_random": 0.5, "top_edge": ["a", "a", "a", "b"][:n],
+                         "top_heads": ["L0H0 L1H1", "L1H1", "L1H1 L1H2", "L1H1"][:n], "induction_circuit_heads": "L1H1"})
+
+
+def test_sentences_only_where_every_setting_agrees():
+    good = discovery.claims(_rows([True] * 4))
+    assert any("beats a random one" in s for s in good)
+    assert not any("top edge" in s for s in good)  # "b" in the last row
+    assert any("always include L1H1" in s for s in good) and any("(L1H1) is among them" in s for s in good)
+    assert not any("beats a random one" in s for s in discovery.claims(_rows([True, True, True, False])))
+    text = discovery.markdown(_rows([True] * 4))
+    assert "holds over seeds 0, 1, 2, 3 and lengths 8, 16" in text
+
+
+def test_sweep_on_a_one_layer_demo(tmp_path, monkeypatch):
+    monkeypatch.setattr(discovery, "N_SEQS", 2)
+    model = sprout.load("gpt-1").eval()
+    rows, curves = discovery.sweep({"gpt-1": model}, (0, 1), {"induction": (6,), "names": (32,)}, False, 2)
+    assert len(rows) == 4 and (rows["n_edges"] == 18).all()  # 1 layer, 3 heads: exact patching runs (18 <= limit)
+    assert rows["induction_circuit_heads"].eq("").all()  # no head above layer 0 to be an induction head
+    assert set(curves["method"]) == {"eap-ig-inputs", "exact", "random"}
+    doc = tmp_path / "d.md"
+    doc.write_text("x\n<!-- discovery -->\nold\n<!-- /discovery -->\n")
+    from experiments.readme import rewrite
+    rewrite(doc, discovery.BLOCK, discovery.markdown(rows))
+    assert "holds over seeds 0, 1 and lengths 6" in doc.read_text() and "\nold\n" not in doc.read_text()
+    written = doc.read_text()
+    rows.to_csv(tmp_path / "settings.csv", index=False)  # the block again from the table alone: the same text
+    doc.write_text("x\n<!-- discovery -->\n<!-- /discovery -->\n")
+    assert discovery.main(["--from-csv", str(tmp_path / "settings.csv"), "--doc", str(doc)]) == 0
+    assert doc.read_text() == written
