@@ -75,8 +75,9 @@ def edge_scores(model: Any, clean: TextOrTokens, corrupted: Optional[TextOrToken
         >>> model = planted_model("induction")
         >>> clean, corrupted = induction_pair()
         >>> frame = edge_scores(model, clean, corrupted, induction_metric(clean), method="eap-ig")
-        >>> frame.sort_values("score").iloc[-1][["sender", "receiver", "via"]].tolist() in [
-        ...     ["L1H0", "logits", "logits"], ["L0H0", "L1H0", "k"], ["embed", "L1H0", "v"]]
+        >>> top = frame.sort_values("score").iloc[-1]
+        >>> (top.sender, top.receiver, top.via) in {
+        ...     ("L1H0", "logits", "logits"), ("L0H0", "L1H0", "k"), ("embed", "L1H0", "v")}
         True
     """
     name = method_name(method)
