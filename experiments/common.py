@@ -61,6 +61,12 @@ class Settings:
 SETTINGS = Settings()
 
 
+def chapter_model(label: str) -> bool:
+    """Whether model `label` is one the chapter measured (a shipped demo), so its numbers may stand beside the
+    chapter's; any other model (one's own run) gets no chapter column."""
+    return label in set(demo_names())
+
+
 def half_len(model) -> int:
     """SETTINGS.half_len, or half the context for a model whose context is shorter than two halves."""
     return min(SETTINGS.half_len, int(model.cfg.n_ctx) // 2)
