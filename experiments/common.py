@@ -100,12 +100,15 @@ def parser(name: str, doc: str, text: Optional[str] = None) -> argparse.Argument
 
 def model_label(spec: str) -> str:
     """'gpt-4' for a demo name, the folder name for a checkpoint path (of the real folder for '.', '..' or
-    a path ending in one). A label names files under `--out`, so it is one plain path component: letters,
+    a path ending in one; the run's name for a checkpoint inside a `sprout train` run, RUN/checkpoints/step_N).
+    A label names files under `--out`, so it is one plain path component: letters,
     digits and `._+-` (anything else becomes '-'), never starting with '.' (no '..', no hidden files)."""
     p = Path(spec)
     if p.suffix in (".safetensors", ".pt", ".pth", ".bin"):
         p = p.parent
     name = p.name if p.name not in ("", ".", "..") and p.parts[-1:] != ("..",) else Path(os.path.abspath(p)).name
+    if name.startswith("step_") and p.parent.name == "checkpoints":  # RUN/checkpoints/step_N: the run's name
+        name = p.parent.parent.name or Path(os.path.abspath(p)).parent.parent.name
     label = re.sub(r"[^A-Za-z0-9._+-]+", "-", name).lstrip(".-")
     return label or "model"
 

@@ -1,7 +1,7 @@
 """experiments.common.load_models: loads, and returns what it found (the folders) instead of setting anything."""
 import torch
 
-from experiments.common import Models, folder_of, held_out_text, load_models, model_dir, set_threads
+from experiments.common import Models, folder_of, held_out_text, load_models, model_dir, model_label, set_threads
 from sprout.files import demo_dir
 
 
@@ -31,3 +31,12 @@ def test_model_dir_of_a_spec_and_held_out_text_from_the_folder_given(tmp_path):
     assert held_out_text(None, 20, tmp_path / "run") == ("held out words " * 10)[:20]
 
 
+
+
+def test_a_checkpoint_inside_a_run_is_labelled_by_the_run(tmp_path):
+    """RUN/checkpoints/step_N and RUN itself both get the run's name (the page title), a lone folder its own."""
+    run = tmp_path / "my-run"
+    assert model_label(str(run / "checkpoints" / "step_00000040")) == "my-run"
+    assert model_label(str(run / "checkpoints" / "step_00000040" / "model.safetensors")) == "my-run"
+    assert model_label(str(run)) == "my-run"
+    assert model_label(str(tmp_path / "step_00000040")) == "step_00000040"  # not inside a run's checkpoints/
