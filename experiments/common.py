@@ -98,6 +98,27 @@ def parser(name: str, doc: str, text: Optional[str] = None) -> argparse.Argument
     return p
 
 
+def add_text_file(p: argparse.ArgumentParser) -> None:
+    """`--text-file FILE`: one's own text (UTF-8) for the contexts an experiment reads."""
+    p.add_argument("--text-file", default=None, metavar="FILE",
+                   help="your own UTF-8 text to read the contexts from (default: generated held-out stories)")
+
+
+def text_file(path: Optional[str]) -> Optional[str]:
+    """The text of `--text-file` (None when not given); a missing, non-UTF-8 or empty file is a ValueError naming it."""
+    if path is None:
+        return None
+    try:
+        text = read_bounded(path, "text file", limit=64 << 20).decode("utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"--text-file {path}: no such file") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--text-file {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if not text.strip():
+        raise ValueError(f"--text-file {path}: the file holds no text")
+    return text
+
+
 def model_label(spec: str) -> str:
     """'gpt-4' for a demo name, the folder name for a checkpoint path (of the real folder for '.', '..' or
     a path ending in one; the run's name for a checkpoint inside a `sprout train` run, RUN/checkpoints/step_N).
