@@ -61,6 +61,12 @@ class Settings:
 SETTINGS = Settings()
 
 
+def chapter_model(label: str) -> bool:
+    """Whether model `label` is one the chapter measured (a shipped demo), so its numbers may stand beside the
+    chapter's; any other model (one's own run) gets no chapter column."""
+    return label in set(demo_names())
+
+
 def half_len(model) -> int:
     """SETTINGS.half_len, or half the context for a model whose context is shorter than two halves."""
     return min(SETTINGS.half_len, int(model.cfg.n_ctx) // 2)
@@ -92,14 +98,38 @@ def parser(name: str, doc: str, text: Optional[str] = None) -> argparse.Argument
     return p
 
 
+def add_text_file(p: argparse.ArgumentParser) -> None:
+    """`--text-file FILE`: one's own text (UTF-8) for the contexts an experiment reads."""
+    p.add_argument("--text-file", default=None, metavar="FILE",
+                   help="your own UTF-8 text to read the contexts from (default: generated held-out stories)")
+
+
+def text_file(path: Optional[str]) -> Optional[str]:
+    """The text of `--text-file` (None when not given); a missing, non-UTF-8 or empty file is a ValueError naming it."""
+    if path is None:
+        return None
+    try:
+        text = read_bounded(path, "text file", limit=64 << 20).decode("utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"--text-file {path}: no such file") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--text-file {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if not text.strip():
+        raise ValueError(f"--text-file {path}: the file holds no text")
+    return text
+
+
 def model_label(spec: str) -> str:
     """'gpt-4' for a demo name, the folder name for a checkpoint path (of the real folder for '.', '..' or
-    a path ending in one). A label names files under `--out`, so it is one plain path component: letters,
+    a path ending in one; the run's name for a checkpoint inside a `sprout train` run, RUN/checkpoints/step_N).
+    A label names files under `--out`, so it is one plain path component: letters,
     digits and `._+-` (anything else becomes '-'), never starting with '.' (no '..', no hidden files)."""
     p = Path(spec)
     if p.suffix in (".safetensors", ".pt", ".pth", ".bin"):
         p = p.parent
     name = p.name if p.name not in ("", ".", "..") and p.parts[-1:] != ("..",) else Path(os.path.abspath(p)).name
+    if name.startswith("step_") and p.parent.name == "checkpoints":  # RUN/checkpoints/step_N: the run's name
+        name = p.parent.parent.name or Path(os.path.abspath(p)).parent.parent.name
     label = re.sub(r"[^A-Za-z0-9._+-]+", "-", name).lstrip(".-")
     return label or "model"
 

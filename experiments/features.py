@@ -7,6 +7,7 @@ from `interp.saes.features.feature_report` on held-out text. A model without dic
 checkpoint or shipped for its weights) is listed and skipped.
 
     python -m experiments.features [--model gpt-4] [--chars 12000] [--show 12]
+    python -m experiments.features --model runs/mine --text-file my_text.txt  # a run folder, one's own text
     python -m experiments.features --readme docs/guide/features.md  # the site's feature table (interventions)
 """
 from __future__ import annotations
@@ -32,7 +33,7 @@ from sprout.names import act_name
 from sprout.tokenizer import raw
 
 from . import readme as readme_file
-from .common import figure_div, folder_of, held_out_text, number, positive, standalone
+from .common import add_text_file, figure_div, folder_of, held_out_text, number, positive, standalone, text_file
 from .feature_text import token_label, whole_words
 
 NAME = "features"
@@ -55,6 +56,7 @@ figure{margin:1em 0;overflow-x:auto} section.latent{border-top:1px solid #ccc;ma
 
 
 def add_args(p):
+    add_text_file(p)
     p.add_argument("--chars", type=positive, default=12_000, help="characters of held-out text to read the latents on")
     p.add_argument("--show", type=positive, default=8, help="latents shown per dictionary")
     p.add_argument("--score-latents", type=positive, default=48,
@@ -191,6 +193,7 @@ def _scores(model, sae, text: str, held: str, rep, n: int):
 
 def run(models, out, args) -> list[dict]:
     rows = []
+    own = text_file(getattr(args, "text_file", None))  # one's own contexts, read before any work
     held = "\n\n".join(unseen_texts(120, seed=38))  # names the generator cannot draw, in frames it never wrote
     for model_label, model in models.items():
         folder = folder_of(models, model_label)
@@ -200,7 +203,7 @@ def run(models, out, args) -> list[dict]:
             continue
         (out.dir / model_label).mkdir(parents=True, exist_ok=True)
         js = os.path.relpath(out.plotly_js(), out.dir / model_label).replace(os.sep, "/")
-        text = held_out_text(model, args.chars, folder=folder)
+        text = own or held_out_text(model, args.chars, folder=folder)
         windows = tokens_of(model, text)[1]  # the windows feature_report reads: contexts' (row, pos) index them
         items = []
         for i, (label, sae) in enumerate(found):

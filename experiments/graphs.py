@@ -25,7 +25,7 @@ from interp.discovery.planted import induction_metric, induction_pair, planted_m
 from interp.induction.circuit import repeated_pair
 from interp.saes.features import feature_report
 
-from .common import fit_text, folder_of, held_out_text, number, positive, standalone
+from .common import add_text_file, fit_text, folder_of, held_out_text, number, positive, standalone, text_file
 from .features import dictionary_page
 
 NAME = "graphs"
@@ -45,6 +45,7 @@ def add_args(p: Any) -> None:
     p.add_argument("--prompt", nargs="+", default=None, metavar="TEXT", help="prompts to trace (default: a repeated name)")
     p.add_argument("--features", type=positive, default=48, help="at most this many feature nodes per graph")
     p.add_argument("--chars", type=positive, default=4_000, help="held-out characters the feature pages read")
+    add_text_file(p)  # the feature pages read it, and without --prompt its start is the prompt traced
 
 
 def file_label(label: str) -> str:
@@ -176,12 +177,13 @@ def write(out: Any, stem: str, page: str) -> None:
 
 def run(models: Any, out: Any, args: Any) -> list[dict]:
     rows = []
+    own = text_file(getattr(args, "text_file", None))  # one's own text, read before any work
     for label, model in models.items():
         tcs = transcoders(model, folder_of(models, label))
         if tcs is None:
             rows.append(number("attribution graphs", "no transcoders shipped or beside the checkpoint", None, label))
         shown = []
-        for k, prompt in enumerate((args.prompt or PROMPTS) if tcs is not None else []):
+        for k, prompt in enumerate((args.prompt or ([own] if own else PROMPTS)) if tcs is not None else []):
             assert tcs is not None  # for mypy: the loop runs only with transcoders
             page, scores, nodes = attribution_page(model, label, fit_text(model, prompt), tcs, args.features)
             write(out, f"graph_{file_label(label)}_{k}", page)
@@ -190,7 +192,7 @@ def run(models: Any, out: Any, args: Any) -> list[dict]:
             rows += [number(f"prompt {k}: replacement score (pruned graph)", float(pruned.replacement), None, label),
                      number(f"prompt {k}: completeness score (pruned graph)", float(pruned.completeness), None, label)]
         if shown and tcs is not None:
-            text = held_out_text(model, args.chars, folder=folder_of(models, label))
+            text = own or held_out_text(model, args.chars, folder=folder_of(models, label))
             feature_pages(model, label, tcs, pd.concat(shown), out, text)
             _model_index(label, out)
         rows.append(_induction_circuit(model, label, out))

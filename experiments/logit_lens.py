@@ -8,7 +8,7 @@ import pandas as pd
 import figures
 import interp
 
-from .common import LENS_TEXT, SETTINGS, fit_text, folder_of, held_out_text, number, positive, standalone
+from .common import LENS_TEXT, SETTINGS, chapter_model, fit_text, folder_of, held_out_text, number, positive, standalone
 
 NAME = "logit_lens"
 DOC = "Logit-lens grid for a text, and the lens' mean confidence per layer on held-out text."
@@ -36,12 +36,14 @@ def run(models, out, args) -> list[dict]:
         summaries.append(summary)
         conf = summary.set_index("layer")["mean_top1_prob"]
         last = int(conf.index.max())
-        # the chapter's numbers are the 8-block Sprout's (on its three texts): 77% after block 7, 59% after 8
+        # the chapter's numbers are the 8-block Sprout's (on its three texts): 77% after block 7, 59% after 8;
+        # shown beside the models the chapter measured only (one's own 2-block model gets no chapter column)
+        ch = chapter_model(label)
         if last >= 2:
             rows.append(number(f"mean top-1 probability after block {last - 1}", float(conf[last - 1]),
-                               "77% (Sprout, after block 7 of 8)", label, fmt="{:.0%}"))
+                               "77% (Sprout, after block 7 of 8)" if ch else None, label, fmt="{:.0%}"))
         rows.append(number(f"mean top-1 probability after block {last} (output)", float(conf[last]),
-                           "59% (Sprout, after block 8 of 8)", label, fmt="{:.0%}"))
+                           "59% (Sprout, after block 8 of 8)" if ch else None, label, fmt="{:.0%}"))
         hit = summary.set_index("layer")["frac_next_top1"]
         rows.append(number("next token is top-1 at the output", float(hit[last]), None, label, fmt="{:.0%}"))
         rows.append(number("where the lens is most confident (mean top-1 probability)", confident_at(conf), None, label))

@@ -110,6 +110,7 @@ def ablate_heads(model: HookedModel, heads: Union[list, pd.DataFrame], data: Opt
     layers = sorted({l for l, _ in heads})
     require_hooks(model, [act_name("z", l) for l in layers])
     if data is None:
+        half_len = min(half_len, int(model.cfg.n_ctx) // 2)  # clipped to the context, as in head_scores
         rows, loss_from = token_rows(model, repeated_tokens(model, half_len, n_seqs, token_range, seed)), half_len
     else:
         rows, loss_from = token_rows(model, data), 0

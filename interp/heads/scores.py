@@ -95,6 +95,8 @@ def head_scores(model: HookedModel, kind: str, data: Optional[TextOrTokens] = No
         kind: "previous_token", "duplicate_token", "induction" or "prefix_matching" (see the module).
         data: text(s) or ids to measure on; by default `n_seqs` seeded random sequences of
             `half_len` tokens drawn from `token_range`, each followed by itself (`repeated_tokens`).
+        half_len: the random half's length, clipped to half the model's context (`n_ctx // 2`), so
+            the default works on a short-context model as `sprout heads` does.
         seed: the random sequences' seed.
         batch_size: sequences per forward pass.
 
@@ -112,6 +114,7 @@ def head_scores(model: HookedModel, kind: str, data: Optional[TextOrTokens] = No
     """
     if kind not in SCORE_KINDS:
         raise ValueError(f"unknown head kind {kind!r}; choose one of {list(SCORE_KINDS)}")
+    half_len = min(half_len, int(model.cfg.n_ctx) // 2)
     tokens = repeated_tokens(model, half_len, n_seqs, token_range, seed) if data is None else data
     scores, n_rows = head_score_tensor(model, kind, tokens, batch_size)
     L, H = scores.shape

@@ -25,10 +25,25 @@ def shipped_folder(root: PathLike, hook: Optional[str] = None, layer: Optional[i
     return Path(root) / "saes" / f"transcoder-{int(cast(int, layer))}{'' if skip else '-noskip'}"  # one of the two: checked above
 
 
+def run_roots(root: PathLike) -> list[Path]:
+    """The folders to look in for dictionaries saved beside a model: `root`; for a `sprout train` run folder also
+    its latest checkpoint (`root/checkpoints/step_*`); for a checkpoint inside a run (`RUN/checkpoints/step_*`)
+    also the run folder. So `RUN/saes/<hook>/` and `RUN/checkpoints/step_N/saes/<hook>/` are both found."""
+    from sprout.files import latest_checkpoint
+
+    root = Path(root)
+    found = [root]
+    if (root / "checkpoints").is_dir() and (latest := latest_checkpoint(root)) is not None:
+        found.append(latest)
+    if root.parent.name == "checkpoints" and root.name.startswith("step_"):
+        found.append(root.parent.parent)
+    return found
+
+
 def _find(model: HookedModel, root, name_of, what: str, expect: type[SAE]) -> SAE:
     from sprout.files import demo_dir
 
-    roots = [Path(root)] if root is not None else sorted(p for p in demo_dir().iterdir() if p.is_dir())
+    roots = run_roots(root) if root is not None else sorted(p for p in demo_dir().iterdir() if p.is_dir())
     mine = fingerprint(model)
     for r in roots:
         folder = name_of(r)
@@ -45,7 +60,8 @@ def _find(model: HookedModel, root, name_of, what: str, expect: type[SAE]) -> SA
 def load_sae(model: HookedModel, hook: str, root: Optional[PathLike] = None) -> SAE:
     """The SAE shipped for this model (found by its weights' fingerprint) at hook point `hook`.
 
-    Looks in every demo folder (or in `root`, a demo-like folder) for `saes/<hook>/`.
+    Looks in every demo folder (or in `root`: a demo-like folder, a `sprout train` run folder or one of its
+    checkpoints, see `run_roots`) for `saes/<hook>/`.
 
     Raises:
         FileNotFoundError: none shipped for these weights at this hook (the message says where it looked).

@@ -1,7 +1,8 @@
 """experiments.common.load_models: loads, and returns what it found (the folders) instead of setting anything."""
+import pytest
 import torch
 
-from experiments.common import Models, folder_of, held_out_text, load_models, model_dir, set_threads
+from experiments.common import Models, folder_of, held_out_text, load_models, model_dir, model_label, set_threads, text_file
 from sprout.files import demo_dir
 
 
@@ -31,3 +32,23 @@ def test_model_dir_of_a_spec_and_held_out_text_from_the_folder_given(tmp_path):
     assert held_out_text(None, 20, tmp_path / "run") == ("held out words " * 10)[:20]
 
 
+
+
+def test_a_checkpoint_inside_a_run_is_labelled_by_the_run(tmp_path):
+    """RUN/checkpoints/step_N and RUN itself both get the run's name (the page title), a lone folder its own."""
+    run = tmp_path / "my-run"
+    assert model_label(str(run / "checkpoints" / "step_00000040")) == "my-run"
+    assert model_label(str(run / "checkpoints" / "step_00000040" / "model.safetensors")) == "my-run"
+    assert model_label(str(run)) == "my-run"
+    assert model_label(str(tmp_path / "step_00000040")) == "step_00000040"  # not inside a run's checkpoints/
+
+
+def test_text_file_reads_utf8_and_names_the_flag_on_bad_files(tmp_path):
+    good = tmp_path / "mine.txt"
+    good.write_text("Zorbin Plax — naïve text", encoding="utf-8")
+    assert text_file(str(good)) == "Zorbin Plax — naïve text" and text_file(None) is None
+    (tmp_path / "latin1.txt").write_bytes("naïve".encode("latin-1"))
+    (tmp_path / "empty.txt").write_text(" \n")
+    for name, why in (("latin1.txt", "not UTF-8"), ("empty.txt", "the file holds no text"), ("missing.txt", "no such file")):
+        with pytest.raises(ValueError, match=f"--text-file .*{name}: {why}"):
+            text_file(str(tmp_path / name))

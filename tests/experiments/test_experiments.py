@@ -134,6 +134,13 @@ def test_lens_output_row_is_the_models_prediction(run):
     np.testing.assert_allclose(top.to_numpy(), probs.max(-1).values.numpy(), rtol=1e-4)
 
 
+def test_own_models_lens_numbers_have_no_chapter_column(run):
+    """The chapter's 77% / 59% are the 8-block Sprout's: a 2-block run of one's own is not compared with them."""
+    n = numbers(run["out"], "logit_lens")
+    rows = [r for (m, q), r in n.items() if m == "tiny" and q.startswith("mean top-1 probability")]
+    assert len(rows) == 2 and all(r["chapter"] is None for r in rows)
+
+
 def test_head_numbers_match_the_tables(run):
     n = numbers(run["out"], "head_detection")
     scores = pd.read_csv(run["out"] / "head_detection" / "head_scores.csv")

@@ -75,3 +75,31 @@ def test_a_context_never_starts_mid_word_even_at_its_window_start():
     assert whole_words(ex).token_str.tolist() == [" me", " thar", "."]
     alone = pd.DataFrame(dict(offset=[-1, 0], pos=[0, 1], token_str=["ab", "cd"]))
     assert whole_words(alone).token_str.tolist() == ["cd"]  # no word start before the peak: the peak alone
+
+
+def test_a_run_folder_and_ones_own_text(tmp_path, capsys):
+    """`python -m experiments.features --model RUN --text-file FILE`: the latest checkpoint of a `sprout train`
+    folder, its dictionary saved in RUN/saes/<hook>/, the page titled by the run's name and its contexts
+    read from the file."""
+    from experiments import features
+
+    tok = train_bpe(generate_corpus(10_000, seed=5), vocab_size=300)
+    torch.manual_seed(0)
+    run = tmp_path / "my-run"
+    sprout.save(Sprout(SproutConfig(vocab_size=300, context=64, n_layer=1, n_head=2, d_model=32, d_ff=64), tok),
+                run / "checkpoints" / "step_00000040")
+    model = sprout.load(run)
+    sae = interp.SAE(32, 64, kind="topk", k=4, hook_name="blocks.0.hook_resid_post")
+    sae.model_fingerprint, sae.model_config = fingerprint(model), model_config(model)
+    sae.save(run / "saes" / "blocks.0.hook_resid_post")
+    own = tmp_path / "mine.txt"
+    own.write_text("The quokka Wibbleton sat by the pond. " * 40, encoding="utf-8")
+    out = tmp_path / "out"
+    assert features.main(["--model", str(run), "--text-file", str(own), "--out", str(out), "--show", "2",
+                          "--score-latents", "4", "--threads", "1"]) == 0
+    assert (out / "my-run.html").is_file() and not list(out.glob("step_*"))
+    assert "<title>my-run: features" in (out / "my-run.html").read_text(encoding="utf-8")
+    page = (out / "my-run" / "resid-post-0.html").read_text(encoding="utf-8")
+    assert "Wibbleton" in re.sub(r"<[^>]+>", "", page) or "quokka" in re.sub(r"<[^>]+>", "", page)
+    assert features.main(["--model", str(run), "--text-file", str(tmp_path / "none.txt"), "--out", str(out)]) == 2
+    assert "--text-file" in capsys.readouterr().err

@@ -153,3 +153,17 @@ def test_walkthrough_gpt_runs_unchanged():
     assert torch.allclose(mine * n_rows / len(seq), detect_head(model, seq, "previous_token_head"), atol=1e-5)
     df = interp.head_scores(model, "induction", half_len=8, n_seqs=2, token_range=(0, 65))
     assert len(df) == 3 * 4 and df.score.between(0, 1).all()
+
+
+def test_default_half_len_clipped_to_a_short_context():
+    """On a context-32 Sprout the default 32-token half is clipped to 16: the scores equal those measured
+    with half_len=16 explicitly, and ablate_heads' default works too."""
+    torch.manual_seed(0)
+    model = Sprout(SproutConfig(vocab_size=64, context=32, n_layer=1, n_head=2, d_model=32, d_ff=64))
+    default = interp.head_scores(model, "induction", n_seqs=2)
+    explicit = interp.head_scores(model, "induction", half_len=16, n_seqs=2)
+    assert default.equals(explicit)
+    assert int(default["n_rows"].iloc[0]) >= 2 * 15  # at least second-copy positions 17..31 of each sequence
+    with pytest.raises(ValueError, match="half_len"):
+        interp.repeated_tokens(model, 17)  # an explicit half too long for the context is still an error
+    assert len(interp.ablate_heads(model, [(0, 0)], n_seqs=2)) == 1

@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import interp
+import sprout
 from interp.saes.files import SAEFileError
 from interp.saes.kinds import KIND_NAMES
 from interp.saes.shipped import shipped_folder
@@ -249,3 +250,21 @@ def test_load_sae_and_load_transcoder_find_shipped_by_fingerprint(tmp_path, mode
         interp.load_transcoder(model, 0)  # nothing shipped for a random model in the demos
     with pytest.raises(ValueError, match="no hook point"):
         interp.load_sae(model, "blocks.9.hook_resid_post")
+
+
+def test_load_sae_and_load_transcoder_look_inside_a_run_folder(tmp_path, model):
+    """A `sprout train` run folder: an SAE saved in RUN/saes/<hook>/ and a transcoder beside the latest
+    checkpoint are both found from the run folder and from the checkpoint."""
+    run = tmp_path / "myrun"
+    for step in (20, 40):
+        sprout.save(model, run / "checkpoints" / f"step_{step:08d}")
+    data = torch.randint(0, 256, (4, 64))
+    sae = interp.train_sae(model, HOOK, data=data, kind="topk", d_sae=32, k=4, steps=2, batch_size=64, progress=False)
+    tc = interp.train_transcoder(model, data, 1, kind="relu", d_sae=32, steps=2, batch_size=64, progress=False)
+    sae.save(shipped_folder(run, hook=HOOK))
+    tc.save(shipped_folder(run / "checkpoints" / "step_00000040", layer=1))
+    for root in (run, run / "checkpoints" / "step_00000040"):
+        assert torch.equal(interp.load_sae(model, HOOK, root=root).W_enc, sae.W_enc)
+        assert torch.equal(interp.load_transcoder(model, 1, root=root).W_enc, tc.W_enc)
+    with pytest.raises(FileNotFoundError, match="no shipped transcoder"):  # from an older checkpoint: it and the run only
+        interp.load_transcoder(model, 1, root=run / "checkpoints" / "step_00000020")
