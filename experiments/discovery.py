@@ -199,11 +199,11 @@ def graph_overlaps(loads: list[pd.Series], eap_heads: list[str]) -> dict[str, An
     return out
 
 
-def task_graph_loads(model: Any, task: str) -> list[pd.Series]:
-    """`graph_head_loads` of the graph prompts of `task` (seed 0, its shortest length; module constants);
-    [] when the model has no shipped transcoders."""
+def task_graph_loads(model: Any, task: str, length: int) -> list[pd.Series]:
+    """`graph_head_loads` of the graph prompts of `task` (seed 0 at `length`: its first GRAPH_PROMPTS
+    sequences, cut to GRAPH_LEN tokens and the next); [] when the model has no shipped transcoders."""
     with torch.no_grad():
-        clean = TASKS[task](model, LENGTHS[task][0], 0)[0]
+        clean = TASKS[task](model, length, 0)[0]
     try:
         return [graph_head_loads(model, clean[i, :GRAPH_LEN + 1].cpu()) for i in range(GRAPH_PROMPTS)]
     except (FileNotFoundError, ValueError) as e:
@@ -219,7 +219,7 @@ def sweep(models: dict[str, Any], seeds: tuple[int, ...], lengths: dict[str, tup
         exact = exact_all or edge_graph(model).n_edges <= EXACT_LIMIT
         heads = circuit_heads(model)
         for task, make in TASKS.items():
-            loads = task_graph_loads(model, task)
+            loads = task_graph_loads(model, task, min(lengths[task]))
             for seed in seeds:
                 for length in lengths[task]:
                     with torch.no_grad():
