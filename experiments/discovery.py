@@ -310,8 +310,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.from_csv:
         rows = pd.concat([pd.read_csv(f) for f in args.from_csv], ignore_index=True)
         heads = ["top_heads", "induction_circuit_heads"] + [c for c in rows if c.startswith("graph_heads_p")]  # "" -> NaN
-        text = {c: rows[c].astype(object).where(rows[c].notna(), "").astype(str) for c in heads}
-        rewrite(args.doc, BLOCK, markdown(rows.assign(**text)))
+        filled = {c: rows[c].astype(object).where(rows[c].notna(), "").astype(str) for c in heads}
+        rewrite(args.doc, BLOCK, markdown(rows.assign(**filled)))
         return 0
     torch.manual_seed(0)
     names = args.models or [m for m in MODELS if m in demo_names()]
