@@ -3,8 +3,10 @@
 For each model, task, seed and length: EAP-IG's score for every edge (`interp.edge_scores`), exact
 patching of every edge where the graph is small enough (gpt-4's 309 edges; sprout-mini's ~2,000 only with
 --exact-all), MIB's faithfulness curve of each ranking beside a random one (`interp.faithfulness_curve`)
-with its CPR and CMD, how far EAP-IG agrees with exact patching, the heads its top edges touch, and
-the heads `interp.induction_circuit` names (path patching of the induction heads' inputs). The generated
+with its CPR and CMD, how far EAP-IG agrees with exact patching, the heads its top edges touch, the
+heads `interp.induction_circuit` names (path patching of the induction heads' inputs), and the Jaccard
+overlap of those top-edge heads with the attribution graphs' (`interp.attribute`, `interp.head_loadings`:
+the heads carrying the most |share| of the edges into the next token's logit, on GRAPH_PROMPTS prompts). The generated
 Markdown block states only what holds in every setting run, and says which seeds and lengths those were.
 
     python -m experiments.discovery            # the full sweep: seeds 0 1 2, two lengths per task
@@ -44,6 +46,7 @@ LENGTHS: dict[str, tuple[int, ...]] = {"induction": (16, 32), "names": (64, 96)}
 N_SEQS = 4  # sequences (or stories) per batch
 EXACT_LIMIT = 500  # exact patching of every edge only for graphs up to this many edges (unless --exact-all)
 TOP = 0.05  # "top edges": this fraction of the graph by |score|
+GRAPH_PROMPTS, GRAPH_LEN = 2, 24  # attribution graphs: the first sequences of seed 0's shortest task, cut to this many tokens
 BLOCK = "discovery"
 DOC = home(BLOCK, Path("."))  # docs/results/discovery.md
 Task = tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]
@@ -152,6 +155,62 @@ def circuit_heads(model: Any) -> str:
     return " ".join(sorted(set(frame["receiver"]) | set(frame.loc[frame["feeds"].astype(bool), "sender"])))
 
 
+def graph_head_loads(model: Any, tokens: torch.Tensor, transcoders: Any = None) -> pd.Series:
+    """Total |head-loading share| per head ("L{layer}H{head}") of the edges into the logit node of
+    `interp.attribute`'s graph of tokens[:-1] with target the actual next token tokens[-1] (the bypass left out).
+
+    Args:
+        model: the model (or a ReplacementModel, then no transcoders); transcoders as in `interp.attribute`.
+        tokens: ids [pos + 1]: the prompt and its next token.
+    """
+    graph = interp.attribute(model, tokens[:-1], transcoders, target=[int(tokens[-1])])
+    logit = graph.slices()["logit"].start
+    loads: dict[str, float] = {}
+    for layer in range(graph.n_layers):
+        frame = interp.head_loadings(model, graph, logit, layer, transcoders)
+        per = frame.loc[frame["head"] >= 0, ["head", "share"]].abs().groupby("head")["share"].sum()
+        loads.update({f"L{layer}H{h}": float(per.get(h, 0.0)) for h in range(graph_heads_count(model))})
+    return pd.Series(loads)
+
+
+def graph_heads_count(model: Any) -> int:
+    """Heads per block of a model or a ReplacementModel."""
+    return int(getattr(model, "model", model).cfg.n_heads)
+
+
+def top_loaded(loads: pd.Series, k: int) -> list[str]:
+    """The `k` heads with the largest loads (ties by name), sorted by name."""
+    order = sorted(loads.index, key=lambda h: (-loads[h], h))
+    return sorted(order[:max(0, k)])
+
+
+def jaccard(a: set, b: set) -> float:
+    """|a & b| / |a | b| (1.0 for two empty sets)."""
+    return len(a & b) / len(a | b) if a | b else 1.0
+
+
+def graph_overlaps(loads: list[pd.Series], eap_heads: list[str]) -> dict[str, Any]:
+    """Per graph prompt i: its top-k heads by load (k = len(eap_heads)) and their Jaccard with `eap_heads`."""
+    out: dict[str, Any] = {}
+    for i, load in enumerate(loads):
+        top = top_loaded(load, len(eap_heads))
+        out[f"graph_heads_p{i}"] = " ".join(top)
+        out[f"jaccard_graph_p{i}"] = jaccard(set(top), set(eap_heads))
+    return out
+
+
+def task_graph_loads(model: Any, task: str, length: int) -> list[pd.Series]:
+    """`graph_head_loads` of the graph prompts of `task` (seed 0 at `length`: its first GRAPH_PROMPTS
+    sequences, cut to GRAPH_LEN tokens and the next); [] when the model has no shipped transcoders."""
+    with torch.no_grad():
+        clean = TASKS[task](model, length, 0)[0]
+    try:
+        return [graph_head_loads(model, clean[i, :GRAPH_LEN + 1].cpu()) for i in range(GRAPH_PROMPTS)]
+    except (FileNotFoundError, ValueError) as e:
+        print(f"no attribution graphs for {task}: {e}", flush=True)
+        return []
+
+
 def sweep(models: dict[str, Any], seeds: tuple[int, ...], lengths: dict[str, tuple[int, ...]],
           exact_all: bool, steps: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(one row per model, task, seed and length; every curve stacked) over the whole grid."""
@@ -160,13 +219,15 @@ def sweep(models: dict[str, Any], seeds: tuple[int, ...], lengths: dict[str, tup
         exact = exact_all or edge_graph(model).n_edges <= EXACT_LIMIT
         heads = circuit_heads(model)
         for task, make in TASKS.items():
+            loads = task_graph_loads(model, task, min(lengths[task]))
             for seed in seeds:
                 for length in lengths[task]:
                     with torch.no_grad():
                         data = make(model, length, seed)
                     row, curve, _ = one_setting(model, data, exact, steps)
                     key = dict(model=label, task=task, seed=seed, length=length)
-                    rows.append({**key, **row, "induction_circuit_heads": heads})
+                    graphs = graph_overlaps(loads, row["top_heads"].split())
+                    rows.append({**key, **row, "induction_circuit_heads": heads, **graphs})
                     curves.append(curve.assign(**key))
                     print(label, task, seed, length, {k: v for k, v in row.items() if k.startswith("cpr")}, flush=True)
     return pd.DataFrame(rows), pd.concat(curves, ignore_index=True)
@@ -192,10 +253,22 @@ def claims(table: pd.DataFrame) -> list[str]:
     common = set.intersection(*(set(h.split()) for h in table["top_heads"]))
     if common:
         out.append(f"the heads of EAP-IG's top {TOP:.0%} of edges always include {', '.join(sorted(common))}")
+    out += graph_claims(table)
     named = set(table["induction_circuit_heads"].iloc[0].split())
     if named and all(named <= set(h.split()) for h in table["top_heads"]):
         out.append(f"every head `induction_circuit` names ({', '.join(sorted(named))}) is among them")
     return out
+
+
+def graph_claims(table: pd.DataFrame) -> list[str]:
+    """The sentence on the attribution graphs' heads, only if every prompt overlaps in every row."""
+    cols = [c for c in table.columns if c.startswith("jaccard_graph_p")]
+    if not cols or not (table[cols] > 0).all().all():
+        return []
+    j = table[cols].to_numpy()
+    return [f"the attribution graphs' top heads by total |head-loading share| of the edges into the next token's logit "
+            f"(prompts: sequences 0 to {len(cols) - 1} of seed 0's shortest length, first {GRAPH_LEN} tokens) overlap "
+            f"EAP-IG's top-edge heads (as many) in every setting, Jaccard {j.min():.2f} to {j.max():.2f}"]
 
 
 def markdown(rows: pd.DataFrame) -> str:
@@ -210,7 +283,7 @@ def markdown(rows: pd.DataFrame) -> str:
         lines.append(f"- **{label}, {what}** ({table['n_edges'].iloc[0]} edges; holds over seeds {seeds} "
                      f"and lengths {lengths}): " + ("; ".join(said) + "." if said else "no sentence holds in every setting."))
     cols = ["model", "task", "seed", "length"] + [c for c in rows.columns if c.startswith(("cpr_", "cmd_"))] + \
-        [c for c in ("top_found",) if c in rows]
+        [c for c in rows.columns if c == "top_found" or c.startswith("jaccard_graph_p")]
     return "\n".join(lines + ["", md_table(rows[cols])])
 
 
@@ -236,9 +309,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = p.parse_args(argv)
     if args.from_csv:
         rows = pd.concat([pd.read_csv(f) for f in args.from_csv], ignore_index=True)
-        heads = ["top_heads", "induction_circuit_heads"]  # "" (no head) reads back as NaN
-        text = {c: rows[c].astype(object).where(rows[c].notna(), "").astype(str) for c in heads}
-        rewrite(args.doc, BLOCK, markdown(rows.assign(**text)))
+        heads = ["top_heads", "induction_circuit_heads"] + [c for c in rows if c.startswith("graph_heads_p")]  # "" -> NaN
+        filled = {c: rows[c].astype(object).where(rows[c].notna(), "").astype(str) for c in heads}
+        rewrite(args.doc, BLOCK, markdown(rows.assign(**filled)))
         return 0
     torch.manual_seed(0)
     names = args.models or [m for m in MODELS if m in demo_names()]

@@ -69,3 +69,29 @@ def test_sweep_on_a_one_layer_demo(tmp_path, monkeypatch):
     doc.write_text("x\n<!-- discovery -->\n<!-- /discovery -->\n")
     assert discovery.main(["--from-csv", str(tmp_path / "settings.csv"), "--doc", str(doc)]) == 0
     assert doc.read_text() == written
+
+
+def test_graph_head_loads_and_overlaps_equal_a_hand_computation_from_head_loadings():
+    from interp.graphs import ReplacementModel, attribute, head_loadings
+    from tests.interp.graphs.tiny import random_transcoders, tiny_sprout
+    model = tiny_sprout()
+    rm = ReplacementModel(model, random_transcoders(model))
+    tokens = torch.randint(0, model.cfg.d_vocab, (8,), generator=torch.Generator().manual_seed(5))
+    loads = discovery.graph_head_loads(rm, tokens)
+    graph = attribute(rm, tokens[:-1], target=[int(tokens[-1])])
+    logit = graph.slices()["logit"].start
+    hand = {}
+    for layer in range(graph.n_layers):
+        for rec in head_loadings(rm, graph, logit, layer).itertuples():
+            if rec.head >= 0:
+                name = f"L{layer}H{rec.head}"
+                hand[name] = hand.get(name, 0.0) + abs(rec.share)
+    assert len(loads) == graph.n_layers * model.cfg.n_heads and min(hand.values()) > 0
+    for name, value in hand.items():
+        assert loads[name] == pytest.approx(value, rel=1e-12)
+    ranked = sorted(hand, key=lambda h: -hand[h])
+    eap = [ranked[0], "L9H9"]  # one head shared with the graph's top 2, one not
+    row = discovery.graph_overlaps([loads, loads], eap)
+    assert row["graph_heads_p0"] == " ".join(sorted(ranked[:2])) and row["jaccard_graph_p1"] == 1 / 3
+    table = pd.DataFrame([row, {**row, "jaccard_graph_p1": 0.0}])
+    assert discovery.graph_claims(table.head(1)) and not discovery.graph_claims(table)
