@@ -35,7 +35,8 @@ from .tl import text
 from .tl.forward import blocks_in_range, course_loss
 from .tl.generation import sample
 from .tl.hook_flags import editable, per_head_inputs
-from .tl.hooked import HookedLM, follow_weights, hooked, padding_masks
+from .tl.hooked import HookedLM, follow_weights, hooked
+from .tl.kv_cache import padding_masks
 from .tl.pattern_attention import hooked_attention
 from .tl.surface import ReadOnly
 from .tl.weights import Embed, Ref, sprout_b_O, sprout_b_qkv, sprout_W_K, sprout_W_O, sprout_W_Q, sprout_W_V
@@ -266,7 +267,7 @@ class SproutTransformer(nn.Module):
         """Token ids [batch, pos] -> logits [batch, pos, vocab].
 
         With padding, `attn_mask` [batch, 1, pos, pos] and each token's RoPE position [batch, pos] (see
-        `hooked.padding_masks`). With `past_kv_cache`, the positions come after the cached ones:
+        `kv_cache.padding_masks`). With `past_kv_cache`, the positions come after the cached ones:
         `attn_mask` [batch, 1, pos, past + pos] and `positions` count from the cache's (see
         `kv_cache.cache_masks`), and each block appends its keys and values to its entry.
         With `start_at_layer=S`, x is the residual stream entering block S.

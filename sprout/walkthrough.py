@@ -36,7 +36,8 @@ from .config import SproutTransformerLensConfig, WalkthroughConfig, step_config
 from .tl import weights
 from .tl.forward import blocks_in_range
 from .tl.hook_flags import editable, per_head_inputs
-from .tl.hooked import HookedLM, hooked, padding_masks
+from .tl.hooked import HookedLM, hooked
+from .tl.kv_cache import padding_masks
 from .tl.pattern_attention import hooked_attention
 from .tl.surface import ReadOnly
 from .tl.weights import Embed, PosEmbed, Ref

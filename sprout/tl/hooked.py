@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Optional, Union, cast
 
 import torch
-from jaxtyping import Bool, Float, Int, Shaped
+from jaxtyping import Float, Int, Shaped
 from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 from transformer_lens.hook_points import HookFunction, HookPoint, NamesFilter
 from transformer_lens.HookedRootModule import HookedRootModule
@@ -49,23 +49,6 @@ def follow_weights(model: HookedLM) -> HookedLM:
     `.half()`) calls after moving or casting the weights, so reading `cfg` never changes anything."""
     model.cfg.device, model.cfg.dtype = str(model.embed.weight.device), model.embed.weight.dtype
     return model
-
-
-def padding_masks(attention_mask: Int[torch.Tensor, "batch pos"]
-                  ) -> tuple[Int[torch.Tensor, "batch pos"], Bool[torch.Tensor, "batch 1 pos pos"]]:
-    """attention_mask [batch, pos] (1 = token, 0 = padding) -> (positions [batch, pos], attn_mask [batch, 1, pos, pos]).
-
-    Each real token's position counts real tokens only, so left padding does not shift positions.
-    A query may attend to earlier real keys and to itself: padded keys get no attention from any other
-    position, and a padded query (which no one reads) attends to itself, so no row is empty (an empty
-    softmax row is NaN, and NaN times a zero weight would still reach real positions).
-    """
-    keep = attention_mask.bool()
-    T = keep.size(1)
-    positions = (keep.long().cumsum(1) - 1).clamp(min=0)
-    causal = torch.ones(T, T, dtype=torch.bool, device=keep.device).tril()
-    diagonal = torch.eye(T, dtype=torch.bool, device=keep.device)
-    return positions, (causal & (keep[:, None, :] | diagonal))[:, None]
 
 
 def _show_user_hook(points, checked, hook) -> None:
@@ -193,7 +176,7 @@ class HookedLM(HookedRootModule):
             # idx is None only with start_at_layer (the branches above)
             attention_mask = text.check_attention_mask(
                 attention_mask, x[..., 0] if start_at_layer is not None else cast(torch.Tensor, idx))
-            positions, attn_mask = padding_masks(attention_mask)
+            positions, attn_mask = kv_cache.padding_masks(attention_mask)
         with kv_cache.all_or_nothing(past_kv_cache):  # every block's entry extended, or none
             if past_kv_cache is not None:
                 attention_mask, positions, attn_mask = kv_cache.cache_masks(

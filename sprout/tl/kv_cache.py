@@ -17,6 +17,23 @@ from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 from .text import check_attention_mask
 
 
+def padding_masks(attention_mask: Int[torch.Tensor, "batch pos"]
+                  ) -> tuple[Int[torch.Tensor, "batch pos"], Bool[torch.Tensor, "batch 1 pos pos"]]:
+    """attention_mask [batch, pos] (1 = token, 0 = padding) -> (positions [batch, pos], attn_mask [batch, 1, pos, pos]).
+
+    Each real token's position counts real tokens only, so left padding does not shift positions.
+    A query may attend to earlier real keys and to itself: padded keys get no attention from any other
+    position, and a padded query (which no one reads) attends to itself, so no row is empty (an empty
+    softmax row is NaN, and NaN times a zero weight would still reach real positions).
+    """
+    keep = attention_mask.bool()
+    T = keep.size(1)
+    positions = (keep.long().cumsum(1) - 1).clamp(min=0)
+    causal = torch.ones(T, T, dtype=torch.bool, device=keep.device).tril()
+    diagonal = torch.eye(T, dtype=torch.bool, device=keep.device)
+    return positions, (causal & (keep[:, None, :] | diagonal))[:, None]
+
+
 class Configured(Protocol):
     """What the cache reads of a model: its TransformerLens config (layers, heads, d_head, n_ctx, device)."""
 
@@ -128,6 +145,6 @@ def cache_masks(model: Configured, cache: TransformerLensKeyValueCache, attentio
     positions = (keep.long().cumsum(1) - 1).clamp(min=0)[:, past:]
     query = torch.arange(past, past + T, device=ids.device)[:, None]
     key = torch.arange(past + T, device=ids.device)[None, :]
-    # As `hooked.padding_masks`: earlier real keys, and always itself, so no softmax row is empty.
+    # As `padding_masks`: earlier real keys, and always itself, so no softmax row is empty.
     attn_mask = (key <= query) & (keep[:, None, :] | (key == query))
     return attention_mask, positions, attn_mask[:, None]
