@@ -5,17 +5,13 @@ import torch
 import interp
 from interp.discovery import edge_graph, edge_scores, patch_edges
 from tests.interp.discovery.conftest import CFG, metric
+from tests.interp.patching.test_path import sender_write
 
 
 def sender_output(model, tokens, sender):
-    """What a sender adds to the stream [batch, pos, d_model], read from a cache and the weights."""
+    """What a sender adds to the stream [batch, pos, d_model] on `tokens` (path patching's hand-written reader)."""
     _, cache = model.run_with_cache(tokens)
-    if sender == "embed":
-        return cache["hook_embed"]
-    if sender.startswith("MLP"):
-        return cache[f"blocks.{sender[3:]}.hook_mlp_out"]
-    l, h = (int(x) for x in sender[1:].split("H"))
-    return cache[f"blocks.{l}.attn.hook_z"][:, :, h] @ model.blocks[l].attn.W_O[h]
+    return sender_write(model, cache, sender)
 
 
 @torch.no_grad()
