@@ -84,16 +84,17 @@ def _order(source: str) -> tuple[int, str]:
 
 
 def markdown(table: pd.DataFrame) -> str:
-    """The README's table: per model, everyday English beside its baselines, then each held-out source."""
-    lines = ["| model | everyday English: loss / uniform / unigram | its held-out training text: loss / unigram |",
-             "|---|---|---|"]
+    """The README's table: per model, everyday English beside its baselines (the n-grams: interpolated
+    Kneser-Ney fitted on the model's own training text, `interp.loss_table`), then each held-out source."""
+    lines = ["| model | everyday English: loss / uniform / unigram / bigram / trigram | its held-out training text: "
+             "loss / unigram / bigram |", "|---|---|---|"]
     for name, rows in table.groupby("model", sort=False):
         rows = rows.dropna(subset=["loss"]) if "loss" in rows else rows.iloc[:0]
         every = rows[rows["source"] == EVERYDAY]
         label = name + (" (characters)" if (rows["unit"] == "character").any() else "")
-        first = "not measured" if every.empty else \
-            f"{every['loss'].iloc[0]:.2f} / {every['uniform'].iloc[0]:.2f} / {every['unigram'].iloc[0]:.2f}"
-        held = ", ".join(f"{_source(r.source)} {r.loss:.2f} / {r.unigram:.2f}" for r in
+        first = "not measured" if every.empty else " / ".join(
+            f"{every[c].iloc[0]:.2f}" for c in ("loss", "uniform", "unigram", "bigram", "trigram"))
+        held = ", ".join(f"{_source(r.source)} {r.loss:.2f} / {r.unigram:.2f} / {r.bigram:.2f}" for r in
                          sorted(rows[rows["source"] != EVERYDAY].itertuples(), key=lambda r: _order(r.source)))
         lines.append(f"| {label} | {first} | {held} |")
     return "\n".join(lines)

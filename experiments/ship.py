@@ -249,7 +249,8 @@ def _train_group(model, r: ShipPlan, texts: dict, part: str, layers: list) -> di
     return trained
 
 
-def ship_saes(name: str, model, r: ShipPlan, parts=PARTS, keep_passing: bool = False, layers=None) -> list:
+def ship_saes(name: str, model, r: ShipPlan, parts=PARTS, keep_passing: bool = False, layers=None,
+              frontier: bool = False) -> list:
     texts = demo_texts(name, r)
     t0 = time.perf_counter()
     trained = train_dictionaries(model, r, texts, parts, layers)
@@ -260,9 +261,9 @@ def ship_saes(name: str, model, r: ShipPlan, parts=PARTS, keep_passing: bool = F
         kind = "transcoder" if isinstance(sae, interp.Transcoder) else "sae"
         held = {**held_out_metrics(model, sae, texts["held"], fits), "dead_fraction": dead_fraction,
                 "dead_tokens_measured": n_dead_tokens}
-        sae.info["held_out"] = {**held, "data": texts["held_desc"]}
-        sae.info["train_seconds_all"] = seconds
         miss = failures(kind, held, int(model.cfg.d_model))
+        sae.info["held_out"] = {**held, "data": texts["held_desc"], "misses": miss}  # [] when every target is met
+        sae.info["train_seconds_all"] = seconds
         print(f"{name} {sae.hook_name}{'' if kind == 'sae' else f' skip={sae.skip}'}: EV {held['explained_variance']:.3f} "
               f"({held['ev_margin']:+.3f} over {held['best_baseline']}), CE recovered {held['ce_loss_recovered']:.3f} / "
               f"{held['ce_loss_recovered_mean']:.3f} (zero / mean ablation), L0 {held['l0']:.1f}, dead {dead_fraction:.1%}"
@@ -278,6 +279,9 @@ def ship_saes(name: str, model, r: ShipPlan, parts=PARTS, keep_passing: bool = F
     if bad and keep_passing:
         print(f"{name}: {len(bad)} target(s) missed; shipping the {len(ready)} dictionaries that meet every target:\n  "
               + "\n  ".join(bad))
+    elif bad and frontier:
+        print(f"{name}: shipping every dictionary as the measured frontier; {len(bad)} target(s) missed, each "
+              "recorded in its cfg.json (held_out.misses):\n  " + "\n  ".join(bad))
     elif bad:
         raise SystemExit(f"{name}: not shipped, {len(bad)} target(s) missed:\n  " + "\n  ".join(bad))
     # one set: staged beside saes/ and switched in one step (ship_swap), so a Ctrl-C or a kill leaves all old or all new
@@ -344,6 +348,9 @@ def main(argv=None) -> int:
     p.add_argument("--run", type=Path, default=None, help="the training run the demo's weights came from (for phase)")
     p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
                    help="with saes: the residual SAEs, the transcoders or both (each part is shipped on its own)")
+    p.add_argument("--frontier", action="store_true",
+                   help="write every dictionary even when some miss a target (each records its misses in cfg.json: "
+                        "the measured frontier, to be reported as such)")
     p.add_argument("--keep-passing", action="store_true",
                    help="write the dictionaries that meet every target even when others miss (those are not written)")
     p.add_argument("--layers", nargs="+", type=int, default=None,
@@ -371,7 +378,8 @@ def main(argv=None) -> int:
         r = SHIP_PLANS[args.name]
         if args.steps is not None:
             r = r.with_steps(args.steps)
-        ship_saes(args.name, model, r, args.parts, keep_passing=args.keep_passing, layers=args.layers)
+        ship_saes(args.name, model, r, args.parts, keep_passing=args.keep_passing, layers=args.layers,
+                  frontier=args.frontier)
     if "readme" in only:
         ship_readme(args.readme, args.docs, args.threads or 2)
     return 0

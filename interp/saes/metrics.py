@@ -154,7 +154,7 @@ def dead_fractions(model: HookedModel, saes: list, data: TextOrTokens, batch_siz
         ([dead fraction per dictionary, in order], tokens measured).
     """
     check_args("dead_fractions", batch_size=(batch_size, *COUNT), seq_len=(seq_len, "Optional[int]", COUNT[1]))
-    saes = _as_list(saes)
+    saes = _as_list(saes, splice=False)  # nothing is spliced: an MLP's skip and skipless transcoders count together
     if not saes:
         raise ValueError("dead_fractions: saes is empty: give at least one SAE or transcoder")
     hooks = sorted({s.hook_name for s in saes})
@@ -265,8 +265,8 @@ def sae_metrics(model: HookedModel, sae: SAE, data: TextOrTokens, batch_size: in
         >>> model = sprout.load("gpt-4")
         >>> sae = interp.load_sae(model, "blocks.3.hook_resid_post")
         >>> row = interp.sae_metrics(model, sae, interp.held_out_stories(2_000)).iloc[0]
-        >>> float(row["l0"]), bool(row["explained_variance"] > 0.9), bool(row["ce_loss_recovered"] > 0.9)
-        (32.0, True, True)
+        >>> bool(row["l0"] <= 192 / 12), bool(row["explained_variance"] > 0.8), bool(row["ce_loss_recovered"] > 0.9)
+        (True, True, True)
     """
     check_args("sae_metrics", batch_size=(batch_size, *COUNT), seq_len=(seq_len, "Optional[int]", COUNT[1]),
                dense_threshold=(dense_threshold, "float", (0, 1, "[)")))

@@ -263,7 +263,7 @@ def _is_saelens(sae: object) -> bool:
     return not hasattr(sae, "hook_name") and hasattr(sae, "cfg") and hasattr(sae, "W_enc") and hasattr(sae, "encode")
 
 
-def _as_list(saes) -> list:
+def _as_list(saes, splice: bool = True) -> list:
     if not hasattr(saes, "hook_name") and not _is_saelens(saes) and (isinstance(saes, (str, bytes)) or not hasattr(saes, "__iter__")):
         raise TypeError(f"saes must be an SAE, a Transcoder or a list of them, got {type(saes).__name__}")
     saes = [saes] if hasattr(saes, "hook_name") or _is_saelens(saes) else list(saes)
@@ -279,6 +279,8 @@ def _as_list(saes) -> list:
         what = "hook_name and hook_name_out (the MLP's input and output)" if is_transcoder(unhooked[0]) else "hook_name"
         raise ValueError(f"a spliced {type(unhooked[0]).__name__} needs {what}; got {unhooked[0].hook_name!r}"
                          + (f", {getattr(unhooked[0], 'hook_name_out', None)!r}" if is_transcoder(unhooked[0]) else ""))
+    if not splice:  # only read (dead_fractions): several dictionaries may share a hook
+        return saes
     names = [s.hook_name for s in saes]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -309,7 +311,7 @@ def run_with_saes(model: HookedModel, tokens: TextOrTokens, saes: Dictionaries, 
         >>> sae = interp.load_sae(model, "blocks.1.hook_resid_post")
         >>> logits, cache = interp.run_with_saes(model, "Zorbin Plax met Mira. Then Zorbin", [sae])
         >>> cache["blocks.1.hook_resid_post.hook_sae_acts_post"].shape
-        torch.Size([1, 16, 768])
+        torch.Size([1, 16, 1536])
     """
     if isinstance(names_filter, (list, tuple)):
         names_filter = list(names_filter)

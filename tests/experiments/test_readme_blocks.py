@@ -74,11 +74,15 @@ def test_the_english_table_is_english_losss_markdown_of_each_demo():
     rows = []
     for name in demo_names():
         unit = "character" if name == "walkthrough" else "token"
-        rows += [dict(model=name, unit=unit, source="held-out stories", loss=3.0, uniform=8.3, unigram=7.0),
-                 dict(model=name, unit=unit, source="everyday English", loss=5.0, uniform=8.3, unigram=6.8),
-                 dict(model=name, unit=unit, source="held-out shakespeare", loss=4.0, uniform=8.3, unigram=6.5)]
+        rows += [dict(model=name, unit=unit, source="held-out stories", loss=3.0, uniform=8.3, unigram=7.0,
+                      bigram=5.5, trigram=5.6),
+                 dict(model=name, unit=unit, source="everyday English", loss=5.0, uniform=8.3, unigram=6.8,
+                      bigram=5.4, trigram=5.3),
+                 dict(model=name, unit=unit, source="held-out shakespeare", loss=4.0, uniform=8.3, unigram=6.5,
+                      bigram=4.7, trigram=4.3)]
     table = english_loss.markdown(pd.DataFrame(rows)).splitlines()
-    assert table[2] == f"| {demo_names()[0]} | 5.00 / 8.30 / 6.80 | Shakespeare 4.00 / 6.50, stories 3.00 / 7.00 |"
+    assert table[2] == (f"| {demo_names()[0]} | 5.00 / 8.30 / 6.80 / 5.40 / 5.30 | "
+                        "Shakespeare 4.00 / 6.50 / 4.70, stories 3.00 / 7.00 / 5.50 |")
     block = readme.block(readme.read(readme.home(english_loss.BLOCK, ROOT)), english_loss.BLOCK).splitlines()
     assert block[:2] == table[:2]  # the same columns
     labels = [line.split(" | ")[0].lstrip("| ") for line in block[2:]]

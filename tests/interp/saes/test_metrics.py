@@ -131,3 +131,20 @@ def test_dead_fractions_equal_sae_metrics_on_the_same_tokens():
     for got, d_ in zip(dead, (sae, tc)):
         assert got == pytest.approx(float(interp.sae_metrics(model, d_, ids).iloc[0].dead_fraction), abs=1e-12)
     assert dead[0] >= 20 / 64 and 42 / 48 <= dead[1] <= 45 / 48
+
+
+def test_dead_fractions_count_an_mlps_skip_and_skipless_transcoders_together(tiny_model):
+    """The shipping run counts both transcoders of each MLP from one forward: nothing is spliced, so two
+    dictionaries on one hook are allowed here (splicing refuses them), each counted as if alone."""
+    d = int(tiny_model.cfg.d_model)
+    with_skip = interp.Transcoder(d, 32, d, kind="topk", k=2, layer=0, skip=True, seed=3)
+    without = interp.Transcoder(d, 24, d, kind="topk", k=2, layer=0, seed=4)
+    with torch.no_grad():
+        without.b_enc[:4] += 1e3  # these 4 hold each token's top 2: the other 20 are dead
+    ids = torch.randint(0, int(tiny_model.cfg.d_vocab), (4, 16))
+    both, _ = interp.saes.dead_fractions(tiny_model, [with_skip, without], ids)
+    alone = [interp.saes.dead_fractions(tiny_model, [t], ids)[0][0] for t in (with_skip, without)]
+    assert both == alone and 20 / 24 <= both[1] <= 22 / 24
+    with pytest.raises(ValueError, match="splice one dictionary per hook"):
+        with interp.spliced(tiny_model, [with_skip, without]):
+            pass
