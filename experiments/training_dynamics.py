@@ -13,6 +13,7 @@ import pandas as pd
 import figures
 import interp
 from sprout.training.recipes import Recipe
+from sprout.training.ship import earlier_stage
 
 from .common import SETTINGS, folder_of, half_len, held_out_text, number, positive, standalone
 from .stamps import read_shipped_table
@@ -57,7 +58,7 @@ def stage_chain(folder: Path, limit: int = 16) -> list[tuple[Path, Optional[Reci
     while d is not None and (d / "train_log.csv").is_file() and len(chain) < limit:
         recipe = _recipe(d)
         chain.insert(0, (d, recipe, pd.read_csv(d / "train_log.csv")))
-        d = Path(recipe.init) if recipe is not None and recipe.init else None
+        d = earlier_stage(d, recipe.init) if recipe is not None else None
     return chain
 
 

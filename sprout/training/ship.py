@@ -2,7 +2,9 @@
 
 Writes `sprout/demo/<name>/` = the run's latest checkpoint (config.json, model.safetensors,
 tokenizer.json, via `sprout.files.checkpoint.save`) plus its recipe.json and train_log.csv, so that
-`sprout.load("<name>")` works on a fresh clone.
+`sprout.load("<name>")` works on a fresh clone. A run trained in stages (its recipe's `init` names the run
+it continued) takes the earlier stages' recipe.json and train_log.csv along, in `stages/<run name>/`, so
+its training curves span every stage.
 """
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 from ..files import demo_dir, latest_checkpoint, load, replace_file, save
 from .recipes import Recipe
@@ -27,11 +29,46 @@ def ship(run_dir: Union[str, os.PathLike], name: str) -> Path:
     recipe = Recipe.from_dict(json.loads((run_dir / "recipe.json").read_text()))  # fills newer fields
     replace_file(target / "recipe.json", recipe.to_json().encode())  # each file whole, old or new
     replace_file(target / "train_log.csv", (run_dir / "train_log.csv").read_bytes())
+    ship_stages(run_dir, target)
     size = sum(f.stat().st_size for f in target.iterdir())
     if size > MAX_BYTES:
         raise ValueError(f"{target} is {size / 2**20:.1f} MB, over the {MAX_BYTES / 2**20:.0f} MB limit for a demo")
     print(f"shipped {last} as {target} ({size / 2**20:.1f} MB)")
     return target
+
+
+def earlier_stage(folder: Path, init: str) -> Optional[Path]:
+    """The folder of the run that `folder`'s run continued (its recipe's `init`): the path as written,
+    else a run of that name beside `folder` or among the stages shipped inside it; None if none holds a
+    train_log.csv (the earlier run is not here)."""
+    if not init:
+        return None
+    name = Path(init).name
+    for cand in (Path(init), folder.parent / name, folder / "stages" / name):
+        if (cand / "train_log.csv").is_file():
+            return cand
+    return None
+
+
+def ship_stages(run_dir: Path, target: Path, limit: int = 16) -> list[Path]:
+    """Copy the recipe.json and train_log.csv of every run `run_dir` continued into `target/stages/<name>/`
+    (earliest last); returns the folders written."""
+    written: list[Path] = []
+    d = run_dir
+    for _ in range(limit):
+        recipe_path = d / "recipe.json"
+        init = Recipe.from_dict(json.loads(recipe_path.read_text())).init if recipe_path.is_file() else ""
+        earlier = earlier_stage(d, init)
+        if earlier is None or earlier.resolve() == d.resolve():
+            break
+        stage_dir = target / "stages" / earlier.name
+        stage_dir.mkdir(parents=True, exist_ok=True)
+        for f in ("recipe.json", "train_log.csv"):
+            if (earlier / f).is_file():
+                replace_file(stage_dir / f, (earlier / f).read_bytes())
+        written.append(stage_dir)
+        d = earlier
+    return written
 
 
 if __name__ == "__main__":

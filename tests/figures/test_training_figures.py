@@ -1,5 +1,7 @@
 """Training figures that say what they show (issue 41, item 5): stages on one axis of tokens seen, the pure
 curriculum marked where the held-out loss rises, round ticks on second axes."""
+import shutil
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -8,6 +10,7 @@ import figures
 from experiments.training_dynamics import stage_logs
 from figures.style import round_axis, round_ticks
 from sprout.training.recipes import Recipe
+from sprout.training.ship import earlier_stage, ship_stages
 
 
 @pytest.mark.parametrize("lo, hi, ticks", [
@@ -82,3 +85,19 @@ def test_stage_logs_put_every_stage_on_one_axis_of_tokens(tmp_path):
     log, stages = stage_logs("m", second)
     assert log["tokens"].tolist() == [50, 100]
     assert stages["stage"].tolist() == [f"continues {first} (its log is not here)"]
+
+
+def test_shipped_stages_keep_the_chain_when_the_runs_are_gone(tmp_path):
+    first, second, demo = tmp_path / "runs" / "first", tmp_path / "runs" / "second", tmp_path / "demo"
+    write_run(first, Recipe(curriculum_steps=2, max_steps=4), [1, 2, 3, 4], 100)
+    write_run(second, Recipe(init="elsewhere/first", curriculum_steps=0, max_steps=2), [1, 2], 50)
+    # init written relative to another working directory: found beside the run
+    assert earlier_stage(second, "elsewhere/first") == first and earlier_stage(second, "") is None
+    demo.mkdir()
+    for f in ("recipe.json", "train_log.csv"):
+        (demo / f).write_bytes((second / f).read_bytes())
+    assert ship_stages(second, demo) == [demo / "stages" / "first"]
+    shutil.rmtree(tmp_path / "runs")
+    log, stages = stage_logs("m", demo)
+    assert log["tokens"].tolist() == [100, 200, 300, 400, 450, 500]
+    assert stages["stage"].tolist()[0] == "stage 1: first" and stages["end"].tolist()[-1] == 500.0
