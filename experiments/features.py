@@ -12,7 +12,6 @@ checkpoint or shipped for its weights) is listed and skipped.
 """
 from __future__ import annotations
 
-import html
 import os
 import random
 import re
@@ -33,8 +32,8 @@ from sprout.names import act_name
 from sprout.tokenizer import raw
 
 from . import readme as readme_file
-from .common import add_text_file, figure_div, folder_of, held_out_text, number, positive, standalone, text_file
-from .feature_text import token_label, whole_words
+from .common import add_text_file, folder_of, held_out_text, number, positive, standalone, text_file
+from .feature_pages import dictionary_page, kind_text, metrics_text, model_page, score_text
 
 NAME = "features"
 DOC = "Feature pages for the shipped SAEs and transcoders: top contexts, activation histograms, logit effects."
@@ -44,16 +43,6 @@ SUMMARY = ("Sparse autoencoders on every block's residual stream and transcoders
            "dictionary with each shown latent's top-activating held-out contexts (tokens shaded by activation), "
            "its activation histogram and the tokens it promotes and suppresses.")
 NEEDS_MODELS = True
-
-CSS = """
-body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1300px;padding:0 1em;color:#222}
-h2{margin-top:2em;border-bottom:1px solid #ddd} table{border-collapse:collapse;margin:.8em 0}
-td,th{border-bottom:1px solid #eee;padding:.2em .7em;text-align:left;vertical-align:top} td.num{font-family:monospace;text-align:right}
-.ctx{font-family:monospace;white-space:pre-wrap;margin:.15em 0;line-height:1.7;overflow-wrap:anywhere}
-.ctx span{padding:1px 0;border-radius:2px} .ctx span.peak{outline:1px solid #b00} p.defs{max-width:70em;color:#444}
-figure{margin:1em 0;overflow-x:auto} section.latent{border-top:1px solid #ccc;margin-top:1.5em}
-"""
-
 
 def add_args(p):
     add_text_file(p)
@@ -83,101 +72,6 @@ def dictionaries(model, folder=None) -> list:
 
 def slug(label: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
-
-
-def shade(ctx, model=None, rows=None) -> str:
-    """One context as HTML, cut at whole words: each token's background is its activation over the example's
-    peak; whitespace-only tokens and byte pieces are shown visibly (`feature_text.token_label`)."""
-    ctx = whole_words(ctx)
-    top = max(float(ctx.example_max.iloc[0]), 1e-9)
-    spans = []
-    for tok, act, off, row, pos in zip(ctx.token_str, ctx.activation, ctx.offset, ctx.row, ctx.pos):
-        alpha = min(max(act / top, 0.0), 1.0)
-        cls = " class=peak" if off == 0 else ""
-        shown = token_label(model, int(rows[row][pos]), tok) if rows is not None else tok
-        spans.append(f"<span{cls} style='background:rgba(214,39,40,{alpha:.2f})' title='{act:.3g}'>"
-                     f"{html.escape(shown)}</span>")
-    return f"<div class=ctx>{''.join(spans)}</div>"
-
-
-DEFINITIONS = (
-    "<p class=defs><b>EV</b> (explained variance): 1 − Σ‖x − x̂‖² / Σ‖x − mean x‖² over held-out tokens, x the "
-    "activation an SAE reconstructs (a transcoder: the MLP's output). <b>CE rec.</b> (cross-entropy loss recovered): "
-    "(CE ablated − CE spliced) / (CE ablated − CE clean), the dictionary spliced in without its error term, the "
-    "activation ablated to zero (and, where given, to its mean). <b>L0</b>: latents firing per token. <b>dead</b>: "
-    "latents firing on no held-out token. A latent's <b>description</b> is chosen on one held-out text (its tokens, "
-    "token pairs, previous tokens or a token-class rule) and scored on another, with invented names the training "
-    "text cannot hold: <b>precision</b> (of the tokens it matches, the share where the latent fires), <b>recall</b> "
-    "(of the tokens where it fires, the share matched), <b>AUROC</b> (the description as a detector of where it "
-    "fires), <b>fuzz</b> (the share of real and shuffled highlights of top contexts it tells apart; 0.5 is chance). "
-    "The <b>interpretability score</b> is the share of latents with held-out AUROC ≥ 0.8, beside PCA directions and "
-    "random directions of the same activations under the same procedure (<code>interp.interpretability_score</code>)."
-    "</p>")
-
-
-def visible_effects(model, effects):
-    """Logit effects with each token label made visible (byte pieces as their bytes)."""
-    return effects.assign(token_str=[token_label(model, t, s) for t, s in zip(effects.token, effects.token_str)])
-
-
-def _page(title: str, body: list[str], js: str) -> str:
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{CSS}</style>"
-            f"<script src='{js}'></script></head><body><h1>{html.escape(title)}</h1>" + "\n".join(body) + "</body></html>")
-
-
-def _fig(fig, div_id: str) -> str:
-    return f"<figure>{figure_div(fig, div_id)}</figure>"
-
-
-def _score_cells(r) -> str:
-    if r is None:
-        return "<td colspan=5></td>"
-    return "".join(f"<td class=num>{v:.2f}</td>" for v in (r.precision, r.recall, r.auroc, r.fuzz)) + \
-        f"<td>{html.escape(r.description)}</td>"
-
-
-def dictionary_page(label: str, model_label: str, rep, js: str, scores=None, model=None, rows=None) -> str:
-    """One dictionary's page: its shown latents ordered by held-out AUROC (`scores`: interpretability_score's
-    rows for them), each with its contexts, histogram and logit effects."""
-    t = rep.table
-    held = {} if scores is None else {int(r.index): r for r in scores[scores.source == "dictionary"].itertuples()}
-    shown = t[t.shown].assign(auroc=lambda f: [getattr(held.get(j), "auroc", float("nan")) for j in f.latent])
-    shown = shown.sort_values("auroc", ascending=False, na_position="last")
-    effects = visible_effects(model, rep.logit_effects) if model is not None else rep.logit_effects
-    body = [f"<p>← <a href='../{model_label}.html'>{html.escape(model_label)}: every dictionary</a> · "
-            f"<a href='../../index.html'>all results</a></p>", DEFINITIONS,
-            f"<p>{len(t)} latents, {int((t.density > 0).sum())} fired on the held-out text; the latents below are "
-            "ordered by the held-out AUROC of their description.</p>", _fig(ff.feature_overview(t, label), "overview"),
-            "<table><tr><th>latent</th><th>density</th><th>precision</th><th>recall</th><th>AUROC</th><th>fuzz</th>"
-            "<th>held-out description</th></tr>"]
-    body += [f"<tr><td><a href='#l{r.latent}'>{r.latent}</a></td><td class=num>{r.density:.2%}</td>"
-             f"{_score_cells(held.get(r.latent))}</tr>" for r in shown.itertuples()]
-    body.append("</table>")
-    for r in shown.itertuples():
-        ctx = rep.contexts[rep.contexts.latent == r.latent]
-        described = held.get(r.latent)
-        line = "" if described is None else (f" Held out: {html.escape(described.description)} (AUROC {described.auroc:.2f}, "
-                                             f"precision {described.precision:.2f}, recall {described.recall:.2f}).")
-        body.append(f"<section class=latent id='l{r.latent}'><h2>latent {r.latent}</h2><p>density {r.density:.2%}, "
-                    f"mean activation {r.mean_act:.3g}, max {r.max_act:.3g}. {html.escape(r.summary)}.{line}</p>")
-        body += [shade(ex, model, rows) for _, ex in ctx.groupby("example")]
-        body.append(_fig(ff.feature_card(rep.histograms, effects, r.latent, f"latent {r.latent}"), f"card{r.latent}"))
-        body.append("</section>")
-    return _page(f"{model_label}: {label}", body, js)
-
-
-def _metrics_cell(sae) -> str:
-    held = (sae.info or {}).get("held_out") or {}
-    keys = [("explained_variance", "EV {:.3f}"), ("ev_margin", "({:+.3f} over the best baseline)"),
-            ("ce_loss_recovered", "CE rec. {:.3f}"), ("ce_loss_recovered_mean", "CE rec. against mean ablation {:.3f}"),
-            ("l0", "L0 {:.1f}"), ("dead_fraction", "dead {:.1%}")]
-    return ", ".join(f.format(held[k]) for k, f in keys if isinstance(held.get(k), (int, float)))
-
-
-def _score_cell(summary) -> str:
-    """The interpretability score of a dictionary beside PCA and random directions (share with AUROC >= 0.8)."""
-    share = dict(zip(summary.source, summary.share_good))
-    return " / ".join(f"{share[k]:.0%}" if k in share else "–" for k in ("dictionary", "pca", "random"))
 
 
 def _scores(model, sae, text: str, held: str, rep, n: int):
@@ -214,22 +108,16 @@ def run(models, out, args) -> list[dict]:
             replace_file(page, html_text.encode("utf-8"))  # the old page or the new one, whole
             out.table(rep.table, f"{model_label}_{slug(label)}")
             out.table(scores, f"{model_label}_{slug(label)}_descriptions")
-            items.append(f"<tr><td><a href='{model_label}/{page.name}'>{html.escape(label)}</a></td><td>{sae.kind}, "
-                         f"d_sae {sae.d_sae}{f', k {sae.k}' if sae.k else ''}</td><td>{_metrics_cell(sae)}</td>"
-                         f"<td class=num>{_score_cell(summary)}</td></tr>")
-            rows.append(number(f"interpretability score, {label} (dictionary / PCA / random)", _score_cell(summary),
+            items.append(dict(label=label, file=page.name, kind=kind_text(sae), metrics=metrics_text(sae),
+                              score=score_text(summary)))
+            rows.append(number(f"interpretability score, {label} (dictionary / PCA / random)", score_text(summary),
                                None, model_label))
             if i == len(found) - 1:  # the index shows the last dictionary's overview
                 out.figure(ff.feature_overview(rep.table, f"{model_label}: {label}", shown_label="described on its page"),
                            f"overview_{model_label}", f"{model_label}: every latent of the {label} by density and mean "
                            f"activation; features/{model_label}.html links a page per dictionary.")
-        index = ["<p>← <a href='../index.html'>all results</a></p>", DEFINITIONS,
-                 "<p>Each dictionary's page shows its densest and most selective latents on held-out text, ordered by "
-                 "the held-out AUROC of their descriptions.</p>",
-                 "<table><tr><th>dictionary</th><th>kind</th><th>held-out metrics (shipped)</th>"
-                 "<th>interpretability score: dictionary / PCA / random</th></tr>", *items, "</table>"]
-        replace_file(out.dir / f"{model_label}.html", _page(f"{model_label}: features", index,
-                                                            os.path.relpath(out.plotly_js(), out.dir)).encode("utf-8"))
+        page_text = model_page(model_label, items, os.path.relpath(out.plotly_js(), out.dir).replace(os.sep, "/"))
+        replace_file(out.dir / f"{model_label}.html", page_text.encode("utf-8"))
         out.links.append((f"{model_label}.html", f"{model_label}: a page per dictionary"))
         rows.append(number("dictionaries with feature pages", len(found), None, model_label, fmt="{:d}"))
     return rows

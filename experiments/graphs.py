@@ -26,7 +26,7 @@ from interp.induction.circuit import repeated_pair
 from interp.saes.features import feature_report
 
 from .common import add_text_file, fit_text, folder_of, held_out_text, number, positive, standalone, text_file
-from .features import dictionary_page
+from .feature_pages import dictionary_page
 
 NAME = "graphs"
 DOC = "Attribution graphs of prompts and circuits found by EAP-IG, each drawn as one offline HTML page."
