@@ -6,7 +6,7 @@ times, no hooks), for gpt-4 and sprout-mini.
 about (its backward passes) x (one backward of the batch) plus one forward; the table gives both and
 their ratio. Peak memory is the process's resident set above what it held before the call (sampled
 every 5 ms). Times are medians of `--repeats` runs, wall and this process's CPU time; nothing is asserted.
-circuit-tracer is not run here (it needs its own venv and the converted model; see the issue).
+circuit-tracer on the same export is `benchmarks/graphs_peer.py` (it needs the interop venv).
 
     python -m benchmarks.graphs [--models gpt-4 sprout-mini] [--tokens 32] [--batch 256] [--out benchmarks/RESULTS.md]
 """

@@ -178,26 +178,47 @@ class _Rows:
 
     def __init__(self, rm: ReplacementModel, frozen: FrozenPrompt, active: torch.Tensor, values: torch.Tensor,
                  batch: int, extra_hooks: Sequence = ()) -> None:
-        self.rm, self.frozen, self.batch, self.passes = rm, frozen, batch, 0
+        self.rm, self.frozen, self.batch, self.passes, self.extra_hooks = rm, frozen, batch, 0, extra_hooks
         self.active, self.values = active, values
         self.errors = frozen.errors.clone()
         self.errors[:, :frozen.prefix] = 0  # the prefix's errors are constants, not nodes
         self.by_layer = [(active[:, 0] == l).nonzero(as_tuple=True)[0] for l in range(rm.n_layers)]
-        self.run: FrozenRun = rm.run(frozen, batch=batch, grad=True, extra_hooks=extra_hooks)  # kept for every pass
+        self.writers = self._writers()
+        # kept for every feature pass; it stops after the last block, since no feature reads the logits
+        self.run: FrozenRun = rm.run(frozen, batch=batch, grad=True, extra_hooks=extra_hooks, logits=False)
+
+    @torch.no_grad()
+    def _writers(self) -> list[tuple[int, int, torch.Tensor, torch.Tensor]]:
+        """(output layer, position, columns, their decoder rows times activations [n, d_model]) for every
+        position where features of a layer are active: a pass contracts each position's gradient with its
+        active features' vectors alone, not with every latent's."""
+        d, out = self.rm.dicts, []
+        for s, idx in enumerate(self.by_layer):
+            pos, feat = self.active[idx, 1], self.active[idx, 2]
+            for p in pos.unique().tolist():
+                cols, feats = idx[pos == p], feat[pos == p]
+                out += [(o, p, cols, d.decoder(s, o)[feats] * self.values[cols, None]) for o in d.writes(s)]
+        return out
 
     @property
     def n_cols(self) -> int:
         return len(self.active) + (self.rm.n_layers + 1) * self.frozen.n_pos
 
     def logit_rows(self, directions: torch.Tensor) -> torch.Tensor:
-        out = []
-        directions = directions.to(self.run.logits)
-        for i in range(0, len(directions), self.batch):
-            d = directions[i:i + self.batch]
-            inject = torch.zeros(self.batch, d.shape[1], dtype=d.dtype, device=d.device)
+        """Rows of the logit targets, directions [n, d_vocab], from a run of its own with as few copies as
+        they need (the feature run has no logits)."""
+        n = min(self.batch, len(directions))
+        if not n:
+            return torch.zeros(0, self.n_cols, dtype=self.frozen.logits.dtype)
+        run = self.rm.run(self.frozen, batch=n, grad=True, extra_hooks=self.extra_hooks)
+        assert run.logits is not None  # a run with logits
+        out, directions = [], directions.to(run.logits)
+        for i in range(0, len(directions), n):
+            d = directions[i:i + n]
+            inject = torch.zeros(n, d.shape[1], dtype=d.dtype, device=d.device)
             inject[:len(d)] = d
-            out.append(self._pass((self.run.logits[:, -1] * inject).sum())[:len(d)])
-        return torch.cat(out) if out else torch.zeros(0, self.n_cols, dtype=directions.dtype)
+            out.append(self._pass((run.logits[:, -1] * inject).sum(), run)[:len(d)])
+        return torch.cat(out)
 
     def feature_rows(self, which: torch.Tensor) -> torch.Tensor:
         """Rows of the pre-activations of active features `which` (indices into active)."""
@@ -211,26 +232,21 @@ class _Rows:
                 inject = torch.zeros_like(self.run.x_in[l])
                 inject[rows, pos[rows]] = self.rm.dicts.encoder(l)[:, feat[rows]].T.to(inject)
                 objective = objective + (self.run.x_in[l] * inject).sum()
-            out.append(self._pass(objective)[:len(chunk)])
+            out.append(self._pass(objective, self.run)[:len(chunk)])
         return torch.cat(out) if out else torch.zeros(0, self.n_cols, dtype=self.frozen.logits.dtype)
 
-    def _pass(self, objective: torch.Tensor) -> torch.Tensor:
-        """One backward: [batch, n_cols], each copy's gradient dotted with every source vector."""
-        run, d = self.run, self.rm.dicts
-        leaves = [run.embed] + run.errors
+    def _pass(self, objective: torch.Tensor, run: FrozenRun) -> torch.Tensor:
+        """One backward of `run`: [batch, n_cols], each copy's gradient dotted with every source vector."""
+        leaves, batch = [run.embed] + run.errors, run.embed.shape[0]
         grads = torch.autograd.grad(objective, leaves, retain_graph=True, allow_unused=True)
         self.passes += 1
         g_embed, g_out = grads[0], list(grads[1:])
-        tokens = _dot(g_embed, self.frozen.embed, self.batch)  # every row on the model's device until the end
-        errors = torch.cat([_dot(g, e, self.batch) for g, e in zip(g_out, self.errors)], dim=1)
-        features = torch.zeros(self.batch, len(self.active), dtype=tokens.dtype, device=tokens.device)
-        for s, idx in enumerate(self.by_layer):
-            written = [g_out[o] @ d.decoder(s, o).T for o in d.writes(s) if g_out[o] is not None]
-            if not written or not len(idx):
-                continue
-            dense = sum(written[1:], written[0])  # [batch, pos, d_sae]
-            _, pos, feat = self.active[idx].unbind(1)
-            features[:, idx] = dense[:, pos, feat] * self.values[idx]
+        tokens = _dot(g_embed, self.frozen.embed, batch)  # every row on the model's device until the end
+        errors = torch.cat([_dot(g, e, batch) for g, e in zip(g_out, self.errors)], dim=1)
+        features = torch.zeros(batch, len(self.active), dtype=tokens.dtype, device=tokens.device)
+        for o, p, cols, vectors in self.writers:
+            if g_out[o] is not None:
+                features[:, cols] += g_out[o][:, p] @ vectors.T.to(tokens)
         return torch.cat([features, errors, tokens], dim=1).detach().cpu()  # rows are kept on the CPU
 
 

@@ -84,13 +84,13 @@ class FrozenRun:
         embed: [batch, pos, d_model] the token embeddings it ran on (a leaf requiring grad if asked).
         errors: per layer [batch, pos, d_model] the error terms it ran on (leaves requiring grad if asked).
         x_in: per layer [batch, pos, d_in] what each layer's features read (in the autograd graph).
-        logits: [batch, pos, d_vocab].
+        logits: [batch, pos, d_vocab]; None for a run that stopped after the last block (`logits=False`).
     """
 
     embed: torch.Tensor
     errors: list[torch.Tensor]
     x_in: list[torch.Tensor]
-    logits: torch.Tensor
+    logits: Optional[torch.Tensor]
 
     def pre_acts(self, dicts: Dictionaries) -> list[torch.Tensor]:
         """Every feature's pre-activation per layer [batch, pos, d_sae]."""
@@ -161,7 +161,7 @@ class ReplacementModel:
 
     def run(self, frozen: FrozenPrompt, *, batch: int = 1, embed: Optional[torch.Tensor] = None,
             acts: Optional[Sequence[torch.Tensor]] = None, errors: Optional[torch.Tensor] = None,
-            grad: bool = False, extra_hooks: Sequence[tuple[str, Callable]] = ()) -> FrozenRun:
+            grad: bool = False, extra_hooks: Sequence[tuple[str, Callable]] = (), logits: bool = True) -> FrozenRun:
         """The frozen linear model on `batch` copies of the prompt, from these sources (default: the prompt's).
 
         Args:
@@ -173,6 +173,9 @@ class ReplacementModel:
             grad: make `embed` and each layer's errors leaves that require grad (the gradient at an error
                 leaf is the gradient at that MLP output).
             extra_hooks: more (name, hook) pairs for this forward (e.g. routing gradients through one head).
+            logits: False stops after the last block (no final norm, no unembedding: `FrozenRun.logits` is
+                None), which is all the features' pre-activations need; it saves a [batch, pos, d_vocab]
+                product forwards and backwards.
 
         Returns:
             FrozenRun: the logits and what the features read, in the autograd graph.
@@ -194,14 +197,17 @@ class ReplacementModel:
             hooks.append((d.input_hook(l), _capture(x_in, l)))
             hooks.append((d.output_hook(l), _mlp_output(d, l, x_in, fixed[l] + err_in[l])))
         hooks += list(extra_hooks)
+        stop = {} if logits else {"stop_at_layer": n_layers(self.model)}
         with torch.enable_grad() if grad else contextlib.nullcontext():
-            logits = self.model.run_with_hooks(frozen.tokens[None].expand(B, T), fwd_hooks=hooks)
-        return FrozenRun(embed_in, err_in, x_in, logits)
+            out = self.model.run_with_hooks(frozen.tokens[None].expand(B, T), fwd_hooks=hooks, **stop)
+        return FrozenRun(embed_in, err_in, x_in, out if logits else None)
 
     def forward(self, prompt: TextOrTokens) -> Float[torch.Tensor, "pos d_vocab"]:
         """The replacement model's logits [pos, d_vocab] on `prompt`, held at its own values: the model's."""
         with torch.no_grad():
-            return self.run(self.freeze(prompt)).logits[0]
+            logits = self.run(self.freeze(prompt)).logits
+        assert logits is not None  # a run with logits=True
+        return logits[0]
 
 
 def reconstruction(d: Dictionaries, out: int, x_in: torch.Tensor, acts: Sequence[torch.Tensor]) -> torch.Tensor:
