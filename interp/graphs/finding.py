@@ -41,7 +41,8 @@ from .replacement import ReplacementModel
 
 SUPERNODES = ("copy features at the current position", "features at the earlier next piece", "previous-token features")
 GROUPS = SUPERNODES[:1] + ("other features at the current position", "the earlier next piece's token") + SUPERNODES[1:] + (
-    "the current token", "errors at the current position", "other errors", "other tokens", "other features", "constant")
+    "the current token", "the earlier name's matching tokens", "errors at the current position", "other errors", "other tokens",
+    "other features", "constant")
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,8 @@ def _groups(graph: Graph, site: CopySite, value: float) -> pd.DataFrame:
 
 def _group_of(i: int, kind: str, pos: int, site: CopySite, here, src, before) -> str:
     if kind == "token":
+        if site.match_start <= pos <= site.match_end:
+            return "the earlier name's matching tokens"
         return {site.source: "the earlier next piece's token", site.current: "the current token"}.get(pos, "other tokens")
     if kind == "error":
         return "errors at the current position" if pos == site.current else "other errors"

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from interp.discovery.planted import induction_pair, planted_model
-from interp.graphs import ReplacementModel
-from interp.graphs.finding import GROUPS, SUPERNODES, copy_interventions, copy_site, name_copy
+from interp.graphs import SUPERNODES, ReplacementModel, copy_interventions, copy_site, name_copy
+from interp.graphs.finding import GROUPS
 from interp.graphs.interventions import REGIMES
 from tests.interp.graphs.tiny import random_transcoders, target_values, tiny_sprout, zero_sources
 
