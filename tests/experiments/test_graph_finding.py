@@ -13,7 +13,7 @@ from experiments import readme
 from sprout.material import generator_can_draw
 
 ROOT = Path(__file__).resolve().parents[2]
-N = 3  # held-out prompts recomputed here (the block uses gf.N_PROMPTS)
+N = 4  # held-out prompts recomputed here: one per cut (1st..4th piece), each in another frame (of the block's gf.N_PROMPTS)
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,8 @@ def gpt4():
 @pytest.fixture(scope="module")
 def found(gpt4):
     torch.manual_seed(0)
-    return gf.measure(gpt4, gf.held_out_prompts(gpt4, N))
+    prompts = gf.held_out_prompts(gpt4, gf.N_PROMPTS)
+    return gf.measure(gpt4, [prompts[k * (len(gf.FRAMES) + 1)] for k in range(N)])
 
 
 def stem(sentence: str) -> str:
