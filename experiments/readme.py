@@ -17,6 +17,8 @@ HOMES = {
     "features": "docs/guide/features.md",
     "circuit:": "docs/guide/circuits.md",
     "discovery": "docs/results/discovery.md",
+    "graph-finding": "docs/results/graph-finding.md",
+    "graph-finding-summary": "README.md",
 }
 
 

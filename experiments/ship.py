@@ -26,8 +26,8 @@ has, in this order:
   in artifacts.json (`experiments.stamps`: the weights' fingerprint and each table's SHA-256), so a
   stale or edited table is refused on load;
 - `readme`: every generated block of the README and the docs pages (`experiments.readme.HOMES`: the
-  demo, English, BOS and features tables, each demo's circuit) and the figures (`run_all --docs`), measured on the shipped
-  demos as they now are.
+  demo, English, BOS and features tables, each demo's circuit, the graph finding and its README sentences) and
+  the figures (`run_all --docs`), measured on the shipped demos as they now are.
 
 All SAEs of a model train from one forward per batch (those sharing settings), and all its transcoders from another.
 Run it quietly: `nice -n 5 python -m experiments.ship gpt-4 --only saes --threads 1`.
@@ -298,7 +298,7 @@ def ship_saes(name: str, model, r: ShipPlan, parts=PARTS, keep_passing: bool = F
     return written
 
 
-README_TABLES = ("demo_table", "english_loss", "bos_loss", "features", "discovery")  # each rewrites its module's BLOCK
+README_TABLES = ("demo_table", "english_loss", "bos_loss", "features", "discovery", "graph_finding")  # each rewrites its BLOCK
 
 
 def readme_steps(root: Path) -> list[tuple[str, list[str], str, Path]]:

@@ -8,15 +8,18 @@
     export.py        graph_json: circuit-tracer's graph JSON (its page's and Neuronpedia's format)
     heads.py         head_loadings: edges split exactly over one block's attention heads
     interventions.py intervene: set or scale features in the real model, measured beside the graph's prediction
+    finding.py       name_copy: the graph of copying a repeated name's next piece, summarised as supernodes
 """
 from .attribution import attribute
 from .dictionaries import Dictionaries
 from .export import graph_json
+from .finding import SUPERNODES, CopySite, NameCopy, copy_interventions, copy_site, name_copy
 from .graph import Graph
 from .heads import head_loadings
 from .interventions import intervene
 from .prune import PrunedGraph, graph_scores, prune_graph
 from .replacement import ReplacementModel
 
-__all__ = ["Dictionaries", "Graph", "PrunedGraph", "ReplacementModel", "attribute", "graph_json", "graph_scores",
-           "head_loadings", "intervene", "prune_graph"]
+__all__ = ["SUPERNODES", "CopySite", "Dictionaries", "Graph", "NameCopy", "PrunedGraph", "ReplacementModel", "attribute",
+           "copy_interventions", "copy_site", "graph_json", "graph_scores", "head_loadings", "intervene", "name_copy",
+           "prune_graph"]
