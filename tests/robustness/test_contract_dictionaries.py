@@ -79,6 +79,8 @@ TABLE = {
                              {"n_layers": COUNT, "d_in": COUNT, "d_sae": COUNT, "d_out": [0, 1.5, True], "skip": FLAG,
                               "seed": SEED, "kind": ["topk", 3, None], "k": [0, 33, 1.5, True],
                               "dtype": [torch.int64, "float32"]}),
+    "clt_metrics": (lambda m, **kw: interp.saes.clt_metrics(m, kw.pop("clt", interp.CrossLayerTranscoder(2, D, 8)), IDS, **kw),
+                    {"clt": [object(), [_sae()]], "batch_size": COUNT}),
     "train_sae": (lambda m, **kw: interp.train_sae(ACTS, **{**QUICK, **kw}),
                   {"steps": COUNT, "lr": RATE + [0.0], "batch_size": COUNT, "seed": SEED, "d_sae": COUNT,
                    "k": [0, 1.5, True], "kind": ["TopK", 3], "stop_at": [0, -5, 1.5, 99, True],
