@@ -100,3 +100,27 @@ def test_bad_arguments_and_inputs_are_refused():
         clt.decoder(2, 1)
     with pytest.raises(ValueError, match="block 0..2"):
         clt.pre_acts(3, torch.zeros(8, dtype=torch.float64))
+
+
+def test_circuit_tracer_clt_form_reads_mlp_hook_in_with_the_same_pre_activations(tmp_path):
+    import yaml
+
+    from tests.interp.graphs.tiny import tiny_sprout
+    model = tiny_sprout(torch.float32)
+    clt = filled(n_layers=2, d=64, d_sae=6, skip=False)
+    clt = clt.float()
+    interp.saes.save_circuit_tracer(clt, tmp_path / "ct", model)
+    assert yaml.safe_load((tmp_path / "ct" / "config.yaml").read_text())["model_kind"] == "cross_layer_transcoder"
+    ids = torch.randint(0, 256, (1, 8), generator=torch.Generator().manual_seed(1))
+    _, cache = model.run_with_cache(ids)
+    for i in range(2):
+        enc = load_file(str(tmp_path / "ct" / f"W_enc_{i}.safetensors"))
+        dec = load_file(str(tmp_path / "ct" / f"W_dec_{i}.safetensors"))[f"W_dec_{i}"]
+        assert enc[f"W_enc_{i}"].shape == (6, 64) and dec.shape == (6, 2 - i, 64)
+        norm = cache[f"blocks.{i}.ln2.hook_normalized"][0]
+        hook_in = norm * model.blocks[i].norm2.weight  # circuit-tracer's mlp.hook_in: ln2's output, gain applied
+        theirs = hook_in @ enc[f"W_enc_{i}"].T + enc[f"b_enc_{i}"]
+        torch.testing.assert_close(theirs, clt.pre_acts(i, norm), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(dec, clt.W_dec[i].detach())
+    with pytest.raises(ValueError, match="skip"):
+        interp.saes.save_circuit_tracer(filled(n_layers=2, d=64).float(), tmp_path / "ct2", model)
