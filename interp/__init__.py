@@ -73,6 +73,7 @@ from .patching import attribution_patch, attribution_summary, patch, path_patch
 # saes: dictionaries (training apart)
 from .saes import (
     SAE,
+    CrossLayerTranscoder,
     Transcoder,
     describe_latent,
     interpretability_score,
@@ -83,7 +84,7 @@ from .saes import (
     sae_metrics,
     spliced,
 )
-from .saes.training import train_sae, train_transcoder
+from .saes.training import train_clt, train_sae, train_transcoder
 
 __all__ = [
     # model, heads and components, identity
@@ -108,6 +109,6 @@ __all__ = [
     # measures
     "loss_table", "mean_loss", "param_table", "repeat_loss", "residual_rms", "rope_distance_check",
     # saes
-    "SAE", "Transcoder", "describe_latent", "interpretability_score", "interpretability_summary", "load_sae",
-    "load_transcoder", "run_with_saes", "sae_metrics", "spliced", "train_sae", "train_transcoder",
+    "SAE", "CrossLayerTranscoder", "Transcoder", "describe_latent", "interpretability_score", "interpretability_summary", "load_sae",
+    "load_transcoder", "run_with_saes", "sae_metrics", "spliced", "train_clt", "train_sae", "train_transcoder",
 ]

@@ -20,9 +20,9 @@ from jaxtyping import Float
 from sprout.names import layer_of
 
 from .._core.model import HookedModel, model_name, n_layers, require_hooks
-from ..saes import Transcoder
+from ..saes import CrossLayerTranscoder, Transcoder
 
-TranscoderInput = Union[None, Sequence[Transcoder], Mapping[int, Transcoder], "Dictionaries"]
+TranscoderInput = Union[None, Sequence[Transcoder], Mapping[int, Transcoder], CrossLayerTranscoder, "Dictionaries"]
 
 
 class Dictionaries:
@@ -102,6 +102,64 @@ class Dictionaries:
         return self.transcoders[0].W_enc.dtype
 
 
+class CrossLayerDictionaries(Dictionaries):
+    """A cross-layer transcoder as a replacement model's dictionaries: the features read at layer l write
+    to every MLP output l' >= l (`interp.CrossLayerTranscoder`).
+
+    Args:
+        clt: the cross-layer transcoder (one for all blocks).
+        n_layers: the model's number of blocks; the CLT must have as many.
+        scan: a name for the set (default "<model>-clt").
+    """
+
+    def __init__(self, clt: CrossLayerTranscoder, n_layers: int, scan: Optional[str] = None) -> None:
+        if clt.n_layers != n_layers:
+            raise ValueError(f"the cross-layer transcoder has {clt.n_layers} layers, the model {n_layers} blocks: "
+                             "an attribution graph replaces every MLP")
+        self.clt, self.transcoders, self.n_layers = clt, [], n_layers
+        self.scan = scan or f"sprout-{clt.model_fingerprint or 'unknown-model'}-clt"
+
+    def input_hook(self, layer: int) -> str:
+        return self.clt.hook_names[layer]
+
+    def output_hook(self, layer: int) -> str:
+        return self.clt.hook_names_out[layer]
+
+    def d_sae(self, layer: int) -> int:
+        return self.clt.d_sae
+
+    def encoder(self, layer: int) -> Float[torch.Tensor, "d_in d_sae"]:
+        return self.clt.W_enc[layer]
+
+    def pre_acts(self, layer: int, x: Float[torch.Tensor, "*batch d_in"]) -> Float[torch.Tensor, "*batch d_sae"]:
+        return self.clt.pre_acts(layer, x)
+
+    def encode(self, layer: int, x: Float[torch.Tensor, "*batch d_in"]) -> Float[torch.Tensor, "*batch d_sae"]:
+        return self.clt.encode(layer, x)
+
+    def writes(self, layer: int) -> range:
+        """Every output layer from `layer` on."""
+        return self.clt.writes(layer)
+
+    def decoder(self, source: int, out: int) -> Float[torch.Tensor, "d_sae d_out"]:
+        return self.clt.decoder(source, out)
+
+    def bias(self, out: int) -> Float[torch.Tensor, " d_out"]:
+        return self.clt.b_dec[out]
+
+    def skip(self, out: int, x: Float[torch.Tensor, "*batch d_in"]) -> Optional[Float[torch.Tensor, "*batch d_out"]]:
+        return self.clt.skip_term(out, x)
+
+    def to(self, dtype: torch.dtype) -> "CrossLayerDictionaries":
+        other = copy.copy(self)
+        other.clt = copy.deepcopy(self.clt).to(dtype)
+        return other
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.clt.W_enc.dtype
+
+
 def _by_layer(transcoders: Union[Sequence[Transcoder], Mapping[int, Transcoder]]) -> dict[int, Transcoder]:
     items = list(transcoders.items()) if isinstance(transcoders, Mapping) else list(enumerate(transcoders))
     by_layer: dict[int, Transcoder] = {}
@@ -120,12 +178,15 @@ def _by_layer(transcoders: Union[Sequence[Transcoder], Mapping[int, Transcoder]]
 def as_dictionaries(model: HookedModel, transcoders: TranscoderInput) -> Dictionaries:
     """The checked dictionaries for `model`: None loads the demo's shipped transcoders (found by the
     weights' fingerprint); a list or mapping of transcoders is checked against the model (trained on
-    it, its hooks and widths) and must cover every layer."""
+    it, its hooks and widths) and must cover every layer; a `CrossLayerTranscoder` is checked the same way."""
     if isinstance(transcoders, Dictionaries):
         if transcoders.n_layers != n_layers(model):
             raise ValueError(f"the dictionaries cover {transcoders.n_layers} layers, {model_name(model)} has "
                              f"{n_layers(model)}")
         return transcoders
+    if isinstance(transcoders, CrossLayerTranscoder):
+        transcoders.check_model(model)
+        return CrossLayerDictionaries(transcoders, n_layers(model))
     if transcoders is None:
         from ..saes import load_transcoder
 

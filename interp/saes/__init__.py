@@ -2,6 +2,9 @@
 `interp.saes.training`, apart, as in SAELens).
 
     sae.py       the SAE and Transcoder classes (SAELens' parameter names and shapes)
+    clt.py       CrossLayerTranscoder: one dictionary for every MLP, features writing to all later layers
+    clt_files.py its folder (cfg.json + sae_weights.safetensors), checked on the way in
+    clt_metrics.py  a CLT's (or a per-layer set's) reconstruction, sparsity and loss with every MLP replaced
     kinds/       each kind's sparsity rule: relu, topk, batchtopk, jumprelu, matryoshka
     files.py     SAELens' folder layout, reading ours and theirs
     saelens.py   register_with_saelens: SAELens classes for our TopK transcoders
@@ -17,6 +20,8 @@
     convert.py   BatchTopK as JumpReLU with the same outputs (the kind circuit-tracer reads)
     training/    train_sae / train_transcoder, their settings, activation harvesting, checkpoints
 """
+from .clt import CrossLayerTranscoder
+from .clt_metrics import clt_metrics
 from .describe import describe_latent
 from .metrics import dead_fractions, sae_metrics
 from .sae import SAE, Transcoder
@@ -26,6 +31,6 @@ from .shipped import load_sae, load_transcoder
 from .splice import run_with_saes, spliced
 from .transcoder_sets import load_circuit_tracer, save_circuit_tracer
 
-__all__ = ["SAE", "Transcoder", "dead_fractions", "describe_latent", "interpretability_score", "interpretability_summary",
-           "load_circuit_tracer", "load_sae", "load_transcoder", "register_with_saelens", "run_with_saes", "sae_metrics",
-           "save_circuit_tracer", "spliced"]
+__all__ = ["SAE", "CrossLayerTranscoder", "Transcoder", "clt_metrics", "dead_fractions", "describe_latent",
+           "interpretability_score", "interpretability_summary", "load_circuit_tracer", "load_sae", "load_transcoder",
+           "register_with_saelens", "run_with_saes", "sae_metrics", "save_circuit_tracer", "spliced"]

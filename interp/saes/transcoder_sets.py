@@ -22,12 +22,17 @@ Its conventions, and how ours map onto them:
   fire (zero encoder and decoder rows, zero bias, threshold 1), and trimmed again on the way back.
 - A skip term in one layer gives every layer a W_skip (zeros where there was none), as its set has one
   flag for all.
+
+A cross-layer transcoder (`interp.CrossLayerTranscoder`) is written in its CLT form: `model_kind:
+cross_layer_transcoder`, and per layer i `W_enc_{i}.safetensors` {W_enc_i [d_transcoder, d_model] (gain folded,
+transposed), b_enc_i, b_dec_i, threshold_i} and `W_dec_{i}.safetensors` {W_dec_i [d_transcoder, n_layers - i,
+d_model]}. A CLT with a skip is refused (that form's skip layout is not one this writer knows).
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import torch
 import yaml
@@ -35,6 +40,7 @@ from safetensors.torch import load_file, save_file
 
 from .._core.identity import PathLike
 from .._core.model import HookedModel, model_name
+from .clt import CrossLayerTranscoder
 from .sae import Transcoder, input_hook, output_hook
 
 CONFIG, INPUT_HOOK, OUTPUT_HOOK = "config.yaml", "mlp.hook_in", "mlp.hook_out"
@@ -99,12 +105,34 @@ def _layer_tensors(t: Transcoder, gain: torch.Tensor, width: int, skip: bool) ->
     return {k: v.contiguous() for k, v in out.items()}
 
 
-def save_circuit_tracer(transcoders: Sequence[Transcoder], folder: PathLike, model: HookedModel,
-                        scan: Optional[str] = None) -> Path:
+def _save_clt(clt: CrossLayerTranscoder, folder: Path, model: HookedModel, scan: Optional[str]) -> Path:
+    """A cross-layer transcoder in circuit-tracer's CLT form (module docstring)."""
+    if clt.skip:
+        raise ValueError("this cross-layer transcoder has a skip: its circuit-tracer form is written without one only")
+    clt.check_model(model)
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(clt.n_layers):
+        gain = _ln2_gain(model, i)
+        enc = {f"W_enc_{i}": (clt.W_enc[i].detach().float().cpu() / gain[:, None]).T,
+               f"b_enc_{i}": clt.b_enc[i].detach().float().cpu(), f"b_dec_{i}": clt.b_dec[i].detach().float().cpu(),
+               f"threshold_{i}": clt.threshold[i].detach().float().cpu().clamp_min(0)}
+        save_file({k: v.contiguous() for k, v in enc.items()}, str(folder / f"W_enc_{i}.safetensors"))
+        save_file({f"W_dec_{i}": clt.W_dec[i].detach().float().cpu().contiguous()}, str(folder / f"W_dec_{i}.safetensors"))
+    record = {"format": FORMAT, "version": 1, "input": "ln2.hook_normalized, ln2's gain folded into W_enc",
+              "kind": clt.kind, "d_sae": clt.d_sae}
+    config = {"model_kind": "cross_layer_transcoder", "model_name": model_name(model), "scan": scan or model_name(model),
+              "feature_input_hook": INPUT_HOOK, "feature_output_hook": OUTPUT_HOOK, "sprout": record}
+    (folder / CONFIG).write_text(yaml.safe_dump(config, sort_keys=False))
+    return folder
+
+
+def save_circuit_tracer(transcoders: Union[Sequence[Transcoder], CrossLayerTranscoder], folder: PathLike,
+                        model: HookedModel, scan: Optional[str] = None) -> Path:
     """Write a set of transcoders, one per block of `model`, as circuit-tracer's transcoder folder.
 
     Args:
-        transcoders: one `Transcoder` for each block 0..n_layers-1, in order (ReLU or a threshold kind).
+        transcoders: one `Transcoder` for each block 0..n_layers-1, in order (ReLU or a threshold kind), or a
+            `CrossLayerTranscoder` (written in circuit-tracer's CLT form).
         folder: the folder to write (created; files of the same names are replaced).
         model: the model they were trained on: its ln2 gains are folded into the encoders.
         scan: circuit-tracer's name for the set (default: the model's name).
@@ -117,6 +145,8 @@ def save_circuit_tracer(transcoders: Sequence[Transcoder], folder: PathLike, mod
         ValueError: a TopK transcoder (no exact form there), a missing or extra block, transcoders of
             another model or hook, or an ln2 that cannot be folded (the message says which).
     """
+    if isinstance(transcoders, CrossLayerTranscoder):
+        return _save_clt(transcoders, Path(folder), model, scan)
     tcs = _check_set(transcoders, model)
     width, skip = max(t.d_sae for t in tcs), any(t.skip for t in tcs)
     folder = Path(folder)

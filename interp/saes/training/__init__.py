@@ -3,6 +3,7 @@
     settings.py    the checked settings of a training run
     harvest.py     activations for training: a tensor, or a model run over text in buffered blocks
     train.py       train_sae / train_transcoder (one process or torchrun)
+    clt.py         train_clt: a cross-layer transcoder for every MLP at once, on the same core
     checkpoint.py  a run's checkpoint, to resume
     cli.py         `python -m interp.saes.training`: the command, its flags generated from TrainSettings
 
@@ -10,6 +11,7 @@ The optimizer, gradient reduction, clipping and resume check are the trainers' s
 `sprout.training.core`.
 """
 from ..settings import SettingsError, TrainSettings
+from .clt import train_clt
 from .train import train_sae, train_transcoder
 
-__all__ = ["SettingsError", "TrainSettings", "train_sae", "train_transcoder"]
+__all__ = ["SettingsError", "TrainSettings", "train_clt", "train_sae", "train_transcoder"]

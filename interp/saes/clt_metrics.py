@@ -1,0 +1,166 @@
+"""How good a cross-layer transcoder is: each MLP output's reconstruction, sparsity per layer and in all, and
+the model's loss with every MLP replaced at once.
+
+`clt_metrics(model, clt, data)` streams the data in batches; per batch one clean forward caching every MLP's
+input and output, one spliced forward (each MLP output replaced by the CLT's reconstruction, the features of
+layer l read from the *spliced* model's own stream at layer l, as a replacement model runs) and two ablated
+ones (every MLP output zeroed; every MLP output replaced by its mean over the data, measured in a first
+pass). A per-layer transcoder set compares on the same footing through `from_transcoders` (a CLT whose
+features write only to their own layer: the same outputs). Columns, one row per output layer and a row
+`layer == "all"`:
+
+- `explained_variance` / `fvu`: of that MLP's output, from the clean inputs (all: pooled over layers);
+- `l0`: features read at that layer firing per token (all: summed over layers, the L0 per token to report
+  beside every score); `dead_fraction`: features read there that never fire on the data (all: of every feature);
+- on the "all" row: `ce_clean`, `ce_spliced`, `ce_zero`, `ce_mean` (mean next-token cross-entropy, nats),
+  `ce_loss_recovered` (against zero ablation) and `ce_loss_recovered_mean` (against mean ablation), `kl_spliced`,
+  `n_tokens`.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from .._core.batching import TextOrTokens, batches, token_rows
+from .._core.model import HookedModel
+from .baselines import ce_kl
+from .clt import CrossLayerTranscoder
+from .sae import Transcoder
+from .settings import COUNT, check_args
+
+
+def from_transcoders(transcoders: Sequence[Transcoder]) -> CrossLayerTranscoder:
+    """A per-layer set (one threshold-kind or ReLU-free JumpReLU transcoder per block, one width) as a CLT whose
+    features write only to their own layer: the same activations and outputs."""
+    tcs = list(transcoders)
+    if not tcs or not all(isinstance(t, Transcoder) for t in tcs):
+        raise TypeError("from_transcoders takes one interp.Transcoder per block, in block order")
+    if [t.layer for t in tcs] != list(range(len(tcs))) or len({t.d_sae for t in tcs}) != 1:
+        raise ValueError(f"from_transcoders needs transcoders for blocks 0..{len(tcs) - 1} in order, of one width; got "
+                         f"blocks {[t.layer for t in tcs]} of widths {[t.d_sae for t in tcs]}")
+    if any(t.kind not in ("jumprelu", "batchtopk", "matryoshka") for t in tcs):
+        raise ValueError("from_transcoders: a CLT fires by a threshold; these transcoders are "
+                         f"{sorted({t.kind for t in tcs})} (threshold kinds only)")
+    t0 = tcs[0]
+    clt = CrossLayerTranscoder(len(tcs), t0.d_in, t0.d_sae, t0.d_out, kind="jumprelu", skip=any(t.skip for t in tcs),
+                               dtype=t0.W_enc.dtype)
+    with torch.no_grad():
+        for l, t in enumerate(tcs):
+            clt.W_enc[l], clt.b_enc[l], clt.b_dec[l] = t.W_enc, t.b_enc, t.b_dec
+            clt.threshold[l] = t.threshold if t.threshold is not None else 0.0
+            clt.W_dec[l].zero_()
+            clt.W_dec[l][:, 0] = t.W_dec
+            if clt.W_skip is not None:
+                clt.W_skip[l] = t.W_skip if t.W_skip is not None else 0.0
+    clt.model_fingerprint, clt.model_config = t0.model_fingerprint, t0.model_config
+    clt.info = {"from_transcoders": [t.info.get("settings", {}) for t in tcs]}
+    return clt.eval()
+
+
+def _splice_hooks(clt: CrossLayerTranscoder, store: list) -> list[tuple[str, Callable]]:
+    """Hooks that read each layer's features from the live stream and replace each MLP output by the CLT's."""
+    hooks: list[tuple[str, Callable]] = []
+    xs: list = [None] * clt.n_layers
+
+    def reader(l):
+        def hook(act, hook):
+            xs[l] = act
+            store[l] = clt.encode(l, act)
+        return hook
+
+    def writer(o):
+        def hook(act, hook):
+            out = clt.b_dec[o] + sum(store[s] @ clt.decoder(s, o) for s in range(o + 1))
+            skip = clt.skip_term(o, xs[o])
+            return (out if skip is None else out + skip).to(act.dtype)
+        return hook
+
+    for l in range(clt.n_layers):
+        hooks += [(clt.hook_names[l], reader(l)), (clt.hook_names_out[l], writer(l))]
+    return hooks
+
+
+def _replace_all(clt: CrossLayerTranscoder, values: list) -> list[tuple[str, Callable]]:
+    return [(clt.hook_names_out[l], (lambda v: lambda act, hook: v.expand_as(act).to(act.dtype))(v))
+            for l, v in enumerate(values)]
+
+
+@torch.no_grad()
+def _means(model: HookedModel, clt: CrossLayerTranscoder, rows, batch_size: int) -> list[torch.Tensor]:
+    """Each MLP output's mean over every token of the data [d_out] (mean ablation's values)."""
+    sums, n = [torch.zeros(clt.d_out, dtype=torch.float64) for _ in range(clt.n_layers)], 0
+    for _, ids in batches(rows, batch_size, device=model.cfg.device):
+        _, cache = model.run_with_cache(ids, names_filter=lambda name: name in clt.hook_names_out)
+        for l, h in enumerate(clt.hook_names_out):
+            sums[l] += cache[h].double().sum((0, 1)).cpu()
+        n += ids.numel()
+    return [(s / n).to(clt.W_enc.dtype) for s in sums]
+
+
+@torch.no_grad()
+def clt_metrics(model: HookedModel, clt: CrossLayerTranscoder, data: TextOrTokens, batch_size: int = 8,
+                seq_len: Optional[int] = None) -> pd.DataFrame:
+    """The CLT's metrics on `data` (text, texts or ids), one row per output layer and one for all (see the module).
+
+    Example:
+        >>> interp.saes.clt_metrics(model, clt, interp.held_out_stories(20_000))   # doctest: +SKIP
+    """
+    check_args("clt_metrics", batch_size=(batch_size, *COUNT))
+    if not isinstance(clt, CrossLayerTranscoder):
+        raise TypeError(f"clt_metrics takes an interp.CrossLayerTranscoder (a per-layer set: from_transcoders(list)), "
+                        f"got {type(clt).__name__}")
+    clt.check_model(model)
+    rows = token_rows(model, data, seq_len)
+    means = _means(model, clt, rows, batch_size)
+    L = clt.n_layers
+    sse, tss = torch.zeros(L, dtype=torch.float64), torch.zeros(L, dtype=torch.float64)
+    sum_y = torch.zeros(L, clt.d_out, dtype=torch.float64)
+    fires, fired = torch.zeros(L, clt.d_sae, dtype=torch.float64), torch.zeros(L, clt.d_sae, dtype=torch.bool)
+    ce = dict(clean=0.0, spliced=0.0, zero=0.0, mean=0.0)
+    kl, n, n_pred = 0.0, 0, 0
+    for _, ids in batches(rows, batch_size, device=model.cfg.device):
+        names = clt.hook_names + clt.hook_names_out
+        logits, cache = model.run_with_cache(ids, names_filter=lambda name: name in names)
+        x = torch.stack([cache[h] for h in clt.hook_names]).to(clt.W_enc.dtype)
+        y = torch.stack([cache[h] for h in clt.hook_names_out]).double()
+        acts = clt.encode_all(x)
+        err = (clt(x).double() - y).pow(2).sum(-1)  # [L, batch, pos]
+        sse += err.sum((1, 2)).cpu()
+        tss += y.pow(2).sum((1, 2, 3)).cpu()
+        sum_y += y.sum((1, 2)).cpu()
+        a = torch.stack(acts) > 0
+        fires += a.sum((1, 2)).double().cpu()
+        fired |= a.any(1).any(1).cpu()
+        mask = torch.ones_like(ids, dtype=torch.bool)
+        log_p = F.log_softmax(logits.float(), -1)
+        store: list = [None] * L
+        outs = {"clean": logits, "spliced": model.run_with_hooks(ids, fwd_hooks=_splice_hooks(clt, store)),
+                "zero": model.run_with_hooks(ids, fwd_hooks=_replace_all(clt, [torch.zeros_like(m) for m in means])),
+                "mean": model.run_with_hooks(ids, fwd_hooks=_replace_all(clt, means))}
+        for key, out in outs.items():
+            c, k = ce_kl(ids, mask, log_p, out)
+            ce[key] += c
+            kl += k if key == "spliced" else 0.0
+        n += ids.numel()
+        n_pred += ids.shape[0] * (ids.shape[1] - 1)
+    tss = tss - sum_y.pow(2).sum(-1) / n  # sum |y - mean|^2 = sum |y|^2 - |sum y|^2 / n
+    return _table(clt, sse, tss, fires, fired, {k: v / n_pred for k, v in ce.items()}, kl / n, n)
+
+
+def _table(clt, sse, tss, fires, fired, ce: dict, kl: float, n: int) -> pd.DataFrame:
+    rows = [{"layer": str(l), "explained_variance": 1 - (sse[l] / tss[l]).item(), "fvu": (sse[l] / tss[l]).item(),
+             "l0": fires[l].sum().item() / n, "dead_fraction": 1 - fired[l].double().mean().item()}
+            for l in range(clt.n_layers)]
+
+    def recovered(ablated: float) -> float:
+        return (ablated - ce["spliced"]) / (ablated - ce["clean"]) if ablated != ce["clean"] else float("nan")
+
+    rows.append({"layer": "all", "explained_variance": 1 - (sse.sum() / tss.sum()).item(), "fvu": (sse.sum() / tss.sum()).item(),
+                 "l0": fires.sum().item() / n, "dead_fraction": 1 - fired.double().mean().item(),
+                 "ce_clean": ce["clean"], "ce_spliced": ce["spliced"], "ce_zero": ce["zero"], "ce_mean": ce["mean"],
+                 "ce_loss_recovered": recovered(ce["zero"]), "ce_loss_recovered_mean": recovered(ce["mean"]),
+                 "kl_spliced": kl, "n_tokens": n})
+    return pd.DataFrame(rows)
