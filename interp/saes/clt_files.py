@@ -25,13 +25,10 @@ from typing import Any, Optional
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as load_bytes
-from safetensors.torch import save as save_bytes
-
-from sprout.files import write_bytes, write_folder
 
 from .._core.identity import PathLike
 from .._core.model import HookedModel
-from .files import _DTYPES, CFG, MAX_WEIGHT_BYTES, SAELENS_VERSION, WEIGHTS, SAEFileError, _plain, read_bytes, read_json
+from .files import _DTYPES, CFG, MAX_WEIGHT_BYTES, SAELENS_VERSION, WEIGHTS, SAEFileError, _plain, read_bytes, read_json, write_dictionary
 
 FORMAT = "sprout-clt"
 INPUT, OUTPUT = "ln2.hook_normalized", "hook_mlp_out"
@@ -66,14 +63,7 @@ def is_ours(folder: Path) -> bool:
 
 def save(clt: Any, folder: PathLike) -> Path:
     """Write `clt` into `folder` (created, or replaced only if it holds nothing but a CLT we wrote)."""
-    text = json.dumps(cfg_dict(clt), indent=1, allow_nan=False) + "\n"
-    blob = save_bytes(tensors(clt), metadata={"format": FORMAT})
-
-    def fill(tmp: Path) -> None:
-        write_bytes(tmp / WEIGHTS, blob)
-        write_bytes(tmp / CFG, text.encode())
-
-    return Path(write_folder(folder, fill, frozenset({CFG, WEIGHTS}), is_ours, "a cross-layer transcoder folder"))
+    return write_dictionary(folder, cfg_dict(clt), tensors(clt), FORMAT, is_ours, "a cross-layer transcoder folder")
 
 
 def _int(cfg: dict, key: str, path: Path) -> int:

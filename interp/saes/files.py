@@ -29,7 +29,7 @@ import math
 import os
 import stat
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -140,14 +140,21 @@ def save(sae: Any, folder: PathLike) -> Path:
     """Write `sae` into `folder` (created, or replaced only if it holds nothing but an SAE we wrote)."""
     if is_transcoder(sae) and sae.skip:
         warn_skip(f"the transcoder written to {folder}")
-    text = json.dumps(cfg_dict(sae), indent=1, allow_nan=False) + "\n"
-    blob = save_bytes(_tensors(sae), metadata={"format": FORMAT})
+    return write_dictionary(folder, cfg_dict(sae), _tensors(sae), FORMAT, is_ours, "an SAE folder")
+
+
+def write_dictionary(folder: PathLike, cfg: dict, tensors: dict[str, torch.Tensor], fmt: str,
+                     is_ours: Callable[[Path], bool], what: str) -> Path:
+    """Write cfg.json and the weights (stamped with `fmt`) into `folder`, both or neither: created, or
+    replaced only if `is_ours` says it holds nothing but a dictionary we wrote (`what` names it in errors)."""
+    text = json.dumps(cfg, indent=1, allow_nan=False) + "\n"
+    blob = save_bytes(tensors, metadata={"format": fmt})
 
     def fill(tmp: Path) -> None:
         write_bytes(tmp / WEIGHTS, blob)
         write_bytes(tmp / CFG, text.encode())
 
-    return Path(write_folder(folder, fill, frozenset({CFG, WEIGHTS}), is_ours, "an SAE folder"))
+    return Path(write_folder(folder, fill, frozenset({CFG, WEIGHTS}), is_ours, what))
 
 
 def read_bytes(path: Path, limit: int) -> bytes:
