@@ -47,7 +47,7 @@ class CrossLayerTranscoder(nn.Module):
         d_in: the MLP input's width (d_model); d_sae: latents per layer; d_out: the output's (d_in).
         kind: "batchtopk" or "jumprelu" (see the module docstring).
         k: BatchTopK's latents per token, summed over all layers (None: min(32, n_layers d_sae)); None for jumprelu.
-        skip: a linear skip per output layer, W_skip[l] [d_out, d_in] (x_l @ W_skip[l].T), zero at the start.
+        skip: a linear skip per output layer, `W_skip[l]` `[d_out, d_in]` (`x_l @ W_skip[l].T`), zero at the start.
         seed: the initialisation's seed (decoder rows random with unit norm over all their output layers).
 
     Attributes:
@@ -156,7 +156,7 @@ class CrossLayerTranscoder(nn.Module):
         return [self.encode(l, x) for l, x in enumerate(self._all(xs, "the MLP inputs"))]
 
     def decode(self, acts: Layers) -> Float[torch.Tensor, "layer *batch d_out"]:
-        """b_dec[l'] + sum over l <= l' of acts[l] @ W_dec[l][:, l' - l], for every output layer l' (no skip)."""
+        """`b_dec[l'] + sum over l <= l' of acts[l] @ W_dec[l][:, l' - l]`, for every output layer l' (no skip)."""
         acts = self._all(acts, "the activations")
         outs = []
         for o in range(self.n_layers):
