@@ -3,6 +3,7 @@ lens, the dictionaries and the stamped phase tables each claim the weights' fing
 from the weights; no other file ships unaccounted for; a stale or edited table is refused on load."""
 import json
 import shutil
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -24,8 +25,22 @@ def test_every_shipped_artifact_claims_the_weights_it_ships_with(name):
     assert claimed and all(f == fp for f in claimed.values()), {a: f for a, f in claimed.items() if f != fp}
     accounted = set(BASE) | set(claimed) | {COMPANIONS[a] for a in claimed if a in COMPANIONS}
     accounted |= {a.replace("cfg.json", "sae_weights.safetensors") for a in claimed if a.startswith("saes/")}
+    accounted |= {f"stages/{run}/{f}" for run in earlier_runs(folder) for f in ("recipe.json", "train_log.csv")}
     shipped = {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()}
     assert shipped - accounted == set(), "files shipped with no stamp saying which weights they belong to"
+
+
+def earlier_runs(folder):
+    """The runs these weights continued, followed from the demo's recipe.json through each stage's `init`: their
+    logs are the weights' history (as train_log.csv is), shipped in stages/<run>/ by sprout.training.ship."""
+    runs, d = [], folder
+    while (d / "recipe.json").is_file() and len(runs) < 16:
+        init = json.loads((d / "recipe.json").read_text()).get("init", "")
+        d = folder / "stages" / Path(init).name
+        if not init or not (d / "train_log.csv").is_file():
+            break
+        runs.append(d.name)
+    return runs
 
 
 @pytest.mark.parametrize("name", [n for n in demo_names() if any((demo_dir() / n / t).exists() for t in stamps.TABLES)])

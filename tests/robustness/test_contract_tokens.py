@@ -161,6 +161,8 @@ CALLS = {
                                                batch_size=4, seq_len=4, progress=False),
     "train_transcoder": lambda m, x: interp.train_transcoder(m, x, 0, d_sae=8, k=2, steps=1, batch_size=4,
                                                              seq_len=4, progress=False),
+    "clt_metrics": lambda m, x: interp.saes.clt_metrics(m, tiny_clt(m), x, seq_len=4),
+    "train_clt": lambda m, x: interp.train_clt(m, x, d_sae=8, k=2, steps=1, batch_size=4, seq_len=4, progress=False),
 }
 ALSO_WALKED = ["train_sae"]  # its first parameter is `source` (a model or activations), so the walk does not see it
 
@@ -169,6 +171,10 @@ def real_logits(model, x, logits):
     """The logits at real positions only (what a padded slot's logits are is nobody's business)."""
     mask = token_batch(model, x).mask
     return logits if mask is None else logits[mask.bool()]
+
+
+def tiny_clt(model):
+    return interp.CrossLayerTranscoder(TINY.n_layer, TINY.d_model, 8, kind="batchtopk", k=2, seed=0)
 
 
 def resid_sae(model):
