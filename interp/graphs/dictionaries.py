@@ -186,7 +186,9 @@ def as_dictionaries(model: HookedModel, transcoders: TranscoderInput) -> Diction
         return transcoders
     if isinstance(transcoders, CrossLayerTranscoder):
         transcoders.check_model(model)
-        return CrossLayerDictionaries(transcoders, n_layers(model))
+        clt = CrossLayerDictionaries(transcoders, n_layers(model))
+        require_hooks(model, [clt.input_hook(l) for l in range(clt.n_layers)])
+        return clt
     if transcoders is None:
         from ..saes import load_transcoder
 

@@ -76,7 +76,8 @@ def copy_site(tokens: Union[torch.Tensor, Sequence[int]]) -> CopySite:
     best: Optional[tuple[int, int]] = None  # (length, end)
     for end in range(q - 1, -1, -1):
         n = 0
-        while n <= end and ids[end - n] == ids[q - n]:
+        # the stretch and the token after it (end + 1) end before the current tail (q - n + 1 ..) starts
+        while n <= end and n < q - end - 1 and ids[end - n] == ids[q - n]:
             n += 1
         if n and (best is None or n > best[0]):
             best = (n, end)
@@ -137,7 +138,7 @@ def name_copy(model: Union[HookedModel, ReplacementModel], prompt: TextOrTokens,
     rm = _replacement(model, transcoders, dtype, 1)
     tokens = rm.tokens(prompt)
     site = copy_site(tokens)
-    if site.source <= rm.prefix - 1 or site.current < rm.prefix:
+    if site.source < rm.prefix or site.current < rm.prefix:
         raise ValueError("the earlier occurrence lies in the held prefix: put some text before the name")
     graph = attribute(rm, tokens, target=[site.target], max_feature_nodes=max_feature_nodes, batch_size=batch_size)
     with torch.no_grad():

@@ -97,8 +97,15 @@ def train_clt(model: HookedModel, data: TextOrTokens, *, d_sae: Optional[int] = 
         raise SettingsError(f"train_clt trains kind 'batchtopk' (convert with to_jumprelu()), got kind={options['kind']!r}")
     options = {key: v for key, v in options.items() if key != "kind"}
     L, d = int(model.cfg.n_layers), int(model.cfg.d_model)
-    s = TrainSettings.from_dict(dict(kind="batchtopk", d_sae=2 * d if d_sae is None else d_sae, k=k, steps=steps, lr=lr,
+    width = 2 * d if d_sae is None else d_sae
+    # k counts latents over all L layers, so it may exceed one layer's d_sae (the per-dictionary check): held back
+    wide_k = isinstance(k, int) and not isinstance(k, bool) and isinstance(width, int) and k > width
+    s = TrainSettings.from_dict(dict(kind="batchtopk", d_sae=width, k=None if wide_k else k, steps=steps, lr=lr,
                                      batch_size=batch_size, seed=seed, skip=skip, **options))
+    if wide_k and isinstance(k, int):
+        if k > L * s.d_sae:
+            raise TrainSettings.bad("k", f"in 1..n_layers * d_sae = {L * s.d_sae}", k)
+        object.__setattr__(s, "k", k)  # frozen settings: as check_together stores a resolved k
     hooks = [h for l in range(L) for h in (input_hook(l), output_hook(l))]
     with torch.inference_mode(False), torch.enable_grad():
         src = _model_source(model, data, hooks, batch_size, seed, options)
@@ -172,14 +179,14 @@ def _aux_loss(u: _Unit, pre, recon, target, s: TrainSettings) -> torch.Tensor:
     n_dead = int(dead.sum())
     if n_dead == 0 or s.aux_k_coefficient == 0:
         return pre.new_zeros(())
-    k_aux = min(s.aux_k or max(1, clt.d_in // 2), n_dead)
+    k_aux = s.aux_k or max(1, clt.d_in // 2)
+    scale = min(n_dead / k_aux, 1.0)  # from the uncapped k_aux: few dead latents, a small auxiliary loss
     L, rows = clt.n_layers, pre.shape[1]
     dead_pre = torch.where(dead, pre, torch.full_like(pre, -1.0)).permute(1, 0, 2).reshape(rows, -1)
-    values, idx = dead_pre.topk(k_aux, dim=-1, sorted=False)
+    values, idx = dead_pre.topk(min(k_aux, n_dead), dim=-1, sorted=False)
     aux = torch.zeros_like(dead_pre).scatter(1, idx, values.clamp_min(0))
     aux = aux.view(rows, L, clt.d_sae).permute(1, 0, 2)
     residual = (target - recon).detach()
-    scale = min(n_dead / k_aux, 1.0)
     return s.aux_k_coefficient * scale * (_decode(clt, aux) - residual).pow(2).sum()
 
 

@@ -18,6 +18,11 @@ def test_copy_site_takes_the_longest_earlier_match_and_the_token_after_it():
     assert (latest.source, latest.target) == (4, 8)
     with pytest.raises(ValueError, match="occurs nowhere before"):
         copy_site([1, 2, 3])
+    # the earlier stretch and its next token must end before the current tail begins: no overlap
+    overlap = copy_site([1, 2, 3, 1, 2, 3, 1])
+    assert (overlap.match_start, overlap.match_end, overlap.source, overlap.target) == (2, 3, 4, 2)
+    with pytest.raises(ValueError, match="occurs nowhere before"):
+        copy_site([5, 7, 7])  # the only earlier 7 is followed by the current token itself
 
 
 @pytest.fixture(scope="module")

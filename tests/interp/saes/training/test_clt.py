@@ -80,6 +80,10 @@ def test_bad_settings_are_refused():
         interp.train_clt(model, data, widths_typo=3, **QUICK)
     with pytest.raises(SettingsError, match="stop_at"):
         interp.train_clt(model, data, stop_at=0, **QUICK)
+    # k counts latents over all 3 layers: more than one layer's d_sae is fine, more than all of them is not
+    with pytest.raises(SettingsError, match="n_layers \\* d_sae = 12"):
+        interp.train_clt(model, data, **{**QUICK, "d_sae": 4, "k": 13})
+    assert interp.train_clt(model, data, **{**QUICK, "d_sae": 4, "k": 6, "steps": 1}).k == 6
 
 
 SCRIPT = textwrap.dedent("""
