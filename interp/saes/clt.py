@@ -155,15 +155,18 @@ class CrossLayerTranscoder(nn.Module):
         """Every layer's feature activations, from every MLP's input ([n_layers, ..., d_in] or a list)."""
         return [self.encode(l, x) for l, x in enumerate(self._all(xs, "the MLP inputs"))]
 
+    def decode_layer(self, out: int, acts: Sequence[torch.Tensor]) -> Float[torch.Tensor, "*batch d_out"]:
+        """MLP `out`'s reconstruction without the skip: `b_dec[out] + sum over l <= out of acts[l] @ W_dec[l][:, out - l]`
+        (`acts[l]` [..., d_sae] for every l <= out)."""
+        total = self.b_dec[out] + acts[0].to(self.W_enc.dtype) @ self.decoder(0, out)
+        for source in range(1, out + 1):
+            total = total + acts[source].to(self.W_enc.dtype) @ self.decoder(source, out)
+        return total
+
     def decode(self, acts: Layers) -> Float[torch.Tensor, "layer *batch d_out"]:
         """`b_dec[l'] + sum over l <= l' of acts[l] @ W_dec[l][:, l' - l]`, for every output layer l' (no skip)."""
         acts = self._all(acts, "the activations")
-        outs = []
-        for o in range(self.n_layers):
-            total = self.b_dec[o] + acts[0].to(self.W_enc.dtype) @ self.decoder(0, o)
-            for s in range(1, o + 1):
-                total = total + acts[s].to(self.W_enc.dtype) @ self.decoder(s, o)
-            outs.append(total)
+        outs = [self.decode_layer(o, acts) for o in range(self.n_layers)]
         return torch.stack(outs)
 
     def forward(self, xs: Layers) -> Float[torch.Tensor, "layer *batch d_out"]:

@@ -28,7 +28,19 @@ from safetensors.torch import load as load_bytes
 
 from .._core.identity import PathLike
 from .._core.model import HookedModel
-from .files import _DTYPES, CFG, MAX_WEIGHT_BYTES, SAELENS_VERSION, WEIGHTS, SAEFileError, _plain, read_bytes, read_json, write_dictionary
+from .files import (
+    _DTYPES,
+    CFG,
+    MAX_WEIGHT_BYTES,
+    SAELENS_VERSION,
+    WEIGHTS,
+    SAEFileError,
+    _plain,
+    finish_load,
+    read_bytes,
+    read_json,
+    write_dictionary,
+)
 
 FORMAT = "sprout-clt"
 INPUT, OUTPUT = "ln2.hook_normalized", "hook_mlp_out"
@@ -139,10 +151,4 @@ def load(folder: PathLike, model: Optional[HookedModel], cls: type) -> Any:
         for name, t in found.items():
             target = clt.W_dec[int(name.removeprefix("W_dec_"))] if name.startswith("W_dec_") else getattr(clt, name)
             target.copy_(t)
-    ours = spec["ours"]
-    clt.model_fingerprint, clt.model_config = ours.get("model_fingerprint"), ours.get("model_config")
-    clt.info = ours.get("info") if isinstance(ours.get("info"), dict) else {}
-    clt.eval()
-    if model is not None:
-        clt.check_model(model, f"the cross-layer transcoder at {folder}")
-    return clt
+    return finish_load(clt, spec["ours"], model, f"the cross-layer transcoder at {folder}")

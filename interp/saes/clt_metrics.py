@@ -73,7 +73,7 @@ def _splice_hooks(clt: CrossLayerTranscoder, store: list) -> list[tuple[str, Cal
 
     def writer(o):
         def hook(act, hook):
-            out = clt.b_dec[o] + sum(store[s] @ clt.decoder(s, o) for s in range(o + 1))
+            out = clt.decode_layer(o, store)
             skip = clt.skip_term(o, xs[o])
             return (out if skip is None else out + skip).to(act.dtype)
         return hook

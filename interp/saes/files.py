@@ -385,10 +385,15 @@ def load(folder: PathLike, model: Optional[HookedModel], expect: type, classes: 
             sae.W_enc.mul_(norms)
             sae.b_enc.mul_(norms)
             sae.W_dec.div_(norms[:, None])
-    ours = spec["ours"]
-    sae.model_fingerprint, sae.model_config = ours.get("model_fingerprint"), ours.get("model_config")
-    sae.info = ours.get("info") if isinstance(ours.get("info"), dict) else {}
-    sae.eval()
+    return finish_load(sae, spec["ours"], model, f"the SAE at {folder}")
+
+
+def finish_load(dictionary: Any, ours: dict, model: Optional[HookedModel], what: str) -> Any:
+    """A loaded dictionary given the provenance we wrote (`ours`: fingerprint, config, info), put in eval
+    mode and, given a model, checked against it (`what` names it in the error)."""
+    dictionary.model_fingerprint, dictionary.model_config = ours.get("model_fingerprint"), ours.get("model_config")
+    dictionary.info = ours.get("info") if isinstance(ours.get("info"), dict) else {}
+    dictionary.eval()
     if model is not None:
-        sae.check_model(model, f"the SAE at {folder}")
-    return sae
+        dictionary.check_model(model, what)
+    return dictionary
