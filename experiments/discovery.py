@@ -1,8 +1,8 @@
 """Circuits found on the demos: induction on repeated random tokens and copying the later pieces of invented names.
 
 For each model, task, seed and length: EAP-IG's score for every edge (`interp.edge_scores`), exact
-patching of every edge where the graph is small enough (gpt-4's 309 edges; sprout-mini's ~2,000 only with
---exact-all), MIB's faithfulness curve of each ranking beside a random one (`interp.faithfulness_curve`)
+patching of every edge where the graph has at most EXACT_LIMIT edges (both demos: gpt-4's 309, sprout-mini's
+1,997; larger graphs only with --exact-all), MIB's faithfulness curve of each ranking beside a random one (`interp.faithfulness_curve`)
 with its CPR and CMD, how far EAP-IG agrees with exact patching, the heads its top edges touch, the
 heads `interp.induction_circuit` names (path patching of the induction heads' inputs), and the Jaccard
 overlap of those top-edge heads with the attribution graphs' (`interp.attribute`, `interp.head_loadings`:
@@ -44,7 +44,7 @@ MODELS = ["gpt-4", "sprout-mini"]
 SEEDS = (0, 1, 2)
 LENGTHS: dict[str, tuple[int, ...]] = {"induction": (16, 32), "names": (64, 96)}  # half length of [A A]; tokens of each story
 N_SEQS = 4  # sequences (or stories) per batch
-EXACT_LIMIT = 500  # exact patching of every edge only for graphs up to this many edges (unless --exact-all)
+EXACT_LIMIT = 2500  # exact patching of every edge only for graphs up to this many edges (unless --exact-all)
 TOP = 0.05  # "top edges": this fraction of the graph by |score|
 GRAPH_PROMPTS, GRAPH_LEN = 2, 24  # attribution graphs: the first sequences of seed 0's shortest task, cut to this many tokens
 BLOCK = "discovery"

@@ -109,16 +109,40 @@ class EdgePass:
         if self.coef is not None:
             n_up = self.graph.upstream(cols.start)
             coef = self.coef[..., :n_up, cols]
-            outs = torch.cat(self.outs, dim=2)[:, :, :n_up]
-            if coef.dim() == 2:
-                x = x - torch.einsum("bpsd,sn->bpnd", outs - self.ablated[:, :, :n_up], coef)
-            else:  # one copy of the batch per row of keep: [copy * batch, ...]
-                k, b = coef.size(0), self.ablated.size(0)
-                diff = outs.unflatten(0, (k, b)) - self.ablated[None, :, :, :n_up]
-                x = x - torch.einsum("kbpsd,ksn->kbpnd", diff, coef).flatten(0, 1)
+            nonzero = coef.nonzero() if coef.dim() == 3 else None
+            if nonzero is not None and len(nonzero) <= coef.size(0):
+                x = self._receive_sparse(x, coef, nonzero)
+            else:
+                outs = torch.cat(self.outs, dim=2)[:, :, :n_up]
+                if coef.dim() == 2:
+                    x = x - torch.einsum("bpsd,sn->bpnd", outs - self.ablated[:, :, :n_up], coef)
+                else:  # one copy of the batch per row of keep: [copy * batch, ...]
+                    k, b = coef.size(0), self.ablated.size(0)
+                    diff = outs.unflatten(0, (k, b)) - self.ablated[None, :, :, :n_up]
+                    x = x - torch.einsum("kbpsd,ksn->kbpnd", diff, coef).flatten(0, 1)
         if self.track:
             self.received[cols.start] = x
         return x
+
+    def _receive_sparse(self, x: torch.Tensor, coef: torch.Tensor, nonzero: torch.Tensor) -> torch.Tensor:
+        """The same subtraction when few (copy, sender, receiver) weights are nonzero (exact patching ablates one
+        edge per copy): each is applied to its copy's slice alone, so no [copy, batch, pos, sender, d_model]
+        difference is built (the dense einsum made exact patching of every edge ~5x slower than the forwards)."""
+        b = self.ablated.size(0)
+        x = x.clone()  # the split inputs may be expanded views of one stream: never write into them
+        for c, s, n in nonzero.tolist():
+            i, offset = self._sender_slot(s)
+            rows = slice(c * b, (c + 1) * b)
+            diff = self.outs[i][rows, :, offset] - self.ablated[:, :, s]
+            x[rows, :, n] -= coef[c, s, n] * diff
+        return x
+
+    def _sender_slot(self, s: int) -> tuple[int, int]:
+        """(index into self.outs, offset within it) of sender `s` (the embedding, then each block's heads and MLP)."""
+        if s == 0:
+            return 0, 0
+        layer, j = divmod(s - 1, self.graph.n_heads + 1)
+        return 1 + 2 * layer + (j == self.graph.n_heads), j % self.graph.n_heads if j < self.graph.n_heads else 0
 
     def hooks(self) -> list[tuple[str, Callable]]:
         g, H = self.graph, self.graph.n_heads

@@ -31,3 +31,12 @@ def test_the_frontier_has_a_row_per_dictionary_method_and_k(monkeypatch, tiny_mo
     assert len(fig.data) == 2 * 5 and {t.line.dash for t in fig.data} == {"solid", "dot"}
     with pytest.raises(ValueError):
         frontier_figure(table.drop(columns="l0"))
+
+
+def test_trial_flags_change_only_what_they_name():
+    base = ship.SHIP_PLANS["gpt-4"]
+    args = frontier.argparse.Namespace(name="gpt-4", steps=None, expansion=None, transcoder_expansion=None)
+    assert frontier.trial_plan(args) == base
+    args = frontier.argparse.Namespace(name="gpt-4", steps=7, expansion=None, transcoder_expansion=6.0)
+    r = frontier.trial_plan(args)
+    assert (r.steps, r.transcoder_steps, r.transcoder_expansion, r.expansion) == (7, 7, 6.0, base.expansion)

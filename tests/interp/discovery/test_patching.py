@@ -66,6 +66,23 @@ def test_exact_scores_are_one_patch_each_and_flags_are_restored(model, pair):
     assert not model.cfg.use_split_qkv_input and not model.cfg.use_hook_mlp_in and not model.cfg.use_attn_result
 
 
+@pytest.mark.parametrize("chunk", [1, 5, 0])
+def test_exact_scores_equal_one_dense_pass_per_edge(model, pair, chunk):
+    """exact_scores' copies (one ablated edge each, applied slice by slice) equal a separate pass per edge through
+    the dense weighting that mask learning uses, for every edge, whatever the number of copies per forward."""
+    from interp.discovery.patching import ablated_outputs, circuit_metric, exact_scores, split_inputs
+    clean, corrupted = pair
+    with split_inputs(model) as graph:
+        _, ablated = ablated_outputs(model, graph, clean, corrupted, "resample")
+        ours = exact_scores(model, graph, clean, ablated, metric, chunk=chunk)
+        full = circuit_metric(model, graph, clean, ablated, metric, torch.ones(graph.n_edges))
+        for e in range(graph.n_edges):
+            keep = torch.ones(graph.n_edges)
+            keep[e] = 0.0
+            assert float(ours[e]) == pytest.approx(full - circuit_metric(model, graph, clean, ablated, metric, keep), abs=1e-9)
+    assert ours.abs().max() > 1e-4
+
+
 def test_ablating_every_edge_is_the_ablated_model(model, pair):
     """Zero ablation of every edge into the logits leaves the final stream empty; resample of every edge is the corrupted run."""
     clean, corrupted = pair
