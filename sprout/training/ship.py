@@ -18,6 +18,7 @@ from ..files import demo_dir, latest_checkpoint, load, replace_file, save
 from .recipes import Recipe
 
 MAX_BYTES = 15 * 2**20  # what one demo may add to the repository
+STAGE_FILES = ("recipe.json", "train_log.csv")  # what an earlier stage leaves in stages/<run>/
 
 
 def ship(run_dir: Union[str, os.PathLike], name: str) -> Path:
@@ -29,8 +30,10 @@ def ship(run_dir: Union[str, os.PathLike], name: str) -> Path:
     recipe = Recipe.from_dict(json.loads((run_dir / "recipe.json").read_text()))  # fills newer fields
     replace_file(target / "recipe.json", recipe.to_json().encode())  # each file whole, old or new
     replace_file(target / "train_log.csv", (run_dir / "train_log.csv").read_bytes())
-    ship_stages(run_dir, target)
-    size = sum(f.stat().st_size for f in target.iterdir())
+    stages = ship_stages(run_dir, target)
+    drop_stale_stages(target, stages)
+    shipped = [f for f in target.iterdir() if f.is_file()] + [f for d in stages for f in d.iterdir() if f.is_file()]
+    size = sum(f.stat().st_size for f in shipped)  # saes/ and lens files are the dictionaries' pipeline's, with its own limit
     if size > MAX_BYTES:
         raise ValueError(f"{target} is {size / 2**20:.1f} MB, over the {MAX_BYTES / 2**20:.0f} MB limit for a demo")
     print(f"shipped {last} as {target} ({size / 2**20:.1f} MB)")
@@ -63,12 +66,30 @@ def ship_stages(run_dir: Path, target: Path, limit: int = 16) -> list[Path]:
             break
         stage_dir = target / "stages" / earlier.name
         stage_dir.mkdir(parents=True, exist_ok=True)
-        for f in ("recipe.json", "train_log.csv"):
+        for f in STAGE_FILES:
             if (earlier / f).is_file():
                 replace_file(stage_dir / f, (earlier / f).read_bytes())
         written.append(stage_dir)
         d = earlier
     return written
+
+
+def drop_stale_stages(target: Path, kept: list[Path]) -> None:
+    """Remove the `stages/<run>/` folders of an earlier ship that the new weights did not continue, when they
+    hold only what `ship_stages` writes (a folder with anything else is left, and named)."""
+    root = target / "stages"
+    if not root.is_dir():
+        return
+    keep = {d.resolve() for d in kept}
+    for d in sorted(root.iterdir()):
+        if d.resolve() in keep:
+            continue
+        if d.is_dir() and not d.is_symlink() and all(f.is_file() and f.name in STAGE_FILES for f in d.iterdir()):
+            for f in d.iterdir():
+                f.unlink()
+            d.rmdir()
+        else:
+            print(f"left {d}: not a stage folder written by ship_stages", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -101,3 +101,17 @@ def test_shipped_stages_keep_the_chain_when_the_runs_are_gone(tmp_path):
     log, stages = stage_logs("m", demo)
     assert log["tokens"].tolist() == [100, 200, 300, 400, 450, 500]
     assert stages["stage"].tolist()[0] == "stage 1: first" and stages["end"].tolist()[-1] == 500.0
+
+
+def test_stale_stages_go_and_foreign_folders_stay(tmp_path, capsys):
+    from sprout.training.ship import drop_stale_stages
+    demo = tmp_path / "demo"
+    kept, stale, foreign = (demo / "stages" / n for n in ("kept", "stale", "notes"))
+    for d in (kept, stale, foreign):
+        d.mkdir(parents=True)
+        (d / "recipe.json").write_text("{}")
+    (stale / "train_log.csv").write_text("step\n")
+    (foreign / "mine.txt").write_text("the user's")
+    drop_stale_stages(demo, [kept])
+    assert kept.is_dir() and not stale.exists() and (foreign / "mine.txt").read_text() == "the user's"
+    assert "notes" in capsys.readouterr().err
