@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -41,7 +40,7 @@ import yaml
 if not __package__:
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 import interp  # noqa: E402
-from benchmarks.graphs import peak_mb, timed  # noqa: E402
+from benchmarks.graphs import in_fresh_process, peak_mb, timed  # noqa: E402
 from interp.saes import save_circuit_tracer  # noqa: E402
 from sprout.files import load  # noqa: E402
 from sprout.files.hf import export  # noqa: E402
@@ -160,12 +159,9 @@ def measure(name: str, tokens: int, batch: int, repeats: int, folder: Path, thre
     out = {"name": name, "tokens": len(ids), "batch": batch,
            **agreement(interp.attribute(model, ids, transcoders, batch_size=batch), theirs)}
     for which in ("ours", "theirs"):
-        result = folder / f"{which}.json"
-        subprocess.run([sys.executable, "-m", "benchmarks.graphs_peer", "--side", which, "--models", name, "--tokens",
-                        str(tokens), "--batch", str(batch), "--repeats", str(repeats), "--threads", str(threads),
-                        "--json", str(result)], check=True, stdout=subprocess.DEVNULL,
-                       cwd=Path(__file__).resolve().parent.parent)
-        got = json.loads(result.read_text())
+        got = in_fresh_process("benchmarks.graphs_peer", ["--side", which, "--models", name, "--tokens", str(tokens),
+                                                          "--batch", str(batch), "--repeats", str(repeats),
+                                                          "--threads", str(threads)])
         out[which], out[f"{which}_cpu"], out[f"{which}_mb"] = got["wall"], got["cpu"], got["mb"]
     return out
 
