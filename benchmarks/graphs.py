@@ -4,8 +4,10 @@ times, no hooks), for gpt-4 and sprout-mini.
 
 `attribute` keeps one forward of the batch and runs one backward per `batch_size` targets, so its floor is
 about (its backward passes) x (one backward of the batch) plus one forward; the table gives both and
-their ratio. Peak memory is the process's resident set above what it held before the call (sampled
-every 5 ms). Times are medians of `--repeats` runs, wall and this process's CPU time; nothing is asserted.
+their ratio. Each side runs in a fresh process of its own (`in_fresh_process`), so neither inherits the
+memory the other freed (glibc keeps it): its peak memory is the resident set of its first call above
+what that process held before it (sampled every 5 ms); its times are medians of `--repeats` later calls,
+wall and that process's CPU time; nothing is asserted.
 circuit-tracer on the same export is `benchmarks/graphs_peer.py` (it needs the interop venv).
 
     python -m benchmarks.graphs [--models gpt-4 sprout-mini] [--tokens 32] [--batch 256] [--out benchmarks/RESULTS.md]
@@ -13,12 +15,15 @@ circuit-tracer on the same export is `benchmarks/graphs_peer.py` (it needs the i
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -71,6 +76,16 @@ def timed(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
     return statistics.median(wall), statistics.median(cpu)
 
 
+def in_fresh_process(module: str, args: Sequence[str]) -> dict:
+    """What `python -m module *args --json FILE` writes to FILE, run in a fresh process from the repository
+    root (so that its memory owes nothing to what this process allocated and freed before)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        result = Path(tmp) / "result.json"
+        subprocess.run([sys.executable, "-m", module, *args, "--json", str(result)], check=True,
+                       stdout=subprocess.DEVNULL, cwd=Path(__file__).resolve().parent.parent)
+        return json.loads(result.read_text())
+
+
 def forward_backward(model, ids: torch.Tensor, batch: int) -> Callable[[], None]:
     def run():
         model.zero_grad(set_to_none=True)
@@ -78,18 +93,42 @@ def forward_backward(model, ids: torch.Tensor, batch: int) -> Callable[[], None]
     return run
 
 
-def measure(name: str, model, ids: torch.Tensor, transcoders, batch: int, repeats: int) -> dict:
-    rm = interp.ReplacementModel(model, transcoders)
-    graph = interp.attribute(rm, ids, batch_size=batch)
+def setup(name: str, tokens: int):
+    """(model, prompt ids, transcoders): a shipped demo with its shipped transcoders (None), or "tiny"."""
+    if name == "tiny":
+        model, transcoders, ids = tiny_setup()
+        return model, ids, transcoders
+    model = load(name).eval()
+    return model, prompt_ids(model, tokens), None
+
+
+def side(name: str, which: str, tokens: int, batch: int, repeats: int) -> dict:
+    """One side ("fb": forward + backward of `batch` copies; "attr": `attribute` with `batch_size=batch`):
+    the peak memory of its first call above what the process held before it, then its median times."""
+    model, ids, transcoders = setup(name, tokens)
+    if which == "fb":
+        fn = forward_backward(model, ids, batch)
+    else:
+        rm = interp.ReplacementModel(model, transcoders)
+        fn = lambda: interp.attribute(rm, ids, batch_size=batch)  # noqa: E731
+    mb = peak_mb(fn)
+    wall, cpu = timed(fn, repeats)
+    return {"mb": mb, "wall": wall, "cpu": cpu}
+
+
+def measure(name: str, tokens: int, batch: int, repeats: int, threads: int) -> dict:
+    """The graph's size here, then each side in a fresh process of its own (the forward + backward at the
+    batch attribution used)."""
+    model, ids, transcoders = setup(name, tokens)
+    graph = interp.attribute(interp.ReplacementModel(model, transcoders), ids, batch_size=batch)
     b = graph.info["batch_size"]
-    fb = forward_backward(model, ids, b)
-    attr = lambda: interp.attribute(rm, ids, batch_size=batch)  # noqa: E731
     out = {"name": name, "tokens": len(ids), "features": graph.n_features, "logits": graph.n_logits,
            "passes": graph.info["backward_passes"], "batch": b, "nodes": graph.n_nodes}
-    out["fb"], out["fb_cpu"] = timed(fb, repeats)
-    out["attr"], out["attr_cpu"] = timed(attr, repeats)
-    out["fb_mb"], out["attr_mb"] = peak_mb(fb), peak_mb(attr)
-    model.zero_grad(set_to_none=True)
+    for which, size in (("fb", b), ("attr", batch)):
+        got = in_fresh_process("benchmarks.graphs", ["--side", which, "--models", name, "--tokens", str(tokens),
+                                                     "--batch", str(size), "--repeats", str(repeats),
+                                                     "--threads", str(threads)])
+        out[which], out[f"{which}_cpu"], out[f"{which}_mb"] = got["wall"], got["cpu"], got["mb"]
     return out
 
 
@@ -125,7 +164,7 @@ def tiny_setup():
     return model, tcs, torch.randint(0, 256, (12,), generator=torch.Generator().manual_seed(0))
 
 
-def main(argv=None) -> str:
+def main(argv: Optional[Sequence[str]] = None) -> str:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=["gpt-4", "sprout-mini"])
     ap.add_argument("--tokens", type=int, default=32)
@@ -134,17 +173,17 @@ def main(argv=None) -> str:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     ap.add_argument("--tiny", action="store_true", help="a tiny random model with random transcoders, for a smoke run")
     ap.add_argument("--out", default=None, help="append the report to this Markdown file")
+    ap.add_argument("--side", choices=["fb", "attr"], help=argparse.SUPPRESS)  # one side, in its own process
+    ap.add_argument("--json", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    rows = []
-    if args.tiny:
-        model, tcs, ids = tiny_setup()
-        rows.append(measure("tiny", model, ids, tcs, args.batch, args.repeats))
-    for name in [] if args.tiny else args.models:
-        model = load(name).eval()
-        rows.append(measure(name, model, prompt_ids(model, args.tokens), None, args.batch, args.repeats))
-    out = report(rows)
+    names = ["tiny"] if args.tiny else args.models
+    if args.side:
+        got = json.dumps(side(names[0], args.side, args.tokens, args.batch, args.repeats))
+        Path(args.json).write_text(got)
+        return got
+    out = report([measure(name, args.tokens, args.batch, args.repeats, args.threads) for name in names])
     print(out)
     if args.out:
         with open(args.out, "a", encoding="utf-8") as f:

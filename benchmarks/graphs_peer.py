@@ -7,7 +7,8 @@ What circuit-tracer runs on is what a user would hand it from our files alone:
   `TransformerLensReplacementModel` (a HookedTransformer subclass), then configured with the transcoders
   exactly as its `from_pretrained_and_transcoders` does (TransformerLens 3.9 accepts only its list of hub
   names in `from_pretrained`, so that one step is done by hand);
-- the transcoders: `interp.saes.save_circuit_tracer`'s folder, read by its own `load_transcoder_set`;
+- the transcoders: `interp.saes.save_circuit_tracer`'s folder, read by its own `load_transcoder_set` (a
+  cross-layer transcoder's by its `load_clt`: `their_transcoders`);
 - the prompt: token ids starting with `<|endoftext|>` (id 0). circuit-tracer prepends a special token to
   a prompt that does not start with one, and picks it with `filter(None, ...)`, which skips id 0; a
   prompt that already starts with a special token is kept as it is, so both sides see the same ids and
@@ -29,11 +30,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import torch
 import yaml
@@ -41,7 +41,7 @@ import yaml
 if not __package__:
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 import interp  # noqa: E402
-from benchmarks.graphs import peak_mb, timed  # noqa: E402
+from benchmarks.graphs import in_fresh_process, peak_mb, timed  # noqa: E402
 from interp.saes import save_circuit_tracer  # noqa: E402
 from sprout.files import load  # noqa: E402
 from sprout.files.hf import export  # noqa: E402
@@ -66,26 +66,39 @@ def import_circuit_tracer():
     return attribute, load_transcoder_set, TransformerLensReplacementModel
 
 
-def their_model(model, transcoders: Sequence[interp.Transcoder], folder: Path, dtype: torch.dtype = torch.float32):
-    """circuit-tracer's replacement model of `model` with `transcoders`, built from our exports in `folder`
-    (the Hugging Face export and the transcoder folder; see the module docstring)."""
+def their_transcoders(transcoders: Union[Sequence[interp.Transcoder], interp.CrossLayerTranscoder], folder: Path,
+                      model, dtype: torch.dtype = torch.float32):
+    """`transcoders` as `save_circuit_tracer` writes them to `folder`, read back by circuit-tracer's own loader
+    for the folder's `model_kind`: `load_transcoder_set` (per-layer) or `load_clt` (cross-layer), on the CPU."""
+    _, load_transcoder_set, _ = import_circuit_tracer()
+    ct = save_circuit_tracer(transcoders, folder, model)
+    config = yaml.safe_load((ct / "config.yaml").read_text())
+    common = {"scan": config["scan"], "feature_input_hook": config["feature_input_hook"],
+              "feature_output_hook": config["feature_output_hook"], "device": torch.device("cpu"), "dtype": dtype}
+    if config["model_kind"] == "cross_layer_transcoder":
+        from circuit_tracer.transcoder.cross_layer_transcoder import load_clt
+
+        return load_clt(str(ct), **common)  # its default: decoder rows read from the files when needed
+    paths = {l: str(ct / f"layer_{l}.safetensors") for l in range(model.cfg.n_layers)}
+    return load_transcoder_set(paths, lazy_encoder=False, lazy_decoder=False, **common)
+
+
+def their_model(model, transcoders: Union[Sequence[interp.Transcoder], interp.CrossLayerTranscoder], folder: Path,
+                dtype: torch.dtype = torch.float32):
+    """circuit-tracer's replacement model of `model` with `transcoders` (per-layer or one cross-layer), built
+    from our exports in `folder` (the Hugging Face export and the transcoder folder; see the module docstring)."""
     from transformer_lens import loading_from_pretrained as loading
     from transformers import AutoTokenizer
 
-    _, load_transcoder_set, ReplacementModel = import_circuit_tracer()
+    ReplacementModel = import_circuit_tracer()[2]
     folder = Path(folder)
     hf = export(model, folder / "hf", overwrite=True)
-    ct = save_circuit_tracer(transcoders, folder / "transcoders", model)
-    config = yaml.safe_load((ct / "config.yaml").read_text())
-    paths = {l: str(ct / f"layer_{l}.safetensors") for l in range(len(transcoders))}
-    transcoder_set = load_transcoder_set(paths, scan=config["scan"], feature_input_hook=config["feature_input_hook"],
-                                         feature_output_hook=config["feature_output_hook"], device=torch.device("cpu"),
-                                         dtype=dtype, lazy_encoder=False, lazy_decoder=False)
+    loaded = their_transcoders(transcoders, folder / "transcoders", model, dtype)
     cfg = loading.get_pretrained_model_config(str(hf), dtype=dtype, device="cpu")
     state = loading.get_pretrained_state_dict(str(hf), cfg, dtype=dtype)
     theirs = ReplacementModel(cfg, AutoTokenizer.from_pretrained(str(hf)), move_to_device=False)
     theirs.load_and_process_state_dict(state, fold_ln=False, center_writing_weights=False, center_unembed=False)
-    theirs._configure_replacement_model(transcoder_set)  # what from_pretrained_and_transcoders does after loading
+    theirs._configure_replacement_model(loaded)  # what from_pretrained_and_transcoders does after loading
     return theirs
 
 
@@ -160,12 +173,9 @@ def measure(name: str, tokens: int, batch: int, repeats: int, folder: Path, thre
     out = {"name": name, "tokens": len(ids), "batch": batch,
            **agreement(interp.attribute(model, ids, transcoders, batch_size=batch), theirs)}
     for which in ("ours", "theirs"):
-        result = folder / f"{which}.json"
-        subprocess.run([sys.executable, "-m", "benchmarks.graphs_peer", "--side", which, "--models", name, "--tokens",
-                        str(tokens), "--batch", str(batch), "--repeats", str(repeats), "--threads", str(threads),
-                        "--json", str(result)], check=True, stdout=subprocess.DEVNULL,
-                       cwd=Path(__file__).resolve().parent.parent)
-        got = json.loads(result.read_text())
+        got = in_fresh_process("benchmarks.graphs_peer", ["--side", which, "--models", name, "--tokens", str(tokens),
+                                                          "--batch", str(batch), "--repeats", str(repeats),
+                                                          "--threads", str(threads)])
         out[which], out[f"{which}_cpu"], out[f"{which}_mb"] = got["wall"], got["cpu"], got["mb"]
     return out
 

@@ -217,7 +217,7 @@ class _Rows:
             d = directions[i:i + n]
             inject = torch.zeros(n, d.shape[1], dtype=d.dtype, device=d.device)
             inject[:len(d)] = d
-            out.append(self._pass((run.logits[:, -1] * inject).sum(), run)[:len(d)])
+            out.append(self._pass([run.logits[:, -1]], [inject], run)[:len(d)])
         return torch.cat(out)
 
     def feature_rows(self, which: torch.Tensor) -> torch.Tensor:
@@ -226,19 +226,22 @@ class _Rows:
         for i in range(0, len(which), self.batch):
             chunk = which[i:i + self.batch]
             layer, pos, feat = self.active[chunk].unbind(1)
-            objective = torch.zeros((), dtype=self.frozen.logits.dtype)
+            outputs, injects = [], []
             for l in layer.unique().tolist():
                 rows = (layer == l).nonzero(as_tuple=True)[0]
                 inject = torch.zeros_like(self.run.x_in[l])
                 inject[rows, pos[rows]] = self.rm.dicts.encoder(l)[:, feat[rows]].T.to(inject)
-                objective = objective + (self.run.x_in[l] * inject).sum()
-            out.append(self._pass(objective, self.run)[:len(chunk)])
+                outputs.append(self.run.x_in[l])
+                injects.append(inject)
+            out.append(self._pass(outputs, injects, self.run)[:len(chunk)])
         return torch.cat(out) if out else torch.zeros(0, self.n_cols, dtype=self.frozen.logits.dtype)
 
-    def _pass(self, objective: torch.Tensor, run: FrozenRun) -> torch.Tensor:
-        """One backward of `run`: [batch, n_cols], each copy's gradient dotted with every source vector."""
+    def _pass(self, outputs: list[torch.Tensor], injects: list[torch.Tensor], run: FrozenRun) -> torch.Tensor:
+        """One backward of `run` from gradients `injects` at `outputs` (each copy's target direction, given
+        as the gradient rather than a product to sum, which would be one more [batch, pos, d] per output):
+        [batch, n_cols], each copy's gradient dotted with every source vector."""
         leaves, batch = [run.embed] + run.errors, run.embed.shape[0]
-        grads = torch.autograd.grad(objective, leaves, retain_graph=True, allow_unused=True)
+        grads = torch.autograd.grad(outputs, leaves, injects, retain_graph=True, allow_unused=True)
         self.passes += 1
         g_embed, g_out = grads[0], list(grads[1:])
         tokens = _dot(g_embed, self.frozen.embed, batch)  # every row on the model's device until the end

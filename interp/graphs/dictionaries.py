@@ -5,7 +5,7 @@ and writes their decoder vectors into MLP outputs (`blocks.{l}.hook_mlp_out`). A
 (`interp.Transcoder`) reads layer l and writes layer l only; a cross-layer transcoder reads layer l and
 writes every layer l' >= l. Attribution, head loadings and interventions only call the methods of
 `Dictionaries` below (input_hook, output_hook, d_sae, encoder, pre_acts, encode, writes, decoder, bias,
-skip, to, dtype, scan, n_layers), so a cross-layer set is a subclass overriding them (`writes(l)` returning
+skip, modules, to, dtype, scan, n_layers), so a cross-layer set is a subclass overriding them (`writes(l)` returning
 `range(l, n_layers)`, `decoder(l, l')` its [d_sae, d_model] block, `bias(l')` and `skip(l', x)` the output
 layer's) and nothing else changes: `as_dictionaries` and `ReplacementModel` take any `Dictionaries` as it is.
 """
@@ -91,6 +91,10 @@ class Dictionaries:
         """The linear skip term of layer `out` from its input x (None without one)."""
         return self.transcoders[out].skip_term(x)
 
+    def modules(self) -> list[torch.nn.Module]:
+        """The modules holding the weights (the replacement model marks them constant while it runs)."""
+        return list(self.transcoders)
+
     def to(self, dtype: torch.dtype) -> "Dictionaries":
         """A copy in `dtype` (the originals are left as they are)."""
         other = copy.copy(self)
@@ -149,6 +153,9 @@ class CrossLayerDictionaries(Dictionaries):
 
     def skip(self, out: int, x: Float[torch.Tensor, "*batch d_in"]) -> Optional[Float[torch.Tensor, "*batch d_out"]]:
         return self.clt.skip_term(out, x)
+
+    def modules(self) -> list[torch.nn.Module]:
+        return [self.clt]
 
     def to(self, dtype: torch.dtype) -> "CrossLayerDictionaries":
         other = copy.copy(self)

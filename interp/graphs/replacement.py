@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 from jaxtyping import Float, Int
@@ -81,8 +81,10 @@ class FrozenRun:
     """A forward of the frozen linear model on a batch of copies of the prompt.
 
     Attributes:
-        embed: [batch, pos, d_model] the token embeddings it ran on (a leaf requiring grad if asked).
-        errors: per layer [batch, pos, d_model] the error terms it ran on (leaves requiring grad if asked).
+        embed: [batch, pos, d_model] the token embeddings it ran on (a leaf requiring grad if asked; where
+            the run broadcast one prompt's, a zero-stride view of them: read it, never write to it).
+        errors: per layer [batch, pos, d_model] the error terms it ran on (leaves requiring grad if asked,
+            views as `embed`).
         x_in: per layer [batch, pos, d_in] what each layer's features read (in the autograd graph).
         logits: [batch, pos, d_vocab]; None for a run that stopped after the last block (`logits=False`).
     """
@@ -183,22 +185,25 @@ class ReplacementModel:
         _check_flags(self.model)
         d, B, T = self.dicts, batch, frozen.n_pos
         embed_in = _batched(frozen.embed if embed is None else embed, B)
-        acts_in = [_batched(a, B) for a in (frozen.acts if acts is None else acts)]
+        acts_in = frozen.acts if acts is None else acts
         err_in = [_batched(e, B) for e in (frozen.errors if errors is None else errors)]
         if grad:
-            embed_in = embed_in.detach().clone().requires_grad_(True)
-            err_in = [e.detach().clone().requires_grad_(True) for e in err_in]
-        fixed = [d.bias(l) + sum((acts_in[s] @ d.decoder(s, l) for s in _sources_of(d, l)), torch.zeros(()))
-                 for l in range(d.n_layers)]
+            # leaves as the copies' zero-stride views: the gradient is still one per copy, and B copies of
+            # the prompt's embeddings and errors are never stored
+            embed_in = embed_in.detach().requires_grad_(True)
+            err_in = [e.detach().requires_grad_(True) for e in err_in]
+        with _constant_weights(self.model, d):  # the copies share the prompt's activations: [pos, d_model], broadcast
+            fixed = [d.bias(l) + sum((acts_in[s] @ d.decoder(s, l) for s in _sources_of(d, l)), torch.zeros(()))
+                     for l in range(d.n_layers)]
         x_in: list = [None] * d.n_layers
         hooks = [(n, _returns(v.expand(B, *v.shape[1:]))) for n, v in frozen.frozen.items()]
         hooks.append(("hook_embed", _returns(embed_in)))
         for l in range(d.n_layers):
             hooks.append((d.input_hook(l), _capture(x_in, l)))
-            hooks.append((d.output_hook(l), _mlp_output(d, l, x_in, fixed[l] + err_in[l])))
+            hooks.append((d.output_hook(l), _mlp_output(d, l, x_in, fixed[l], err_in[l])))
         hooks += list(extra_hooks)
         stop = {} if logits else {"stop_at_layer": n_layers(self.model)}
-        with torch.enable_grad() if grad else contextlib.nullcontext():
+        with torch.enable_grad() if grad else contextlib.nullcontext(), _constant_weights(self.model, d):
             out = self.model.run_with_hooks(frozen.tokens[None].expand(B, T), fwd_hooks=hooks, **stop)
         return FrozenRun(embed_in, err_in, x_in, out if logits else None)
 
@@ -240,13 +245,30 @@ def _capture(store: list, layer: int) -> Callable:
     return hook
 
 
-def _mlp_output(d: Dictionaries, layer: int, x_in: list, held: torch.Tensor) -> Callable:
-    """The hook replacing layer's MLP output by skip(x_in, live) + the held part (bias, features, error)."""
+def _mlp_output(d: Dictionaries, layer: int, x_in: list, fixed: torch.Tensor, error: torch.Tensor) -> Callable:
+    """The hook replacing layer's MLP output by skip(x_in, live) + the held part (bias and features, fixed,
+    plus the error), summed as the forward reaches it so that no layer's [batch, pos, d_model] sum waits."""
     def hook(act, hook):
         skip = d.skip(layer, x_in[layer])
-        out = held if skip is None else held + skip
-        return out.to(act.dtype)
+        out = fixed + error
+        return (out if skip is None else out + skip).to(act.dtype)
     return hook
+
+
+@contextlib.contextmanager
+def _constant_weights(model: HookedModel, d: Dictionaries) -> Iterator[None]:
+    """The model's and the dictionaries' weights marked as not requiring grad for one forward, then as they
+    were. The frozen model is linear in its sources alone; a weight that requires grad makes autograd keep
+    every matmul's input for a weight gradient no one asks for (on gpt-4, a third of a batched run's peak)."""
+    params = [p for m in (model, *d.modules()) if isinstance(m, torch.nn.Module) for p in m.parameters()
+              if p.requires_grad]
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in params:
+            p.requires_grad_(True)
 
 
 def _check_finite(tensors: dict) -> None:
