@@ -47,7 +47,7 @@ N_SEQS = 4  # sequences (or stories) per batch
 EXACT_LIMIT = 2500  # exact patching of every edge only for graphs up to this many edges (unless --exact-all)
 TOP = 0.05  # "top edges": this fraction of the graph by |score|
 GRAPH_PROMPTS, GRAPH_LEN = 2, 24  # attribution graphs: the first sequences of seed 0's shortest task, cut to this many tokens
-BLOCK = "discovery"
+BLOCK, SUMMARY_BLOCK = "discovery", "discovery-summary"  # the page's block; the README's sentences
 DOC = home(BLOCK, Path("."))  # docs/results/discovery.md
 Task = tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]
 
@@ -108,6 +108,7 @@ def names_task(model: Any, length: int, seed: int) -> Task:
 
 
 TASKS = {"induction": induction_task, "names": names_task}
+TASK_WORDS = {"induction": "induction on repeated random tokens", "names": "the later pieces of invented names"}
 
 
 def top_heads(scores: pd.DataFrame, top: float = TOP) -> list[str]:
@@ -278,13 +279,41 @@ def markdown(rows: pd.DataFrame) -> str:
         seeds = ", ".join(str(s) for s in sorted(table["seed"].unique()))
         lengths = ", ".join(str(n) for n in sorted(table["length"].unique()))
         said = claims(table)
-        what = "induction on repeated random tokens (length = half)" if task == "induction" else \
-            "the later pieces of invented names (length = story tokens)"
+        what = f"{TASK_WORDS[task]} ({'length = half' if task == 'induction' else 'length = story tokens'})"
         lines.append(f"- **{label}, {what}** ({table['n_edges'].iloc[0]} edges; holds over seeds {seeds} "
                      f"and lengths {lengths}): " + ("; ".join(said) + "." if said else "no sentence holds in every setting."))
     cols = ["model", "task", "seed", "length"] + [c for c in rows.columns if c.startswith(("cpr_", "cmd_"))] + \
         [c for c in rows.columns if c == "top_found" or c.startswith("jaccard_graph_p")]
     return "\n".join(lines + ["", md_table(rows[cols])])
+
+
+def summary(rows: pd.DataFrame) -> str:
+    """The README's sentences over every setting run (model, task, seed, length): each says in how many of
+    them what it states holds."""
+    n, ig, rand = len(rows), rows["cpr_eap-ig-inputs"], rows["cpr_random"]
+    tasks = ", ".join(TASK_WORDS[t] for t in rows["task"].unique())
+    seeds = ", ".join(str(s) for s in sorted(rows["seed"].unique()))
+    where = (f"{n} settings ({', '.join(rows['model'].unique())}; {tasks}; seeds {seeds}, "
+             f"{rows.groupby('task')['length'].nunique().max()} lengths per task)")
+    beats = int(((ig > rand) & (rows["cmd_eap-ig-inputs"] < rows["cmd_random"])).sum())
+    out = [f"Over {where}, EAP-IG's ranking of every edge (5 steps, resample ablation) beats a random ranking on both "
+           f"CPR and CMD in {beats} of {n} (CPR {ig.min():.2f} to {ig.max():.2f}, random {rand.min():.2f} to {rand.max():.2f})"]
+    if "cpr_exact" in rows and rows["cpr_exact"].notna().all():
+        ex = rows["cpr_exact"]
+        edges = ", ".join(f"{m} {e}" for m, e in rows.groupby("model", sort=False)["n_edges"].first().items())
+        out.append(f"exact patching of every edge ({edges} edges) ranks them with CPR {ex.min():.2f} to {ex.max():.2f}, "
+                   f"and EAP-IG's CPR is within 0.05 of it or above in {int((ig >= ex - 0.05).sum())} of {n}")
+    named = [set(str(h).split()) <= set(str(t).split()) for h, t in zip(rows["induction_circuit_heads"], rows["top_heads"])]
+    out.append(f"every head `induction_circuit` names is among the heads of EAP-IG's top {TOP:.0%} of edges in "
+               f"{sum(named)} of {n}")
+    return "; ".join(out) + "."
+
+
+def write(doc: Path, rows: pd.DataFrame) -> None:
+    """The page's block and, in the README of the checkout holding the page (docs/results/ two levels down),
+    the summary block."""
+    rewrite(doc, BLOCK, markdown(rows))
+    rewrite(home(SUMMARY_BLOCK, Path(doc).resolve().parents[2]), SUMMARY_BLOCK, summary(rows))
 
 
 def md_table(frame: pd.DataFrame) -> str:
@@ -311,7 +340,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         rows = pd.concat([pd.read_csv(f) for f in args.from_csv], ignore_index=True)
         heads = ["top_heads", "induction_circuit_heads"] + [c for c in rows if c.startswith("graph_heads_p")]  # "" -> NaN
         filled = {c: rows[c].astype(object).where(rows[c].notna(), "").astype(str) for c in heads}
-        rewrite(args.doc, BLOCK, markdown(rows.assign(**filled)))
+        write(Path(args.doc), rows.assign(**filled))
         return 0
     torch.manual_seed(0)
     names = args.models or [m for m in MODELS if m in demo_names()]
@@ -323,10 +352,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     rows.to_csv(out / "settings.csv", index=False)
     curves.to_csv(out / "curves.csv", index=False)
-    text = markdown(rows)
-    print(text)
+    print(markdown(rows), "\n\nREADME:", summary(rows))
     if not args.quick:
-        rewrite(args.doc, BLOCK, text)
+        write(Path(args.doc), rows)
     return 0
 
 

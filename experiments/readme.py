@@ -17,6 +17,7 @@ HOMES = {
     "features": "docs/guide/features.md",
     "circuit:": "docs/guide/circuits.md",
     "discovery": "docs/results/discovery.md",
+    "discovery-summary": "README.md",
     "graph-finding": "docs/results/graph-finding.md",
     "graph-finding-summary": "README.md",
 }

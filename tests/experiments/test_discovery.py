@@ -52,6 +52,15 @@ def test_sentences_only_where_every_setting_agrees():
     assert "holds over seeds 0, 1, 2, 3 and lengths 8, 16" in text
 
 
+def test_summary_counts_the_settings_each_statement_holds_in():
+    rows = _rows([True, True, True, False]).assign(cpr_exact=[0.92, 0.2, 0.92, 0.92])
+    text = discovery.summary(rows)
+    assert "beats a random ranking on both CPR and CMD in 3 of 4" in text
+    assert "within 0.05 of it or above in 3 of 4" in text  # 0.9 against 0.92 or 0.2: yes; 0.1 against 0.92: no
+    assert "among the heads of EAP-IG's top 5% of edges in 4 of 4" in text
+    assert "exact patching" not in discovery.summary(rows.drop(columns="cpr_exact"))  # no exact run: no sentence
+
+
 def test_sweep_on_a_one_layer_demo(tmp_path, monkeypatch):
     monkeypatch.setattr(discovery, "N_SEQS", 2)
     model = sprout.load("gpt-1").eval()
@@ -59,8 +68,10 @@ def test_sweep_on_a_one_layer_demo(tmp_path, monkeypatch):
     assert len(rows) == 4 and (rows["n_edges"] == 18).all()  # 1 layer, 3 heads: exact patching runs (18 <= limit)
     assert rows["induction_circuit_heads"].eq("").all()  # no head above layer 0 to be an induction head
     assert set(curves["method"]) == {"eap-ig-inputs", "exact", "random"}
-    doc = tmp_path / "d.md"
+    doc = tmp_path / "docs" / "results" / "d.md"
+    doc.parent.mkdir(parents=True)
     doc.write_text("x\n<!-- discovery -->\nold\n<!-- /discovery -->\n")
+    (tmp_path / "README.md").write_text("y\n<!-- discovery-summary -->\n<!-- /discovery-summary -->\n")
     from experiments.readme import rewrite
     rewrite(doc, discovery.BLOCK, discovery.markdown(rows))
     assert "holds over seeds 0, 1 and lengths 6" in doc.read_text() and "\nold\n" not in doc.read_text()
@@ -69,6 +80,8 @@ def test_sweep_on_a_one_layer_demo(tmp_path, monkeypatch):
     doc.write_text("x\n<!-- discovery -->\n<!-- /discovery -->\n")
     assert discovery.main(["--from-csv", str(tmp_path / "settings.csv"), "--doc", str(doc)]) == 0
     assert doc.read_text() == written
+    readme = (tmp_path / "README.md").read_text()  # the summary beside it, in the README two levels up
+    assert "Over 4 settings (gpt-1; " in readme and f"in {len(rows)} of 4" in readme
 
 
 def test_graph_head_loads_and_overlaps_equal_a_hand_computation_from_head_loadings():
