@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional, cast
+from typing import Optional, Union, cast
 
 from .._core.identity import PathLike, fingerprint
 from .._core.model import HookedModel, model_name, require_hooks
@@ -49,7 +49,8 @@ def run_roots(root: PathLike) -> list[Path]:
     return found
 
 
-def _find(model: HookedModel, root, name_of, what: str, expect: type, ours=is_ours):
+def _find(model: HookedModel, root, name_of, what: str, expect: type[Union[SAE, CrossLayerTranscoder]],
+          ours=is_ours) -> Union[SAE, CrossLayerTranscoder]:
     from sprout.files import demo_dir
 
     roots = run_roots(root) if root is not None else sorted(p for p in demo_dir().iterdir() if p.is_dir())
@@ -78,7 +79,7 @@ def load_sae(model: HookedModel, hook: str, root: Optional[PathLike] = None) -> 
     if not isinstance(hook, str):
         raise TypeError(f"hook must be a hook name such as 'blocks.0.hook_resid_post', got {hook!r}")
     require_hooks(model, [hook])
-    return _find(model, root, lambda r: shipped_folder(r, hook=hook), f"SAE at {hook!r}", SAE)
+    return cast(SAE, _find(model, root, lambda r: shipped_folder(r, hook=hook), f"SAE at {hook!r}", SAE))
 
 
 def load_transcoder(model: HookedModel, layer: int, root: Optional[PathLike] = None, skip: bool = True) -> Transcoder:
