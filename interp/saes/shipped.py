@@ -5,6 +5,7 @@ each a folder of `files`' layout, and `.../saes/clt/` for the cross-layer transc
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Optional, Union, cast
 
@@ -102,5 +103,7 @@ def load_clt(model: HookedModel, root: Optional[PathLike] = None) -> CrossLayerT
     Example:
         >>> clt = interp.load_clt(sprout.load("gpt-4"))                                   # doctest: +SKIP
     """
+    if root is not None and not isinstance(root, (str, os.PathLike)):
+        raise TypeError(f"root must be a folder (a path), got {type(root).__name__}")
     return cast(CrossLayerTranscoder, _find(model, root, shipped_clt_folder, "cross-layer transcoder",
                                             CrossLayerTranscoder, clt_files.is_ours))
