@@ -1,24 +1,28 @@
 """Cross-layer against per-layer transcoders at equal L0, on the shipped demos (issue 39 item 6):
-`nice -n 10 python -m experiments.clt_compare [gpt-4 sprout-mini] [--steps 1500] [--threads 1] [--docs]`.
+`nice -n 10 python -m experiments.clt_compare [gpt-4 sprout-mini] [--steps N] [--threads 1] [--docs]`.
 
 For each demo: the shipped per-layer transcoders without a skip (`interp.load_transcoder(model, l, skip=False)`:
-BatchTopK at k per layer, written as JumpReLU) and a cross-layer transcoder (`interp.train_clt`) with the same
-latents per layer, BatchTopK at k x n_layers latents per token over all layers (the per-layer set's total), on
-the same training text (the demo's, `experiments.ship.demo_texts`), the same batch, learning rate and seed, for
-`--steps` steps (1,500 by default, the per-layer recipe's count, on one CPU core). Both are then measured the
-same way: `interp.saes.clt_metrics` on the demo's held-out text (EV per MLP output, L0 per token, CE recovered
-with every MLP replaced at once, against zero and mean ablation), and the attribution graphs of prompts cut
-from that held-out text (`interp.attribute`, then `interp.graph_scores`: replacement and completeness of the
-full graph), with each graph's L0 per token (active features / attributed positions) beside its scores.
+BatchTopK at k per layer, written as JumpReLU) and the shipped cross-layer transcoder (`interp.load_clt`,
+trained by `python -m experiments.ship NAME --only clt`: the recipe of `experiments.ship_clt.CLT_PLANS`, the
+per-layer transcoders' width, batch, learning rate, seed and text, BatchTopK at k x n_layers latents per token
+over all layers, the per-layer set's total). Where the shipped CLT is not of that recipe (or `--steps N` asks
+for another count), one is trained here by the same code and kept in results/clt_compare/<demo>/clt/, reused
+while its recorded recipe is the same. Both sets are then measured the same way: `interp.saes.clt_metrics` on
+the demo's held-out text (EV per MLP output, L0 per token, CE recovered with every MLP replaced at once, against
+zero and mean ablation), the dead fraction over the longer dead-fraction text (about 40k tokens, as the
+shipping run counts it), and the attribution graphs of prompts cut from the held-out text
+(`interp.attribute`, then `interp.graph_scores`: replacement and completeness of the full graph), with each
+graph's L0 per token (active features / attributed positions) beside its scores.
 
-Writes results/clt_compare/<demo>/ (clt/ the trained CLT, metrics.csv, graphs.csv) and, with --docs, the
+Writes results/clt_compare/<demo>/ (metrics.csv, graphs.csv; clt/ when trained here) and, with --docs, the
 "clt" block of docs/features.md.
 """
 from __future__ import annotations
 
 import argparse
-import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Optional
 
 import pandas as pd
 import torch
@@ -29,26 +33,31 @@ from interp.saes.clt_metrics import clt_metrics, from_transcoders
 
 from . import readme
 from .ship import ShipPlan, demo_texts
+from .ship_clt import CLT_PLANS, is_recipe, train
 
 DEMOS = ("gpt-4", "sprout-mini")
 N_PROMPTS, PROMPT_TOKENS = 8, 24
 COMMAND = "nice -n 10 python -m experiments.clt_compare gpt-4 sprout-mini --threads 1 --docs"
 
 
-def train_or_load(name: str, model, per_layer: list, text: str, steps: int, out: Path) -> interp.CrossLayerTranscoder:
-    """The demo's CLT in out/<name>/clt (trained there when absent) at the per-layer set's total k."""
+def clt_of(name: str, model, texts: dict, steps: Optional[int], out: Path) -> interp.CrossLayerTranscoder:
+    """The demo's CLT by its one recipe (`experiments.ship_clt.CLT_PLANS`, `--steps` overriding its steps): the
+    shipped one when that recipe trained it, else one trained here and kept in out/<name>/clt (reused while
+    its recorded recipe is the same)."""
+    plan = CLT_PLANS[name] if steps is None else replace(CLT_PLANS[name], steps=steps)
+    try:
+        shipped = interp.load_clt(model)
+        if is_recipe(shipped, plan):
+            return shipped
+    except FileNotFoundError:
+        pass
     folder = out / name / "clt"
     if (folder / "cfg.json").is_file():
         clt = interp.CrossLayerTranscoder.load(folder, model)
-        if clt.info.get("steps") == steps:
+        if is_recipe(clt, plan):
             return clt
-    s = per_layer[0].info["settings"]
-    t0 = time.perf_counter()
-    clt = interp.train_clt(model, text, d_sae=per_layer[0].d_sae, k=s["k"] * len(per_layer), steps=steps,
-                           batch_size=s["batch_size"], lr=s["lr"], seed=s["seed"], dead_tokens=s["dead_tokens"],
-                           progress=False)
-    clt = clt.to_jumprelu()
-    clt.info["train_seconds"] = time.perf_counter() - t0
+    print(f"{name}: the shipped CLT is not of the recipe {plan}: training one in {folder}")
+    clt = train(model, plan, texts)
     clt.save(folder)
     return clt
 
@@ -74,15 +83,14 @@ def graph_rows(model, sets: dict, prompt_ids: list) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def compare(name: str, steps: int, out: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+def compare(name: str, steps: Optional[int], out: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     model = sprout.load(name)
-    L = int(model.cfg.n_layers)
-    per_layer = [interp.load_transcoder(model, l, skip=False) for l in range(L)]
-    plan = ShipPlan()
-    texts = demo_texts(name, plan)
-    clt = train_or_load(name, model, per_layer, texts["train"][:plan.train_chars], steps, out)
+    per_layer = [interp.load_transcoder(model, l, skip=False) for l in range(int(model.cfg.n_layers))]
+    texts = demo_texts(name, ShipPlan(train_chars=CLT_PLANS[name].train_chars))
+    clt = clt_of(name, model, texts, steps, out)
     sets = {"per-layer": from_transcoders(per_layer), "cross-layer": clt}
-    metrics = pd.concat([clt_metrics(model, c, texts["held"]).assign(set=kind) for kind, c in sets.items()])
+    metrics = pd.concat([clt_metrics(model, c, texts["held"]).assign(
+        set=kind, dead_long=float(clt_metrics(model, c, texts["dead"]).dead_fraction.iloc[-1])) for kind, c in sets.items()])
     graphs = graph_rows(model, {"per-layer": per_layer, "cross-layer": clt}, prompts(model, texts["held"]))
     (out / name).mkdir(parents=True, exist_ok=True)
     metrics.to_csv(out / name / "metrics.csv", index=False)
@@ -92,12 +100,14 @@ def compare(name: str, steps: int, out: Path) -> tuple[pd.DataFrame, pd.DataFram
 
 def markdown(results: dict) -> str:
     lines = [f"Generated by `{COMMAND}` (results/clt_compare/). Per-layer: the shipped transcoders without a skip; "
-             "cross-layer: `interp.train_clt` with as many latents per layer, its total k equal to the per-layer set's "
-             "(k per layer x layers), same text, batch, lr and seed; 1,500 steps of 1,024 tokens each (the per-layer "
-             "recipe's count; the CLT on one CPU core). Graph columns: means over "
+             "cross-layer: the shipped CLT (`python -m experiments.ship NAME --only clt`, the recipe of "
+             "`experiments.ship_clt`: as many latents per layer, its total k equal to the per-layer set's (k per layer "
+             "x layers), same text, batch, lr and seed, trained on one CPU core; each demo's recipe below). Graph "
+             "columns: means over "
              f"{N_PROMPTS} prompts of {PROMPT_TOKENS} tokens cut from the held-out text (full, unpruned graphs; "
              "L0/token = active features / attributed positions). Metrics: `interp.saes.clt_metrics` on the held-out "
-             "text, every MLP replaced at once.", "",
+             "text, every MLP replaced at once; dead: never firing over about 40k other held-out tokens (the "
+             "shipping run's count).", "",
              "| model | set | L0/token (graphs) | replacement | completeness | L0/token (held-out) | EV (all MLPs) | "
              "EV per layer | CE rec. (zero) | CE rec. (mean) | dead |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, (metrics, graphs, info) in results.items():
@@ -109,16 +119,21 @@ def markdown(results: dict) -> str:
             lines.append(f"| {name} | {kind} | {g.l0_per_token.mean():.1f} | {g.replacement.mean():.3f} "
                          f"(min {g.replacement.min():.3f}) | {g.completeness.mean():.3f} | {total.l0:.1f} | "
                          f"{total.explained_variance:.3f} | {per} | {total.ce_loss_recovered:.3f} | "
-                         f"{total.ce_loss_recovered_mean:.3f} | {total.dead_fraction:.1%} |")
-    clt_times = ", ".join(f"{n}: {r[2]['clt'].get('train_seconds', float('nan')):.0f} s" for n, r in results.items())
-    lines += ["", f"CLT training time (one process, shared 2-core machine): {clt_times}."]
+                         f"{total.ce_loss_recovered_mean:.3f} | {total.dead_long:.1%} |")
+    lines.append("")
+    for name, (_, _, info) in results.items():
+        r, s = info["clt"].get("recipe", {}), info["clt"].get("settings", {})
+        lines.append(f"- {name}'s CLT: {s.get('d_sae')} latents per layer, k {s.get('k')}, {r.get('steps')} steps of "
+                     f"{r.get('batch_size')} tokens, AuxK weight {r.get('aux_k_coefficient'):.4g} over latents unfired "
+                     f"for {r.get('dead_tokens'):,} tokens; trained in {info['clt'].get('train_seconds', float('nan')):.0f} s "
+                     "(one process, shared 2-core machine).")
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("names", nargs="*", default=list(DEMOS), choices=DEMOS)
-    p.add_argument("--steps", type=int, default=1500)
+    p.add_argument("--steps", type=int, default=None, help="train a CLT of this many steps instead of the recipe's")
     p.add_argument("--out", type=Path, default=Path("results/clt_compare"))
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--docs", action="store_true", help="write the table into docs/features.md (block 'clt')")

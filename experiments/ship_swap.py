@@ -28,6 +28,7 @@ from interp.saes.files import CFG, WEIGHTS
 from sprout.files.folders import exchange, folder_lock, fsync_dir, remove_ours, uninterrupted
 
 SAES = "saes"
+MAX_MB = 40  # all shipped dictionaries of all demos together (per-layer and cross-layer)
 OWN = frozenset({CFG, WEIGHTS})  # the files of one dictionary's folder
 
 
@@ -55,6 +56,18 @@ def write_set(saes: Path, ready: list[tuple[Any, Path]]) -> list[Path]:
         finally:
             _remove_set(stage)  # the previous set once switched; the half-built one if not
     return [saes / Path(folder).name for _, folder in ready]
+
+
+def shipped_mb(demos: Path) -> float:
+    """The size in MiB of every dictionary shipped under `demos` (<demo>/saes/<dictionary>/*).
+
+    Raises:
+        SystemExit: over MAX_MB (what a pip install carries).
+    """
+    size = sum(f.stat().st_size for p in Path(demos).glob(f"*/{SAES}/*") for f in p.iterdir()) / 2**20
+    if size > MAX_MB:
+        raise SystemExit(f"the shipped dictionaries are {size:.1f} MB, over the {MAX_MB} MB budget: lower the expansion")
+    return size
 
 
 def _stage(saes: Path, stage: Path, ready: list[tuple[Any, Path]]) -> None:

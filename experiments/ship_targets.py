@@ -77,3 +77,21 @@ def failures(kind: str, held: dict, d_model: int) -> list[str]:
                    (held["ce_loss_recovered_mean"] >= TRANSCODER_CE_MEAN,
                     f"CE recovered (mean ablation) {held['ce_loss_recovered_mean']:.3f} < {TRANSCODER_CE_MEAN}")]
     return [why for ok, why in checks if not ok]
+
+
+def clt_failures(held: dict, d_model: int, n_layers: int) -> list[str]:
+    """What a cross-layer transcoder's held-out metrics (`experiments.ship_clt.measure`) miss of its targets: the
+    per-layer transcoders' summed over layers (L0 per token at most n_layers x d_model / 12, under 5% dead, CE
+    recovered against mean ablation with every MLP replaced at least 0.90), and explained variance of every MLP
+    output together at least the shipped per-layer set's (without skip) at the same total k: the per-layer
+    transcoders' margin over regression is the per-layer set's own, which the CLT must not fall below."""
+    l0 = max_l0(d_model) * n_layers
+    ev, per_layer = held["explained_variance"], held.get("per_layer_explained_variance")
+    checks = [(held["l0"] <= l0, f"L0 {held['l0']:.1f} per token > {l0} (n_layers x d_model / 12)"),
+              (held["dead_fraction"] < MAX_DEAD, f"dead fraction {held['dead_fraction']:.1%} >= {MAX_DEAD:.0%}"),
+              (held["ce_loss_recovered_mean"] >= TRANSCODER_CE_MEAN,
+               f"CE recovered (mean ablation, every MLP replaced) {held['ce_loss_recovered_mean']:.3f} < {TRANSCODER_CE_MEAN}"),
+              (per_layer is not None and ev >= per_layer,
+               f"explained variance {ev:.3f} (all MLP outputs) < the per-layer set's {per_layer:.3f}" if per_layer is not None
+               else "explained variance not compared: no per-layer set without skip shipped")]
+    return [why for ok, why in checks if not ok]

@@ -78,6 +78,7 @@ from .saes import (
     describe_latent,
     interpretability_score,
     interpretability_summary,
+    load_clt,
     load_sae,
     load_transcoder,
     run_with_saes,
@@ -109,6 +110,6 @@ __all__ = [
     # measures
     "loss_table", "mean_loss", "param_table", "repeat_loss", "residual_rms", "rope_distance_check",
     # saes
-    "SAE", "CrossLayerTranscoder", "Transcoder", "describe_latent", "interpretability_score", "interpretability_summary", "load_sae",
-    "load_transcoder", "run_with_saes", "sae_metrics", "spliced", "train_clt", "train_sae", "train_transcoder",
+    "SAE", "CrossLayerTranscoder", "Transcoder", "describe_latent", "interpretability_score", "interpretability_summary", "load_clt",
+    "load_sae", "load_transcoder", "run_with_saes", "sae_metrics", "spliced", "train_clt", "train_sae", "train_transcoder",
 ]

@@ -52,7 +52,8 @@ def attribute(model: Union[HookedModel, ReplacementModel], prompt: TextOrTokens,
     Args:
         model: a hooked model (Sprout, the walkthrough GPT), or a `ReplacementModel` (then no transcoders).
         prompt: one text, or ids [pos] / [1, pos].
-        transcoders: None (the demo's shipped ones), one `interp.Transcoder` per layer, or `Dictionaries`.
+        transcoders: None (the demo's shipped ones), "clt" (its shipped cross-layer transcoder), one
+            `interp.Transcoder` per layer, an `interp.CrossLayerTranscoder`, or `Dictionaries`.
         max_n_logits, desired_logit_prob: the logit nodes are the most probable next tokens until their
             probabilities sum to desired_logit_prob, at most max_n_logits (each demeaned: the logit minus
             the mean logit, as circuit-tracer).

@@ -12,7 +12,7 @@ layer's) and nothing else changes: `as_dictionaries` and `ReplacementModel` take
 from __future__ import annotations
 
 import copy
-from typing import Mapping, Optional, Sequence, Union
+from typing import Literal, Mapping, Optional, Sequence, Union
 
 import torch
 from jaxtyping import Float
@@ -20,9 +20,10 @@ from jaxtyping import Float
 from sprout.names import layer_of
 
 from .._core.model import HookedModel, model_name, n_layers, require_hooks
-from ..saes import CrossLayerTranscoder, Transcoder
+from ..saes import CrossLayerTranscoder, Transcoder, load_clt, load_transcoder
 
-TranscoderInput = Union[None, Sequence[Transcoder], Mapping[int, Transcoder], CrossLayerTranscoder, "Dictionaries"]
+TranscoderInput = Union[None, Literal["clt"], Sequence[Transcoder], Mapping[int, Transcoder], CrossLayerTranscoder,
+                        "Dictionaries"]
 
 
 class Dictionaries:
@@ -184,26 +185,28 @@ def _by_layer(transcoders: Union[Sequence[Transcoder], Mapping[int, Transcoder]]
 
 def as_dictionaries(model: HookedModel, transcoders: TranscoderInput) -> Dictionaries:
     """The checked dictionaries for `model`: None loads the demo's shipped transcoders (found by the
-    weights' fingerprint); a list or mapping of transcoders is checked against the model (trained on
-    it, its hooks and widths) and must cover every layer; a `CrossLayerTranscoder` is checked the same way."""
+    weights' fingerprint), "clt" its shipped cross-layer transcoder (`interp.load_clt`); a list or mapping
+    of transcoders is checked against the model (trained on it, its hooks and widths) and must cover every
+    layer; a `CrossLayerTranscoder` is checked the same way."""
     if isinstance(transcoders, Dictionaries):
         if transcoders.n_layers != n_layers(model):
             raise ValueError(f"the dictionaries cover {transcoders.n_layers} layers, {model_name(model)} has "
                              f"{n_layers(model)}")
         return transcoders
+    if isinstance(transcoders, str) and transcoders == "clt":
+        transcoders = load_clt(model)
     if isinstance(transcoders, CrossLayerTranscoder):
         transcoders.check_model(model)
         clt = CrossLayerDictionaries(transcoders, n_layers(model))
         require_hooks(model, [clt.input_hook(l) for l in range(clt.n_layers)])
         return clt
     if transcoders is None:
-        from ..saes import load_transcoder
-
         loaded = [load_transcoder(model, layer) for layer in range(n_layers(model))]
         return Dictionaries(loaded, n_layers(model), scan=_scan_name(loaded))
     if isinstance(transcoders, (str, bytes, torch.Tensor)) or not hasattr(transcoders, "__len__"):
-        raise TypeError(f"transcoders must be None (the shipped ones), a list of interp.Transcoder (one per layer) "
-                        f"or a mapping {{layer: Transcoder}}, got {type(transcoders).__name__}")
+        got = repr(transcoders) if isinstance(transcoders, str) else type(transcoders).__name__
+        raise TypeError(f"transcoders must be None (the shipped ones), 'clt' (the shipped cross-layer one), a list of "
+                        f"interp.Transcoder (one per layer) or a mapping {{layer: Transcoder}}, got {got}")
     dicts = Dictionaries(transcoders, n_layers(model))
     for layer, tc in enumerate(dicts.transcoders):
         tc.check_model(model, f"the transcoder for layer {layer}")

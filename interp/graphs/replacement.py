@@ -104,8 +104,8 @@ class ReplacementModel:
 
     Args:
         model: a hooked model (Sprout, the walkthrough GPT).
-        transcoders: None (the demo's shipped ones), one `interp.Transcoder` per layer, or a
-            `Dictionaries` (the extension point for cross-layer transcoders).
+        transcoders: None (the demo's shipped ones), "clt" (its shipped cross-layer transcoder), one
+            `interp.Transcoder` per layer, an `interp.CrossLayerTranscoder`, or a `Dictionaries`.
         prefix: leading positions held constant (their features and errors are no nodes); 1 by default,
             as circuit-tracer holds position 0 (a BOS, or the first token of a model trained without one).
 

@@ -9,7 +9,7 @@
     files.py     SAELens' folder layout, reading ours and theirs
     saelens.py   register_with_saelens: SAELens classes for our TopK transcoders
     transcoder_sets.py  circuit-tracer's transcoder folders, written and read
-    shipped.py   the demos' dictionaries, found by fingerprint (load_sae, load_transcoder)
+    shipped.py   the demos' dictionaries, found by fingerprint (load_sae, load_transcoder, load_clt)
     metrics.py   reconstruction, sparsity and the spliced model's loss
     baselines.py what a dictionary must beat at the same L0: a PCA code, regression, the MLP's top neurons
     splice.py    dictionaries spliced into the forward, their latents as hook points
@@ -27,10 +27,10 @@ from .metrics import dead_fractions, sae_metrics
 from .sae import SAE, Transcoder
 from .saelens import register_with_saelens
 from .score import interpretability_score, interpretability_summary
-from .shipped import load_sae, load_transcoder
+from .shipped import load_clt, load_sae, load_transcoder
 from .splice import run_with_saes, spliced
 from .transcoder_sets import load_circuit_tracer, save_circuit_tracer
 
 __all__ = ["SAE", "CrossLayerTranscoder", "Transcoder", "clt_metrics", "dead_fractions", "describe_latent",
-           "interpretability_score", "interpretability_summary", "load_circuit_tracer", "load_sae", "load_transcoder",
+           "interpretability_score", "interpretability_summary", "load_circuit_tracer", "load_clt", "load_sae", "load_transcoder",
            "register_with_saelens", "run_with_saes", "sae_metrics", "save_circuit_tracer", "spliced"]

@@ -1,17 +1,22 @@
 """The dictionaries shipped with the demo models, found by the weights' fingerprint (as `load_tuned_lens`
 finds a demo's tuned lens): `sprout/demo/<name>/saes/<hook>/` for an SAE, `.../saes/transcoder-<layer>/`
-for the skip transcoder of block `layer` and `.../saes/transcoder-<layer>-noskip/` for the one without a skip,
-each a folder of `files`' layout."""
+for the skip transcoder of block `layer`, `.../saes/transcoder-<layer>-noskip/` for the one without a skip,
+each a folder of `files`' layout, and `.../saes/clt/` for the cross-layer transcoder (`clt_files`' layout)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
-from typing import Optional, cast
+from typing import Optional, Union, cast
 
 from .._core.identity import PathLike, fingerprint
 from .._core.model import HookedModel, model_name, require_hooks
+from . import clt_files
+from .clt import CrossLayerTranscoder
 from .files import CFG, is_ours
 from .sae import SAE, Transcoder
+
+CLT = "clt"  # the cross-layer transcoder's folder inside saes/
 
 
 def shipped_folder(root: PathLike, hook: Optional[str] = None, layer: Optional[int] = None, skip: bool = True) -> Path:
@@ -23,6 +28,11 @@ def shipped_folder(root: PathLike, hook: Optional[str] = None, layer: Optional[i
     if hook is not None:
         return Path(root) / "saes" / hook
     return Path(root) / "saes" / f"transcoder-{int(cast(int, layer))}{'' if skip else '-noskip'}"  # one of the two: checked above
+
+
+def shipped_clt_folder(root: PathLike) -> Path:
+    """Where a demo ships its cross-layer transcoder: `<root>/saes/clt/` (root: the demo's folder)."""
+    return Path(root) / "saes" / CLT
 
 
 def run_roots(root: PathLike) -> list[Path]:
@@ -40,21 +50,22 @@ def run_roots(root: PathLike) -> list[Path]:
     return found
 
 
-def _find(model: HookedModel, root, name_of, what: str, expect: type[SAE]) -> SAE:
+def _find(model: HookedModel, root, name_of, what: str, expect: type[Union[SAE, CrossLayerTranscoder]],
+          ours=is_ours) -> Union[SAE, CrossLayerTranscoder]:
     from sprout.files import demo_dir
 
     roots = run_roots(root) if root is not None else sorted(p for p in demo_dir().iterdir() if p.is_dir())
     mine = fingerprint(model)
     for r in roots:
         folder = name_of(r)
-        if (folder / CFG).is_file() and is_ours(folder):
+        if (folder / CFG).is_file() and ours(folder):
             fp = json.loads((folder / CFG).read_text())["metadata"]["sprout"].get("model_fingerprint")
             if fp == mine:
                 return expect.load(folder, model=model)
     where = root if root is not None else f"{demo_dir()}/*"
     raise FileNotFoundError(f"no shipped {what} for this {model_name(model)} (fingerprint {mine}) in {where}: none of "
                             f"the folders {name_of(Path(str(where)))} matches; train one with interp.train_sae / "
-                            "interp.train_transcoder")
+                            "interp.train_transcoder / interp.train_clt")
 
 
 def load_sae(model: HookedModel, hook: str, root: Optional[PathLike] = None) -> SAE:
@@ -69,7 +80,7 @@ def load_sae(model: HookedModel, hook: str, root: Optional[PathLike] = None) -> 
     if not isinstance(hook, str):
         raise TypeError(f"hook must be a hook name such as 'blocks.0.hook_resid_post', got {hook!r}")
     require_hooks(model, [hook])
-    return _find(model, root, lambda r: shipped_folder(r, hook=hook), f"SAE at {hook!r}", SAE)
+    return cast(SAE, _find(model, root, lambda r: shipped_folder(r, hook=hook), f"SAE at {hook!r}", SAE))
 
 
 def load_transcoder(model: HookedModel, layer: int, root: Optional[PathLike] = None, skip: bool = True) -> Transcoder:
@@ -80,3 +91,19 @@ def load_transcoder(model: HookedModel, layer: int, root: Optional[PathLike] = N
     # load(expect=Transcoder) refuses anything else
     what = f"transcoder for layer {layer}" + ("" if skip else " without a skip")
     return cast(Transcoder, _find(model, root, lambda r: shipped_folder(r, layer=layer, skip=skip), what, Transcoder))
+
+
+def load_clt(model: HookedModel, root: Optional[PathLike] = None) -> CrossLayerTranscoder:
+    """The cross-layer transcoder shipped for this model (`saes/clt/`, found by its weights' fingerprint as
+    `load_transcoder` finds a per-layer one; `root` as in `load_sae`).
+
+    Raises:
+        FileNotFoundError: none shipped for these weights (the message says where it looked).
+
+    Example:
+        >>> clt = interp.load_clt(sprout.load("gpt-4"))                                   # doctest: +SKIP
+    """
+    if root is not None and not isinstance(root, (str, os.PathLike)):
+        raise TypeError(f"root must be a folder (a path), got {type(root).__name__}")
+    return cast(CrossLayerTranscoder, _find(model, root, shipped_clt_folder, "cross-layer transcoder",
+                                            CrossLayerTranscoder, clt_files.is_ours))

@@ -91,6 +91,7 @@ TABLE = {
                           "stop_at": [0, -5, 1.5], "seed": SEED}),
     "load_sae": (lambda m, **kw: interp.load_sae(m, **{"hook": HOOK, **kw}), {"hook": ["", 3, None]}),
     "load_transcoder": (lambda m, **kw: interp.load_transcoder(m, **{"layer": 0, **kw}), {"layer": [-1, 2, 1.5, True, "0"]}),
+    "load_clt": (lambda m, **kw: interp.load_clt(m, **kw), {"root": [3, True, object()]}),
     "spliced": (_splice, {"saes": [object(), [], [_sae(), _sae()], [interp.SAE(D, 16, hook_name="blocks.9.hook_resid_post")]],
                           "use_error_term": FLAG}),
     "run_with_saes": (_run, {"saes": [object(), []], "use_error_term": FLAG,

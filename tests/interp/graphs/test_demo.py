@@ -8,6 +8,7 @@ import torch
 
 import interp
 import sprout
+from interp.graphs.dictionaries import CrossLayerDictionaries
 from tests.interp.graphs.tiny import target_values, zero_sources
 
 
@@ -55,3 +56,26 @@ def test_gpt4_graph_in_float64_is_exact_to_1e9(gpt4):
     s = graph.slices()
     rows = torch.cat([graph.adjacency_matrix[s["feature"]], graph.adjacency_matrix[s["logit"]]])
     torch.testing.assert_close(rows.sum(1) + constant, value, atol=1e-9, rtol=0)
+
+
+def test_gpt4_graph_with_the_shipped_clt_is_exact(gpt4):
+    """transcoders="clt" takes the demo's shipped cross-layer transcoder (interp.load_clt): its features write
+    to every later MLP, and the float64 graph is still exact, row by row, against the frozen model's forwards."""
+    graph = interp.attribute(gpt4, "The king said", transcoders="clt", dtype=torch.float64)
+    clt = interp.load_clt(gpt4)
+    assert graph.scan == CrossLayerDictionaries(clt, 4).scan
+    rm = interp.ReplacementModel(copy.deepcopy(gpt4).double(), CrossLayerDictionaries(clt, 4).to(torch.float64))
+    frozen = rm.freeze(graph.input_tokens)
+    # the features it attributes are the shipped CLT's active ones, past the constant first position
+    _, cache = gpt4.run_with_cache(graph.input_tokens[None])
+    active = sum(int((clt.encode(l, cache[f"blocks.{l}.ln2.hook_normalized"])[0, 1:] != 0).sum()) for l in range(4))
+    assert graph.n_features == active > 10
+    with torch.no_grad():
+        value = target_values(rm, rm.run(frozen), graph)[0]
+        constant = target_values(rm, rm.run(frozen, **dict(zip(("embed", "acts", "errors"), zero_sources(frozen)))),
+                                 graph)[0]
+    s = graph.slices()
+    rows = torch.cat([graph.adjacency_matrix[s["feature"]], graph.adjacency_matrix[s["logit"]]])
+    torch.testing.assert_close(rows.sum(1) + constant, value, atol=1e-9, rtol=0)
+    with pytest.raises(TypeError, match="'clt' \\(the shipped cross-layer one\\).*got 'cl'"):
+        interp.attribute(gpt4, "The king said", transcoders="cl")

@@ -45,9 +45,10 @@ DEMOS = ("gpt-4", "sprout-mini")  # the demos with a dictionary recipe (experime
 
 
 def dictionaries(root: Path) -> list[dict]:
-    """Every dictionary folder under root/saes/, read by hand: cfg.json and the safetensors weights."""
+    """Every per-layer dictionary folder under root/saes/, read by hand: cfg.json and the safetensors weights
+    (the cross-layer transcoder in saes/clt/ is tested in test_shipped_clt.py)."""
     out = []
-    for folder in sorted((root / "saes").glob("*/")):
+    for folder in sorted(f for f in (root / "saes").glob("*/") if f.name != "clt"):
         cfg = json.loads((folder / "cfg.json").read_text())
         out.append(dict(folder=folder, cfg=cfg, ours=cfg["metadata"]["sprout"],
                         w={k: v.double() for k, v in load_file(folder / "sae_weights.safetensors").items()}))

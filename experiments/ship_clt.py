@@ -1,0 +1,138 @@
+"""A demo's cross-layer transcoder, trained, measured and shipped: the `clt` step of `python -m experiments.ship`
+(`python -m experiments.ship gpt-4 --only clt [--frontier]`; issue 39 item 6).
+
+The recipe (`CltPlan`) is the per-layer transcoders' (`experiments.ship.ShipPlan`: their width per layer, batch,
+learning rate, AuxK and seed, the same training text) with k summed over layers, k = n_layers x the per-layer
+k, so the CLT spends the per-layer set's L0 per token wherever it likes; BatchTopK, written as JumpReLU (the
+same outputs; circuit-tracer reads JumpReLU). `experiments.clt_compare` compares this CLT, as shipped, with
+the per-layer set.
+
+Measured on the demo's held-out texts (`experiments.ship.demo_texts`, the per-layer dictionaries' own):
+`interp.saes.clt_metrics` on the held-out text (explained variance of each MLP output and of all together,
+L0 per token per layer and summed, CE recovered with every MLP replaced against zero and mean ablation), the
+dead fraction over the longer dead-fraction text (about 40k tokens), and the shipped per-layer set without a
+skip measured beside it on the same text. The targets (`ship_targets.clt_failures`) and what it misses are
+recorded in its cfg.json (metadata.sprout.info.held_out) as the per-layer dictionaries record theirs; it is
+written to `sprout/demo/<name>/saes/clt/` (`interp.load_clt` finds it) only when it meets them all, or with
+`--frontier`, its misses recorded.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+import interp
+from interp import fingerprint
+from interp.saes.clt_metrics import clt_metrics, from_transcoders
+from interp.saes.shipped import shipped_clt_folder
+from sprout.files import demo_dir
+
+from .ship_swap import SAES, shipped_mb, write_set
+from .ship_targets import clt_failures, default_k
+
+KEYS = ("explained_variance", "fvu", "l0", "ce_clean", "ce_spliced", "ce_zero", "ce_mean", "ce_loss_recovered",
+        "ce_loss_recovered_mean", "kl_spliced", "n_tokens")  # the "all" row of clt_metrics, kept in cfg.json
+
+
+@dataclass(frozen=True)
+class CltPlan:
+    """How a demo's cross-layer transcoder is trained (defaults: the per-layer transcoders' `ShipPlan` values)."""
+
+    steps: int = 1500  # the per-layer transcoders' count as shipped (--steps 1500); on one CPU core
+    expansion: float = 2  # latents per layer, x d_model (the per-layer transcoders' width)
+    k_per_layer: Optional[int] = None  # None: ship_targets.default_k(d_model); the CLT's k is this x n_layers
+    batch_size: int = 1024  # activations per step
+    lr: float = 2e-3
+    aux_k_coefficient: float = 1 / 32  # AuxK's weight (scaled down by n_dead / k_aux while few are dead)
+    dead_tokens: int = 100_000  # AuxK's window: a latent unfired for this many training tokens is dead
+    train_chars: int = 9_000_000  # the first chars of the demo's training text (as the per-layer dictionaries)
+    seed: int = 0
+
+    def train_args(self, model) -> dict:
+        """`interp.train_clt`'s keyword arguments for `model`."""
+        d, n = int(model.cfg.d_model), int(model.cfg.n_layers)
+        k = default_k(d) if self.k_per_layer is None else self.k_per_layer
+        return dict(d_sae=round(self.expansion * d), k=k * n, steps=self.steps, batch_size=self.batch_size, lr=self.lr,
+                    seed=self.seed, aux_k_coefficient=self.aux_k_coefficient, dead_tokens=self.dead_tokens)
+
+
+# gpt-4's: at AuxK 1/32 over a 100k-token window, 30.4% of its latents never fired on 40k held-out tokens (47% and
+# 57% of those read at blocks 2 and 3, which the batch-wide cut gives 8 and 6 of its 48 a token); at 0.25 over
+# 25k, 11.2%, with EV 0.918 (0.914) and CE recovered (mean) 0.895 (0.890); at 1x d_model wide, 7.0% dead but
+# EV 0.910 (docs/features.md). sprout-mini's: 2.2% dead at the defaults.
+CLT_PLANS = {"gpt-4": CltPlan(aux_k_coefficient=0.25, dead_tokens=25_000), "sprout-mini": CltPlan()}
+
+
+def train(model, plan: CltPlan, texts: dict) -> interp.CrossLayerTranscoder:
+    """The CLT of `plan` trained on `texts`' training text (`experiments.ship.demo_texts`), as JumpReLU, its
+    recipe, data and training time in `info`."""
+    t0 = time.perf_counter()
+    clt = interp.train_clt(model, texts["train"][:plan.train_chars], progress=False, **plan.train_args(model))
+    clt = clt.to_jumprelu()
+    clt.info.update(data=texts["train_desc"].format(n=plan.train_chars), recipe=asdict(plan),
+                    train_seconds=time.perf_counter() - t0)
+    return clt
+
+
+def is_recipe(clt: interp.CrossLayerTranscoder, plan: CltPlan) -> bool:
+    """Whether `clt` was trained by `plan` (its cfg.json's recipe)."""
+    return clt.info.get("recipe") == asdict(plan)
+
+
+def per_layer_set(model) -> Optional[interp.CrossLayerTranscoder]:
+    """The shipped per-layer transcoders without a skip as one CLT (`from_transcoders`), or None when not shipped."""
+    try:
+        return from_transcoders([interp.load_transcoder(model, l, skip=False) for l in range(int(model.cfg.n_layers))])
+    except FileNotFoundError:
+        return None
+
+
+def measure(model, clt: interp.CrossLayerTranscoder, texts: dict) -> dict:
+    """The held-out record `ship_targets.clt_failures` reads (see the module docstring)."""
+    m = clt_metrics(model, clt, texts["held"])
+    total, layers = m[m.layer == "all"].iloc[0], m[m.layer != "all"]
+    dead = clt_metrics(model, clt, texts["dead"])
+    held = {k: float(total[k]) for k in KEYS}
+    held.update(explained_variance_per_layer=layers.explained_variance.tolist(), l0_per_layer=layers.l0.tolist(),
+                dead_fraction=float(dead[dead.layer == "all"].dead_fraction.iloc[0]),
+                dead_fraction_per_layer=dead[dead.layer != "all"].dead_fraction.tolist(),
+                dead_tokens_measured=int(dead[dead.layer == "all"].n_tokens.iloc[0]))
+    ref = per_layer_set(model)
+    if ref is not None:
+        r = clt_metrics(model, ref, texts["held"])
+        held.update(per_layer_explained_variance=float(r[r.layer == "all"].explained_variance.iloc[0]),
+                    per_layer_ce_loss_recovered_mean=float(r[r.layer == "all"].ce_loss_recovered_mean.iloc[0]),
+                    per_layer_l0=float(r[r.layer == "all"].l0.iloc[0]))
+    return held
+
+
+def ship_clt(name: str, model, plan: CltPlan, texts: dict, frontier: bool = False) -> Path:
+    """Train, measure and write the demo's CLT to sprout/demo/<name>/saes/clt/ (see the module docstring).
+
+    Raises:
+        SystemExit: a target missed without `frontier` (nothing written), or the shipped dictionaries over budget.
+    """
+    clt = train(model, plan, texts)
+    held = measure(model, clt, texts)
+    miss = clt_failures(held, int(model.cfg.d_model), int(model.cfg.n_layers))
+    clt.info["held_out"] = {**held, "data": texts["held_desc"], "misses": miss}  # [] when every target is met
+    per = " / ".join(f"{v:.2f}" for v in held["explained_variance_per_layer"])
+    print(f"{name} CLT: EV {held['explained_variance']:.3f} (per layer {per}; per-layer set "
+          f"{held.get('per_layer_explained_variance', float('nan')):.3f}), CE recovered {held['ce_loss_recovered']:.3f} / "
+          f"{held['ce_loss_recovered_mean']:.3f} (zero / mean ablation), L0 {held['l0']:.1f} per token, dead "
+          f"{held['dead_fraction']:.1%} over {held['dead_tokens_measured']} tokens, {clt.info['train_seconds']:.0f} s"
+          + (f"  MISSES: {'; '.join(miss)}" if miss else ""))
+    if miss and not frontier:
+        raise SystemExit(f"{name}: CLT not shipped, {len(miss)} target(s) missed (--frontier ships it with its misses "
+                         "recorded):\n  " + "\n  ".join(miss))
+    if clt.model_fingerprint != fingerprint(model):
+        raise SystemExit(f"{name}: the CLT is not stamped with the weights' fingerprint")
+    folder = shipped_clt_folder(demo_dir() / name)
+    write_set(demo_dir() / name / SAES, [(clt, folder)])
+    assert torch.equal(interp.load_clt(model).W_enc, clt.W_enc), folder  # what was written is what the loader finds
+    print(f"{name}: CLT -> {folder}; all shipped dictionaries {shipped_mb(demo_dir()):.1f} MB")
+    return folder
