@@ -67,8 +67,8 @@ def test_a_failing_step_stops_the_rewrite(monkeypatch, tmp_path):
 
 
 def test_default_steps_are_what_the_demo_has():
-    assert ship.default_steps("gpt-4", Path("runs/x")) == ["lens", "saes", "phase", "readme"]
-    assert ship.default_steps("gpt-4", None) == ["lens", "saes", "readme"]
+    assert ship.default_steps("gpt-4", Path("runs/x")) == ["lens", "saes", "clt", "phase", "readme"]
+    assert ship.default_steps("gpt-4", None) == ["lens", "saes", "clt", "readme"]
     assert ship.default_steps("gpt-1", None) == ["lens", "readme"]
 
 
