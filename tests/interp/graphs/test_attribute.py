@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from interp.graphs import ReplacementModel, attribute
-from tests.interp.graphs.tiny import random_transcoders, target_values, tiny_sprout, tiny_walkthrough, zero_sources
+from tests.interp.graphs.tiny import assert_rows_are_exact, random_transcoders, target_values, tiny_sprout, tiny_walkthrough
 
 BUILDS = {"sprout": tiny_sprout, "walkthrough": tiny_walkthrough}
 
@@ -33,14 +33,8 @@ def test_replacement_logits_equal_the_models(name, dtype, tol):
 def test_every_row_plus_its_constant_is_its_targets_value(name, prefix):
     _, rm, tokens = setup(name, prefix=prefix)
     graph = attribute(rm, tokens, batch_size=32)
-    frozen = rm.freeze(tokens)
-    with torch.no_grad():
-        value = target_values(rm, rm.run(frozen), graph)[0]
-        embed, acts, errors = zero_sources(frozen)
-        constant = target_values(rm, rm.run(frozen, embed=embed, acts=acts, errors=errors), graph)[0]
-    rows = torch.cat([graph.adjacency_matrix[graph.slices()["feature"]], graph.adjacency_matrix[graph.slices()["logit"]]])
     assert graph.n_features == len(graph.active_features) > 20
-    torch.testing.assert_close(rows.sum(1) + constant, value, atol=1e-9, rtol=0)
+    assert_rows_are_exact(rm, graph)
     assert graph.adjacency_matrix[graph.slices()["error"]].abs().sum() == 0  # no inputs
     assert (graph.active_features[:, 1] >= prefix).all()
 

@@ -12,7 +12,7 @@ from interp.graphs import ReplacementModel, attribute
 from interp.graphs.dictionaries import CrossLayerDictionaries
 from sprout import Sprout, SproutConfig
 from tests.conftest import randomize_gains
-from tests.interp.graphs.tiny import target_values, zero_sources
+from tests.interp.graphs.tiny import assert_rows_are_exact
 
 FOUR = SproutConfig(vocab_size=256, context=64, n_layer=4, n_head=4, d_model=64, d_ff=128)
 
@@ -62,16 +62,9 @@ def test_every_row_plus_its_constant_is_its_targets_value_with_a_clt(skip):
     rm = ReplacementModel(model, random_clt(model, skip=skip))
     tokens = tokens_of(model)
     graph = attribute(rm, tokens, batch_size=32)
-    frozen = rm.freeze(tokens)
-    with torch.no_grad():
-        value = target_values(rm, rm.run(frozen), graph)[0]
-        embed, acts, errors = zero_sources(frozen)
-        constant = target_values(rm, rm.run(frozen, embed=embed, acts=acts, errors=errors), graph)[0]
-    s = graph.slices()
-    rows = torch.cat([graph.adjacency_matrix[s["feature"]], graph.adjacency_matrix[s["logit"]]])
     assert graph.n_features == len(graph.active_features) > 30
     assert set(graph.active_features[:, 0].tolist()) == {0, 1, 2, 3}
-    torch.testing.assert_close(rows.sum(1) + constant, value, atol=1e-9, rtol=0)
+    assert_rows_are_exact(rm, graph)
 
 
 def _one_feature_clt(model, writes_to: int):

@@ -9,7 +9,7 @@ import torch
 import interp
 import sprout
 from interp.graphs.dictionaries import CrossLayerDictionaries
-from tests.interp.graphs.tiny import target_values, zero_sources
+from tests.interp.graphs.tiny import assert_rows_are_exact
 
 
 @pytest.fixture(scope="module")
@@ -30,14 +30,7 @@ def test_gpt4_graph_with_the_shipped_transcoders_is_exact(gpt4):
     active = sum(int((tc.encode(cache[tc.hook_name])[0, 1:] != 0).sum())
                  for tc in (interp.load_transcoder(gpt4, layer) for layer in range(4)))
     assert graph.n_features == active > 100
-    frozen = rm.freeze(tokens)
-    with torch.no_grad():
-        value = target_values(rm, rm.run(frozen), graph)[0]
-        constant = target_values(rm, rm.run(frozen, **dict(zip(("embed", "acts", "errors"), zero_sources(frozen)))),
-                                 graph)[0]
-    s = graph.slices()
-    rows = torch.cat([graph.adjacency_matrix[s["feature"]], graph.adjacency_matrix[s["logit"]]])
-    torch.testing.assert_close(rows.sum(1) + constant, value, atol=1e-4, rtol=1e-4)
+    assert_rows_are_exact(rm, graph, atol=1e-4, rtol=1e-4)
     scores = interp.graph_scores(graph).set_index("graph")
     assert 0.7 < scores.loc["full", "replacement"] < 1 and 0.9 < scores.loc["full", "completeness"] < 1
     assert scores.loc["pruned", "n_features"] < graph.n_features / 4
@@ -48,14 +41,7 @@ def test_gpt4_graph_in_float64_is_exact_to_1e9(gpt4):
     assert graph.adjacency_matrix.dtype == torch.float64
     rm = interp.ReplacementModel(copy.deepcopy(gpt4).double(), interp.graphs.Dictionaries(
         [interp.load_transcoder(gpt4, layer) for layer in range(4)], 4).to(torch.float64))
-    frozen = rm.freeze(graph.input_tokens)
-    with torch.no_grad():
-        value = target_values(rm, rm.run(frozen), graph)[0]
-        constant = target_values(rm, rm.run(frozen, **dict(zip(("embed", "acts", "errors"), zero_sources(frozen)))),
-                                 graph)[0]
-    s = graph.slices()
-    rows = torch.cat([graph.adjacency_matrix[s["feature"]], graph.adjacency_matrix[s["logit"]]])
-    torch.testing.assert_close(rows.sum(1) + constant, value, atol=1e-9, rtol=0)
+    assert_rows_are_exact(rm, graph)
 
 
 def test_gpt4_graph_with_the_shipped_clt_is_exact(gpt4):
@@ -65,17 +51,10 @@ def test_gpt4_graph_with_the_shipped_clt_is_exact(gpt4):
     clt = interp.load_clt(gpt4)
     assert graph.scan == CrossLayerDictionaries(clt, 4).scan
     rm = interp.ReplacementModel(copy.deepcopy(gpt4).double(), CrossLayerDictionaries(clt, 4).to(torch.float64))
-    frozen = rm.freeze(graph.input_tokens)
     # the features it attributes are the shipped CLT's active ones, past the constant first position
     _, cache = gpt4.run_with_cache(graph.input_tokens[None])
     active = sum(int((clt.encode(l, cache[f"blocks.{l}.ln2.hook_normalized"])[0, 1:] != 0).sum()) for l in range(4))
     assert graph.n_features == active > 10
-    with torch.no_grad():
-        value = target_values(rm, rm.run(frozen), graph)[0]
-        constant = target_values(rm, rm.run(frozen, **dict(zip(("embed", "acts", "errors"), zero_sources(frozen)))),
-                                 graph)[0]
-    s = graph.slices()
-    rows = torch.cat([graph.adjacency_matrix[s["feature"]], graph.adjacency_matrix[s["logit"]]])
-    torch.testing.assert_close(rows.sum(1) + constant, value, atol=1e-9, rtol=0)
+    assert_rows_are_exact(rm, graph)
     with pytest.raises(TypeError, match="'clt' \\(the shipped cross-layer one\\).*got 'cl'"):
         interp.attribute(gpt4, "The king said", transcoders="cl")

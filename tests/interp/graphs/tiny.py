@@ -62,3 +62,16 @@ def zero_sources(frozen):
     errors = frozen.errors.clone()
     errors[:, frozen.prefix:] = 0
     return torch.zeros_like(frozen.embed), acts, errors
+
+
+def assert_rows_are_exact(rm: ReplacementModel, graph, atol: float = 1e-9, rtol: float = 0.0) -> None:
+    """The exactness identity: every feature and logit row of the adjacency, summed, plus its constant (the
+    target with every source zeroed) equals the target's value in the frozen run on the graph's prompt."""
+    frozen = rm.freeze(graph.input_tokens)
+    with torch.no_grad():
+        value = target_values(rm, rm.run(frozen), graph)[0]
+        embed, acts, errors = zero_sources(frozen)
+        constant = target_values(rm, rm.run(frozen, embed=embed, acts=acts, errors=errors), graph)[0]
+    s = graph.slices()
+    rows = torch.cat([graph.adjacency_matrix[s["feature"]], graph.adjacency_matrix[s["logit"]]])
+    torch.testing.assert_close(rows.sum(1) + constant, value, atol=atol, rtol=rtol)
