@@ -13,7 +13,8 @@ import sprout  # noqa: E402
 from interp.saes import register_with_saelens  # noqa: E402
 from sprout.files import demo_dir  # noqa: E402
 
-FOLDERS = sorted(p for p in demo_dir().glob("*/saes/*") if (p / "cfg.json").is_file())
+# cross-layer transcoders are circuit-tracer's format, not SAELens' (tests/interop/test_circuit_tracer_clt.py)
+FOLDERS = sorted(p for p in demo_dir().glob("*/saes/*") if (p / "cfg.json").is_file() and p.name != "clt")
 
 
 def _ours(folder: Path):
@@ -30,6 +31,7 @@ def test_every_shipped_dictionary_is_found():
     demos = {"gpt-4": 4, "sprout-mini": 8}  # blocks: a residual SAE each, and a transcoder with and without skip
     assert len(FOLDERS) == 3 * sum(demos.values())
     assert {f"transcoder-{i}{tail}" for i in range(8) for tail in ("", "-noskip")} <= names
+    assert all((demo_dir() / demo / "saes" / "clt" / "cfg.json").is_file() for demo in demos)
 
 
 @pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: f"{p.parent.parent.name}/{p.name}")
