@@ -38,7 +38,7 @@ from sprout.files import demo_names
 from sprout.material import generate_story
 from sprout.tokenizer import raw
 
-from .readme import home, rewrite
+from .readme import home, md_table, rewrite
 
 MODELS = ["gpt-4", "sprout-mini"]
 SEEDS = (0, 1, 2)
@@ -314,13 +314,6 @@ def write(doc: Path, rows: pd.DataFrame) -> None:
     the summary block."""
     rewrite(doc, BLOCK, markdown(rows))
     rewrite(home(SUMMARY_BLOCK, Path(doc).resolve().parents[2]), SUMMARY_BLOCK, summary(rows))
-
-
-def md_table(frame: pd.DataFrame) -> str:
-    """A Markdown table of `frame`, floats to 3 decimals."""
-    cells = [[f"{v:.3f}" if isinstance(v, float) else str(v) for v in row] for row in frame.itertuples(index=False)]
-    head = ["| " + " | ".join(frame.columns) + " |", "|" + " --- |" * len(frame.columns)]
-    return "\n".join(head + ["| " + " | ".join(r) + " |" for r in cells])
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -1,14 +1,18 @@
 """The frontier of a demo's dictionaries: held-out EV and CE recovered against L0, beside their baselines.
 
     python -m experiments.frontier gpt-4 --k 8 12 16 24 [--parts resid transcoders] [--layers 3] [--out DIR]
-        [--steps N] [--expansion X] [--transcoder-expansion X]
+        [--steps N] [--expansion X] [--transcoder-expansion X] [--docs]
+    python -m experiments.frontier --from-csv results/frontier/*.csv --docs
 
 Trains the demo's dictionaries (its `experiments.ship` recipe) once per k, measures each on the held-out
 text the shipping run uses with `interp.sae_metrics(..., baselines=True)` (the baselines fitted on the
 training text, at each dictionary's own L0 on each token), and writes `frontier_<name>.csv` (one row per
 dictionary and method) and `frontier_<name>.html` (and .png when kaleido can): what to show, issue 38
 says, where a target cannot be met. `--steps` and the expansions change the recipe for a trial (does more
-training or a wider dictionary close a gap at the same L0?). Nothing is shipped.
+training or a wider dictionary close a gap at the same L0?). Nothing is shipped. `--docs` writes the table
+(each dictionary beside its best baseline at the same L0) into the "frontier" block of docs/features.md and
+a screenshot of each demo's figure to docs/frontier_<demo>.png; `--from-csv` does so from earlier runs' CSVs
+(rows of several runs, e.g. the shipped width and a wider trial, side by side).
 """
 from __future__ import annotations
 
@@ -26,26 +30,29 @@ from figures.features import frontier_figure
 from interp.cli import positive
 
 from . import ship
+from .readme import home, md_table, rewrite
 from .ship_targets import BASELINE_FIT_CHARS, BaselineFits, held_out_metrics
 
 METHODS = {"sae": ("pca",), "transcoder": ("regression", "top_neurons")}
 
 
-def rows_of(k: int, sae, held: dict) -> list[dict]:
-    """One row per method (the dictionary and its baselines) of one measured dictionary."""
+def rows_of(k: int, sae, held: dict, demo: str = "") -> list[dict]:
+    """One row per method (the dictionary and its baselines) of one measured dictionary; `dictionary` names
+    its width and steps, so runs at other settings plot as other lines."""
     kind = "transcoder" if isinstance(sae, interp.Transcoder) else "sae"
     name = sae.hook_name if kind == "sae" else f"MLP {sae.layer} transcoder{'' if sae.skip else ' (no skip)'}"
-    out = [dict(k=k, dictionary=name, kind=kind, method="dictionary", l0=held["l0"], explained_variance=held["explained_variance"],
-                ce_loss_recovered_mean=held["ce_loss_recovered_mean"])]
+    name += f", {sae.d_sae} latents, {sae.info.get('steps', '?')} steps"
+    out = [dict(demo=demo, k=k, dictionary=name, kind=kind, method="dictionary", l0=held["l0"],
+                explained_variance=held["explained_variance"], ce_loss_recovered_mean=held["ce_loss_recovered_mean"])]
     for b in METHODS[kind]:
-        out.append(dict(k=k, dictionary=name, kind=kind, method=b, l0=held[f"{b}_l0"],
+        out.append(dict(demo=demo, k=k, dictionary=name, kind=kind, method=b, l0=held[f"{b}_l0"],
                         explained_variance=held[f"{b}_explained_variance"],
                         ce_loss_recovered_mean=held[f"{b}_ce_loss_recovered_mean"]))
     return out
 
 
 def frontier(name: str, model, ks: list, parts=ship.PARTS, layers=None, recipe=None) -> pd.DataFrame:
-    """Rows `k`, `dictionary`, `kind`, `method` ("dictionary", "pca", "regression", "top_neurons"), `l0`,
+    """Rows `demo`, `k`, `dictionary`, `kind`, `method` ("dictionary", "pca", "regression", "top_neurons"), `l0`,
     `explained_variance`, `ce_loss_recovered_mean` on held-out text, for every dictionary trained at each k."""
     r = recipe or ship.SHIP_PLANS.get(name, ship.ShipPlan())
     texts = ship.demo_texts(name, r)
@@ -54,9 +61,48 @@ def frontier(name: str, model, ks: list, parts=ship.PARTS, layers=None, recipe=N
     for k in ks:
         t0 = time.perf_counter()
         for sae in ship.train_dictionaries(model, replace(r, k=k), texts, parts, layers).values():
-            rows += rows_of(k, sae, held_out_metrics(model, sae, texts["held"], fits))
+            rows += rows_of(k, sae, held_out_metrics(model, sae, texts["held"], fits), name)
         print(f"{name}: k {k} in {time.perf_counter() - t0:.0f} s")
     return pd.DataFrame(rows)
+
+
+def best_baselines(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per dictionary and k: its L0, EV and CE recovered (mean ablation) beside the best baseline's at
+    the same L0 (for each measure, the baseline that scores highest on it) and the margins."""
+    rows = []
+    for (demo, dictionary, k), g in table.groupby(["demo", "dictionary", "k"], sort=False):
+        own, base = g[g.method == "dictionary"].iloc[0], g[g.method != "dictionary"]
+        ev, ce = (base.loc[base[c].idxmax()] for c in ("explained_variance", "ce_loss_recovered_mean"))
+        rows.append({"demo": demo, "dictionary": dictionary, "k": int(k), "L0": float(own.l0),
+                     "EV": float(own.explained_variance), "best baseline EV": f"{ev.explained_variance:.3f} ({ev.method})",
+                     "EV margin": float(own.explained_variance - ev.explained_variance),
+                     "CE rec. (mean)": float(own.ce_loss_recovered_mean),
+                     "best baseline CE": f"{ce.ce_loss_recovered_mean:.3f} ({ce.method})",
+                     "CE margin": float(own.ce_loss_recovered_mean - ce.ce_loss_recovered_mean)})
+    return pd.DataFrame(rows)
+
+
+def markdown(table: pd.DataFrame, pngs: dict) -> str:
+    """The docs block: each demo's figure and the table of `best_baselines`."""
+    lines = ["Generated by `python -m experiments.frontier` (`--docs`; the settings of each dictionary are in its "
+             "name: the demo's shipping recipe at each k, its width and steps changed only where named). Held-out "
+             "text and baselines as the shipping run measures them; the baselines are fitted on the training text "
+             "and run at the dictionary's own L0 on each token.", ""]
+    lines += [f"![{demo}: held-out EV and CE recovered against L0]({png})" for demo, png in pngs.items()]
+    return "\n".join(lines + ["", md_table(best_baselines(table))])
+
+
+def write_docs(table: pd.DataFrame, root: Path) -> None:
+    """The "frontier" block of docs/features.md and a PNG of each demo's figure beside it."""
+    from .png import screenshot
+
+    doc = home("frontier", root)
+    pngs = {}
+    for demo, g in table.groupby("demo", sort=False):
+        png = doc.parent / f"frontier_{demo}.png"
+        screenshot(frontier_figure(g, f"{demo}: held-out EV and CE recovered against L0"), png)
+        pngs[demo] = png.name
+    rewrite(doc, "frontier", markdown(table, pngs))
 
 
 def trial_plan(args) -> "ship.ShipPlan":
@@ -70,8 +116,10 @@ def trial_plan(args) -> "ship.ShipPlan":
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.frontier", description=__doc__.splitlines()[0])
-    p.add_argument("name", help="a shipped demo with a dictionary recipe")
-    p.add_argument("--k", nargs="+", type=int, required=True, help="the k values to train at")
+    p.add_argument("name", nargs="?", help="a shipped demo with a dictionary recipe")
+    p.add_argument("--k", nargs="+", type=int, help="the k values to train at")
+    p.add_argument("--from-csv", nargs="+", type=Path, default=None, help="earlier runs' frontier_*.csv: no training")
+    p.add_argument("--docs", action="store_true", help="write docs/features.md's frontier block and figures")
     p.add_argument("--parts", nargs="+", choices=ship.PARTS, default=list(ship.PARTS))
     p.add_argument("--layers", nargs="+", type=int, default=None, help="only these blocks' dictionaries")
     p.add_argument("--out", type=Path, default=Path("results/frontier"))
@@ -80,6 +128,20 @@ def main(argv=None) -> int:
     p.add_argument("--expansion", type=float, default=None, help="residual SAEs' d_sae / d_model")
     p.add_argument("--transcoder-expansion", type=float, default=None, help="transcoders' d_sae / d_model")
     args = p.parse_args(argv)
+    if args.from_csv:
+        table = pd.concat([pd.read_csv(f) for f in args.from_csv], ignore_index=True)
+    elif args.name and args.k:
+        table = measure(args)
+    else:
+        p.error("give a demo and --k to train, or --from-csv")
+    if args.docs:
+        write_docs(table, Path(__file__).resolve().parents[1])
+    print(table.to_string(index=False))
+    return 0
+
+
+def measure(args) -> pd.DataFrame:
+    """Train and measure at the command line's settings; write the CSV and the figure under --out."""
     if args.threads:
         torch.set_num_threads(args.threads)
     model = sprout.load(args.name).eval()
@@ -92,8 +154,7 @@ def main(argv=None) -> int:
         fig.write_image(args.out / f"frontier_{args.name}.png", scale=2)
     except Exception:  # no kaleido: the HTML is the output
         pass
-    print(table.to_string(index=False))
-    return 0
+    return table
 
 
 if __name__ == "__main__":

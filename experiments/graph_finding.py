@@ -32,7 +32,7 @@ from interp.graphs import SUPERNODES, copy_interventions, name_copy
 from sprout.material import generator_can_draw, unseen_name
 
 from .graphs import PROMPTS
-from .readme import home, rewrite
+from .readme import home, md_table, rewrite
 
 BLOCK, SUMMARY_BLOCK = "graph-finding", "graph-finding-summary"
 DOC = home(BLOCK, Path("."))  # docs/results/graph-finding.md
@@ -204,12 +204,6 @@ def summary(found: dict[str, pd.DataFrame]) -> str:
     said = sentences(found)
     keys = ("accuracy", "shares", f"ablate: {SUPERNODES[0]}")
     return " ".join(f"{said[k]}." for k in keys)
-
-
-def md_table(frame: pd.DataFrame) -> str:
-    cells = [[f"{v:.3f}" if isinstance(v, float) else str(v) for v in row] for row in frame.itertuples(index=False)]
-    head = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + " --- |" * len(frame.columns)]
-    return "\n".join(head + ["| " + " | ".join(r) + " |" for r in cells])
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -20,6 +20,8 @@ HOMES = {
     "discovery-summary": "README.md",
     "graph-finding": "docs/results/graph-finding.md",
     "graph-finding-summary": "README.md",
+    "frontier": "docs/features.md",
+    "shipped-dictionaries": "docs/features.md",
 }
 
 
@@ -59,6 +61,13 @@ def replace_block(text: str, name: str, body: str) -> str:
     head, _, tail = _split(text, name)
     start, end = markers(name)
     return f"{head}{start}\n{body}\n{end}{tail}"
+
+
+def md_table(frame) -> str:
+    """A Markdown table of the DataFrame `frame`, floats to 3 decimals."""
+    cells = [[f"{v:.3f}" if isinstance(v, float) else str(v) for v in row] for row in frame.itertuples(index=False)]
+    head = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + " --- |" * len(frame.columns)]
+    return "\n".join(head + ["| " + " | ".join(r) + " |" for r in cells])
 
 
 def read(path) -> str:

@@ -28,7 +28,7 @@ from interp.saes.files import CFG, WEIGHTS
 from sprout.files.folders import exchange, folder_lock, fsync_dir, remove_ours, uninterrupted
 
 SAES = "saes"
-MAX_MB = 40  # all shipped dictionaries of all demos together (per-layer and cross-layer)
+MAX_MB = 52  # all shipped dictionaries of all demos together (per-layer and cross-layer); 8x skip transcoders on sprout-mini
 OWN = frozenset({CFG, WEIGHTS})  # the files of one dictionary's folder
 
 

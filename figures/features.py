@@ -86,7 +86,9 @@ FRONTIER_COLUMNS = ["dictionary", "method", "l0", "explained_variance", "ce_loss
 
 def frontier_figure(table: pd.DataFrame, title: str = "EV and CE recovered against L0") -> go.Figure:
     """Held-out explained variance (left) and CE loss recovered against mean ablation (right) against L0: one
-    line per dictionary and method (the dictionary solid, its baselines dotted), points sorted by L0.
+    line per dictionary and method (the dictionary solid, its baselines dotted), points sorted by L0. A dense
+    baseline (least-squares regression: L0 = d_model, far right of every sparse point) is drawn as a level
+    line across the sparse points' L0 range, so it does not squash the axis.
 
     Args:
         table: rows of `experiments.frontier.frontier` (`dictionary`, `method`, `l0`, `explained_variance`,
@@ -95,18 +97,24 @@ def frontier_figure(table: pd.DataFrame, title: str = "EV and CE recovered again
     require(table, FRONTIER_COLUMNS, "frontier_figure")
     traces = []
     names = list(dict.fromkeys(table.dictionary))
+    sparse = table[table.method != "regression"].l0
+    span = [float(sparse.min()), float(sparse.max())] if len(sparse) else [0.0, 1.0]
     for (dictionary, method), g in table.groupby(["dictionary", "method"], sort=False):
         g = g.sort_values("l0")
+        dense = method == "regression"
         color = PALETTE[names.index(dictionary) % len(PALETTE)]
         line = dict(color=color, dash="solid" if method == "dictionary" else "dot")
+        label = f"{dictionary}: {method}" + (f" (dense, L0 {g.l0.iloc[0]:.0f})" if dense else "")
         for col, axes in (("explained_variance", ("x", "y")), ("ce_loss_recovered_mean", ("x2", "y2"))):
-            traces.append(go.Scatter(x=g.l0, y=g[col], mode="lines+markers", line=line, xaxis=axes[0], yaxis=axes[1],
-                                     name=f"{dictionary}: {method}", legendgroup=f"{dictionary}{method}",
+            x, y = (span, [float(g[col].mean())] * 2) if dense else (g.l0, g[col])
+            traces.append(go.Scatter(x=x, y=y, mode="lines" if dense else "lines+markers", line=line, xaxis=axes[0],
+                                     yaxis=axes[1], name=label, legendgroup=f"{dictionary}{method}",
                                      showlegend=col == "explained_variance",
-                                     hovertemplate=f"{dictionary}, {method}<br>L0 %{{x:.1f}}: %{{y:.3f}}<extra></extra>"))
-    layout = base_layout(title, width=WIDTH, height=460, margin=dict(l=60, r=30, t=80, b=60),
+                                     hovertemplate=f"{label}<br>L0 %{{x:.1f}}: %{{y:.3f}}<extra></extra>"))
+    layout = base_layout(title, width=WIDTH, height=420 + 22 * len(traces) // 2, margin=dict(l=60, r=30, t=80, b=60),
                          xaxis=dict(domain=[0, 0.45], title="L0 (latents, or coefficients, per token)"),
                          yaxis=dict(title="explained variance"),
                          xaxis2=dict(domain=[0.55, 1], title="L0", anchor="y2"),
-                         yaxis2=dict(title="CE recovered (mean ablation)", anchor="x2"))
+                         yaxis2=dict(title="CE recovered (mean ablation)", anchor="x2"),
+                         legend=dict(orientation="h", yanchor="top", y=-0.18, x=0, font=dict(size=11)))
     return go.Figure(data=traces, layout=layout)

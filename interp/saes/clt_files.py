@@ -58,12 +58,17 @@ def cfg_dict(clt: Any) -> dict:
             "metadata": {"model_name": name, "sae_lens_version": SAELENS_VERSION, "sprout": record}}
 
 
-def tensors(clt: Any) -> dict[str, torch.Tensor]:
+def _parameters(clt: Any) -> dict[str, torch.Tensor]:
+    """The CLT's tensors under their file names (no copies)."""
     out = {"W_enc": clt.W_enc, "b_enc": clt.b_enc, "b_dec": clt.b_dec, "threshold": clt.threshold,
            **{f"W_dec_{l}": w for l, w in enumerate(clt.W_dec)}}
     if clt.W_skip is not None:
         out["W_skip"] = clt.W_skip
-    return {k: v.detach().cpu().contiguous().clone() for k, v in out.items()}
+    return out
+
+
+def tensors(clt: Any) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu().contiguous().clone() for k, v in _parameters(clt).items()}
 
 
 def is_ours(folder: Path) -> bool:
@@ -134,6 +139,14 @@ def _read_tensors(path: Path, want: dict[str, torch.Tensor]) -> dict[str, torch.
     return out
 
 
+def _build(cls: type, spec: dict, cfg_path: Path) -> Any:
+    try:
+        return cls(spec["n_layers"], spec["d_in"], spec["d_sae"], spec["d_out"], kind=spec["kind"], k=spec["k"],
+                   skip=spec["skip"], dtype=spec["dtype"])
+    except (TypeError, ValueError) as e:
+        raise SAEFileError(f"{cfg_path}: {e}") from e
+
+
 def load(folder: PathLike, model: Optional[HookedModel], cls: type) -> Any:
     """The CLT in `folder` (an instance of `cls`), checked against `model` if given."""
     folder = Path(folder)
@@ -141,12 +154,11 @@ def load(folder: PathLike, model: Optional[HookedModel], cls: type) -> Any:
         raise FileNotFoundError(f"no cross-layer transcoder at {folder}: not a folder")
     cfg_path = folder / CFG
     spec = _spec(read_json(cfg_path), cfg_path)
-    try:
-        clt = cls(spec["n_layers"], spec["d_in"], spec["d_sae"], spec["d_out"], kind=spec["kind"], k=spec["k"],
-                  skip=spec["skip"], dtype=spec["dtype"])
-    except (TypeError, ValueError) as e:
-        raise SAEFileError(f"{cfg_path}: {e}") from e
-    found = _read_tensors(folder / WEIGHTS, tensors(clt))
+    # the cfg's shapes on the meta device first: a cfg asking for terabytes is refused by the weights it names
+    # (read within MAX_WEIGHT_BYTES) before anything that size is allocated
+    with torch.device("meta"):
+        found = _read_tensors(folder / WEIGHTS, _parameters(_build(cls, spec, cfg_path)))
+    clt = _build(cls, spec, cfg_path)
     with torch.no_grad():
         for name, t in found.items():
             target = clt.W_dec[int(name.removeprefix("W_dec_"))] if name.startswith("W_dec_") else getattr(clt, name)

@@ -43,7 +43,7 @@ def test_recipes_fit_the_size_budget(name):
     size = sum(4 * (2 * d * e * d + e * d + d + e) + 4 * d * d * skip  # + e: the JumpReLU threshold
                for part in ship.PARTS for rl in (r.at(part, layer) for layer in range(n))
                for skip in ([False] if part == "resid" else rl.skips)
-               for e in [rl.expansion if part == "resid" else rl.transcoder_expansion])
+               for e in [rl.expansion if part == "resid" else rl.transcoder_width(skip)])
     # the cross-layer transcoder: W_enc, b_enc, threshold per layer; W_dec_l [d_sae, n - l, d]; b_dec
     e = round(ship.CLT_PLANS[name].expansion * d) if name in ship.CLT_PLANS else 0
     size += 4 * (n * (d * e + 2 * e) + e * d * n * (n + 1) // 2 + n * d)
@@ -144,3 +144,25 @@ def test_steps_override_means_what_it_says_for_every_dictionary(name):
             assert at.steps == 7 and at.transcoder_steps == 7, (name, part, layer)
     kept = {k: {f: v for f, v in o.items() if f not in ship.STEP_FIELDS} for k, o in ship.SHIP_PLANS[name].overrides.items()}
     assert r.overrides == kept  # the other overrides stand
+
+
+def test_transcoders_without_a_skip_take_their_own_width_and_skips_picks_one_kind(monkeypatch, tiny_model):
+    asked = []
+
+    def fake(model, data, layers, *, steps, skip, d_sae, **kw):
+        asked.append((skip, d_sae))
+        return {l: interp.Transcoder(16, d_sae, 16, kind="topk", k=2, layer=l, skip=skip) for l in layers}
+    monkeypatch.setattr(ship.interp, "train_transcoder", fake)
+    r = ship.ShipPlan(transcoder_expansion=8, noskip_expansion=2, k=2)
+    d = int(tiny_model.cfg.d_model)
+    texts = dict(train="some text " * 50, train_desc="{n} chars")
+    out = ship._train_group(tiny_model, r, texts, "transcoders", [0])
+    assert asked == [(True, 8 * d), (False, 2 * d)] and set(out) == {(0, True), (0, False)}
+    assert out[(0, False)].info["recipe"]["noskip_expansion"] == 2
+    assert ship.ShipPlan(transcoder_expansion=3).transcoder_width(False) == 3  # None: the same width as with a skip
+
+    seen = []
+    monkeypatch.setattr(ship, "ship_saes", lambda name, model, r, parts, **kw: seen.append(r))
+    for flag, want in (("skip", (True,)), ("noskip", (False,))):
+        assert ship.main(["gpt-4", "--only", "saes", "--parts", "transcoders", "--skips", flag]) == 0
+        assert seen[-1].skips == want and seen[-1].transcoder_expansion == ship.SHIP_PLANS["gpt-4"].transcoder_expansion

@@ -35,7 +35,7 @@ def test_the_clt_recipe_is_the_per_layer_transcoders_at_their_total_k(name):
     d, n = int(model.cfg.d_model), int(model.cfg.n_layers)
     per_layer, args = ship.SHIP_PLANS[name], ship_clt.CLT_PLANS[name].train_args(model)
     assert args["k"] == n * ship_targets.default_k(d) <= n * ship_targets.max_l0(d)
-    assert args["d_sae"] == round(per_layer.transcoder_expansion * d)
+    assert args["d_sae"] == round(per_layer.transcoder_width(False) * d)  # the per-layer set it is compared with
     assert {f: args[f] for f in ("batch_size", "lr", "seed")} == {f: getattr(per_layer, f) for f in ("batch_size", "lr", "seed")}
     assert ship_clt.CLT_PLANS[name].train_chars == per_layer.train_chars
 

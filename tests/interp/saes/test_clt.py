@@ -124,3 +124,12 @@ def test_circuit_tracer_clt_form_reads_mlp_hook_in_with_the_same_pre_activations
         torch.testing.assert_close(dec, clt.W_dec[i].detach())
     with pytest.raises(ValueError, match="skip"):
         interp.saes.save_circuit_tracer(filled(n_layers=2, d=64).float(), tmp_path / "ct2", model)
+
+
+def test_a_cfg_asking_for_terabytes_is_refused_by_its_weights_before_anything_is_allocated(tmp_path):
+    folder = filled().save(tmp_path / "clt")
+    cfg = json.loads((folder / "cfg.json").read_text())
+    cfg.update(d_sae=10**9, n_layers=1000)  # about 64 TB of float64 if built before the weights are checked
+    (folder / "cfg.json").write_text(json.dumps(cfg))
+    with pytest.raises(SAEFileError, match="unexpected tensor|has shape"):
+        interp.CrossLayerTranscoder.load(folder)
