@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments import readme, shipped_dictionaries as sd
+from experiments import readme
+from experiments import shipped_dictionaries as sd
 
 ROOT = Path(__file__).resolve().parents[2]
 
