@@ -94,3 +94,23 @@ def test_clt_compare_takes_the_clt_of_the_one_recipe(tmp_path, monkeypatch):
     assert got is trained and calls == [replace(plan, steps=7)]
     again = clt_compare.clt_of("gpt-4", model, {}, 7, tmp_path)
     assert len(calls) == 1 and torch.equal(again.W_enc, trained.W_enc)
+
+
+def test_remeasure_rewrites_the_record_and_keeps_the_weights(demos, monkeypatch):
+    """Retraining the per-layer set leaves the CLT's comparison stale: remeasure rewrites the record only."""
+    model = sprout.load("gpt-1").eval()
+    texts = {"held_desc": "held-out", "held": "", "dead": ""}
+    assert ship_clt.remeasure("gpt-1", model, texts) is None  # nothing shipped, nothing written
+    assert not shipped_clt_folder(demos / "gpt-1").exists()
+    clt = fake_clt(model)
+    clt.info = {"train_seconds": 1.0, "recipe": {"steps": 3}}
+    record = {**GOOD, "l0": 10.0, "explained_variance_per_layer": [0.9], "ce_loss_recovered": 0.95,
+              "dead_tokens_measured": 40_000}
+    monkeypatch.setattr(ship_clt, "measure", lambda model, c, texts: record)
+    ship_clt.write("gpt-1", model, clt, texts, frontier=False)
+    monkeypatch.setattr(ship_clt, "measure", lambda model, c, texts: {**record, "per_layer_explained_variance": 0.95})
+    folder = ship_clt.remeasure("gpt-1", model, texts)  # the per-layer set now explains more: a miss, recorded
+    info = json.loads((folder / "cfg.json").read_text())["metadata"]["sprout"]["info"]
+    assert info["held_out"]["misses"] == ["explained variance 0.910 (all MLP outputs) < the per-layer set's 0.950"]
+    assert info["held_out"]["per_layer_explained_variance"] == 0.95 and info["recipe"] == {"steps": 3}
+    assert torch.equal(interp.load_clt(model).W_enc, clt.W_enc)
