@@ -17,6 +17,16 @@ needs_tl4 = pytest.mark.skipif(not TL4, reason="compares with a TransformerLens 
 
 torch.set_num_threads(1)  # tiny models: a second thread costs more than it gives on a busy 2-core machine
 
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Back to one thread after every test: a script's main called in-process sets its `--threads` (default:
+    every core), and two xdist workers with two OpenMP threads each on 2 cores ran the rest of the suite
+    several times slower (a 30 s test took 400 s)."""
+    yield
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
 TINY = SproutConfig(vocab_size=256, context=64, n_layer=2, n_head=4, d_model=64, d_ff=128)
 
 
