@@ -146,8 +146,13 @@ class ShipPlan:
 # (the frontier block of docs/features.md, `python -m experiments.frontier`).
 # gpt-4's with AuxK at weight 1 over a 10k-token window (the CLT's fix, experiments.ship_clt): at 1/32 over 100k
 # tokens 8-40% of its residual SAEs' and transcoders' latents never fired on 40k held-out tokens; now 0-3% (10% at
-# MLP 3 with a skip).
-SHIP_PLANS = {"gpt-4": ShipPlan(aux_k_coefficient=1.0, dead_tokens=10_000),
+# MLP 3 with a skip). Two MLPs have their own (one trial each, held out, with a skip): MLP 2's missed CE recovered
+# (mean ablation; 0.877), at 4 d_model 0.899 (dead 14.6%), at 4 d_model with a 3k-token window and 6,000 steps 0.911
+# (dead 4.3%); MLP 3's had 10.4% dead, 7.8% over a 5k window, 6.3% over 2k at weight 2, 3.9% with 6,000 steps too
+# (at MLP 2's recipe 26.6%). Those without a skip stay at 2 d_model and train with the same window and steps.
+SHIP_PLANS = {"gpt-4": ShipPlan(aux_k_coefficient=1.0, dead_tokens=10_000, overrides={
+                  "transcoder 2": dict(transcoder_expansion=4, noskip_expansion=2, dead_tokens=3000, transcoder_steps=6000),
+                  "transcoder 3": dict(aux_k_coefficient=2.0, dead_tokens=2000, transcoder_steps=6000)}),
               "sprout-mini": ShipPlan(transcoder_expansion=8, noskip_expansion=2, transcoder_steps=6000)}
 PARTS = ("resid", "transcoders")
 STEPS = ("lens", "saes", "clt", "phase", "readme")  # what one command rebuilds, in this order
