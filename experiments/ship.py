@@ -146,7 +146,7 @@ class ShipPlan:
 # (the frontier block of docs/features.md, `python -m experiments.frontier`).
 # gpt-4's with AuxK at weight 1 over a 10k-token window (the CLT's fix, experiments.ship_clt): at 1/32 over 100k
 # tokens 8-40% of its residual SAEs' and transcoders' latents never fired on 40k held-out tokens; now 0-3% (10% at
-# MLP 3 with a skip). Two MLPs have their own (one trial each, held out, with a skip): MLP 2's missed CE recovered
+# MLP 3 with a skip). Two MLPs have their own (trials on held-out text, with a skip): MLP 2's missed CE recovered
 # (mean ablation; 0.877), at 4 d_model 0.899 (dead 14.6%), at 4 d_model with a 3k-token window and 6,000 steps 0.911
 # (dead 4.3%); MLP 3's had 10.4% dead, 7.8% over a 5k window, 6.3% over 2k at weight 2, 3.9% with 6,000 steps too
 # (at MLP 2's recipe 26.6%). Those without a skip stay at 2 d_model and train with the same window and steps.

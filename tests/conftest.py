@@ -27,6 +27,7 @@ def one_thread():
     if torch.get_num_threads() != 1:
         torch.set_num_threads(1)
 
+
 TINY = SproutConfig(vocab_size=256, context=64, n_layer=2, n_head=4, d_model=64, d_ff=128)
 
 
