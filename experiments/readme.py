@@ -22,6 +22,7 @@ HOMES = {
     "graph-finding-summary": "README.md",
     "frontier": "docs/features.md",
     "shipped-dictionaries": "docs/features.md",
+    "interpretability-scores": "docs/features.md",
 }
 
 
@@ -77,3 +78,12 @@ def read(path) -> str:
 def rewrite(path, name: str, body: str) -> Path:
     """Replace the block `name` of the file `path` (atomically; refused, writing nothing, without its markers)."""
     return replace_file(Path(path).resolve(), replace_block(read(path), name, body).encode())
+
+
+def rewrite_or_print(path, name: str, body: str) -> int:
+    """`rewrite` the block `name` of `path`, or print `body` when `path` is None (a table script's `--readme`); 0."""
+    if path:
+        rewrite(path, name, body)
+    else:
+        print(body)
+    return 0

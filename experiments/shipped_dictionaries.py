@@ -22,7 +22,7 @@ import pandas as pd
 from interp.saes.shipped import CLT
 from sprout.files import demo_dir
 
-from .readme import md_table, rewrite
+from .readme import md_table, rewrite_or_print
 
 BLOCK = "shipped-dictionaries"
 KINDS = {"sae": (0, "resid SAE"), "skip": (1, "transcoder, skip"), "noskip": (2, "transcoder, no skip")}
@@ -74,11 +74,7 @@ def main(argv=None) -> int:
     p.add_argument("--readme", type=Path, default=None, help=f"write the {BLOCK!r} block of this file (docs/features.md)")
     args = p.parse_args(argv)
     text = markdown(table())
-    if args.readme:
-        rewrite(args.readme, BLOCK, text)
-    else:
-        print(text)
-    return 0
+    return rewrite_or_print(args.readme, BLOCK, text)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,8 @@ README = ROOT / "README.md"
 
 def test_every_generated_block_has_its_experiment_and_its_file():
     steps = ship.readme_steps(ROOT)
-    assert {m for m, _, _, _ in steps} == {"demo_table", "english_loss", "bos_loss", "features", "shipped_dictionaries", "discovery",
-                                           "graph_finding", "circuits"}
+    assert {m for m, _, _, _ in steps} == {"demo_table", "english_loss", "bos_loss", "features", "shipped_dictionaries",
+                                           "interpretability_scores", "discovery", "graph_finding", "circuits"}
     for module, _, name, file in steps:
         assert readme.block(readme.read(file), name).strip(), name
         assert hasattr(importlib.import_module(f"experiments.{module}"), "main")
@@ -53,6 +53,7 @@ def test_ship_readme_runs_each_experiment_on_the_readme_then_the_figures(monkeyp
     assert [m for m, _ in calls] == [*ship.README_TABLES, "circuits", "run_all"]
     homes = {"demo_table": "README.md", "english_loss": "docs/results/demos.md", "bos_loss": "docs/guide/transformerlens.md",
              "features": "docs/guide/features.md", "shipped_dictionaries": "docs/features.md",
+             "interpretability_scores": "docs/features.md",
              "discovery": "docs/results/discovery.md",
              "graph_finding": "docs/results/graph-finding.md",
              "circuits": "docs/guide/circuits.md"}
