@@ -29,7 +29,7 @@ import torch
 
 import interp
 import sprout
-from interp.saes.clt_metrics import clt_metrics, from_transcoders
+from interp.saes.clt_metrics import clt_dead_fractions, clt_metrics, from_transcoders
 
 from . import readme
 from .ship import ShipPlan, demo_texts
@@ -90,7 +90,7 @@ def compare(name: str, steps: Optional[int], out: Path) -> tuple[pd.DataFrame, p
     clt = clt_of(name, model, texts, steps, out)
     sets = {"per-layer": from_transcoders(per_layer), "cross-layer": clt}
     metrics = pd.concat([clt_metrics(model, c, texts["held"]).assign(
-        set=kind, dead_long=float(clt_metrics(model, c, texts["dead"]).dead_fraction.iloc[-1])) for kind, c in sets.items()])
+        set=kind, dead_long=float(clt_dead_fractions(model, c, texts["dead"]).dead_fraction.iloc[-1])) for kind, c in sets.items()])
     graphs = graph_rows(model, {"per-layer": per_layer, "cross-layer": clt}, prompts(model, texts["held"]))
     (out / name).mkdir(parents=True, exist_ok=True)
     metrics.to_csv(out / name / "metrics.csv", index=False)
@@ -106,10 +106,10 @@ def markdown(results: dict) -> str:
              "columns: means over "
              f"{N_PROMPTS} prompts of {PROMPT_TOKENS} tokens cut from the held-out text (full, unpruned graphs; "
              "L0/token = active features / attributed positions). Metrics: `interp.saes.clt_metrics` on the held-out "
-             "text, every MLP replaced at once; dead: never firing over about 40k other held-out tokens (the "
-             "shipping run's count).", "",
+             "text, every MLP replaced at once (s.e.: over windows, a lower bound); dead: never firing over about 40k "
+             "other held-out tokens (the shipping run's count).", "",
              "| model | set | L0/token (graphs) | replacement | completeness | L0/token (held-out) | EV (all MLPs) | "
-             "EV per layer | CE rec. (zero) | CE rec. (mean) | dead |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "EV per layer | CE rec. (zero) ± s.e. | CE rec. (mean) ± s.e. | dead |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, (metrics, graphs, info) in results.items():
         for kind in ("per-layer", "cross-layer"):
             g = graphs[graphs.set == kind]
@@ -118,8 +118,9 @@ def markdown(results: dict) -> str:
             per = " / ".join(f"{v:.2f}" for v in m[m.layer != "all"].explained_variance)
             lines.append(f"| {name} | {kind} | {g.l0_per_token.mean():.1f} | {g.replacement.mean():.3f} "
                          f"(min {g.replacement.min():.3f}) | {g.completeness.mean():.3f} | {total.l0:.1f} | "
-                         f"{total.explained_variance:.3f} | {per} | {total.ce_loss_recovered:.3f} | "
-                         f"{total.ce_loss_recovered_mean:.3f} | {total.dead_long:.1%} |")
+                         f"{total.explained_variance:.3f} | {per} | {total.ce_loss_recovered:.3f} ± "
+                         f"{total.ce_loss_recovered_se:.3f} | {total.ce_loss_recovered_mean:.3f} ± "
+                         f"{total.ce_loss_recovered_mean_se:.3f} | {total.dead_long:.1%} |")
     lines.append("")
     for name, (_, _, info) in results.items():
         r, s = info["clt"].get("recipe", {}), info["clt"].get("settings", {})
@@ -144,7 +145,7 @@ def main(argv=None) -> int:
     text = markdown(results)
     print(text)
     if args.docs:
-        readme.rewrite(Path(__file__).resolve().parents[1] / "docs" / "features.md", "clt", text)
+        readme.rewrite(readme.home("clt", Path(__file__).resolve().parents[1]), "clt", text)
     return 0
 
 

@@ -23,6 +23,8 @@ HOMES = {
     "frontier": "docs/features.md",
     "shipped-dictionaries": "docs/features.md",
     "interpretability-scores": "docs/features.md",
+    "held-out-sources": "docs/features.md",
+    "clt": "docs/features.md",
 }
 
 

@@ -16,9 +16,12 @@ has, in this order:
   zero and mean ablation, and the margins over the PCA code / regression / top neurons fitted on the
   training text; the dead fraction counted over `dead_chars` of other held-out text, about 40k tokens)
   are recorded in its cfg.json (metadata.sprout.info.held_out) and must meet the targets of
-  `experiments.ship_targets` (issue 38), or nothing is written.
+  `experiments.ship_targets` (issue 38), or nothing is written. `--remeasure` trains nothing: it measures
+  the shipped dictionaries again on the same texts and rewrites only their held-out records (after a
+  change of the measurement, such as the standard errors of CE recovered);
 - `clt`: the cross-layer transcoder (saes/clt/, `interp.load_clt`): the per-layer transcoders' recipe with
-  their total k, measured and held to its targets the same way (`experiments.ship_clt`);
+  their total k, measured and held to its targets the same way (`experiments.ship_clt`; `--remeasure`
+  rewrites the shipped one's record only);
 - `phase` (with `--run RUN`, the training run the weights came from, its log-spaced snapshots kept, or
   the tables `experiments.gpu_train` measured from them where the run trained, stamped with its weights):
   induction_snapshots.csv (every head's induction score at each snapshot, `experiments.training_dynamics`)
@@ -28,7 +31,8 @@ has, in this order:
   in artifacts.json (`experiments.stamps`: the weights' fingerprint and each table's SHA-256), so a
   stale or edited table is refused on load;
 - `readme`: every generated block of the README and the docs pages (`experiments.readme.HOMES`: the
-  demo, English, BOS and features tables, each demo's circuit, the graph finding and its README sentences) and
+  demo, English, BOS and features tables, the shipped dictionaries' records, interpretability scores and CE
+  recovered by held-out source, each demo's circuit, the graph finding and its README sentences) and
   the figures (`run_all --docs`), measured on the shipped demos as they now are.
 
 All SAEs of a model train from one forward per batch (those sharing settings), and all its transcoders from another.
@@ -104,6 +108,9 @@ class ShipPlan:
     # the transcoders without a skip: d_sae / d_model (None: transcoder_expansion); they are the per-layer set the
     # cross-layer transcoder is compared with at its own width (experiments.ship_clt.CltPlan.expansion)
     noskip_expansion: Optional[float] = None
+    # and their optimizer steps (None: transcoder_steps): the cross-layer transcoder's, so that it is compared with
+    # a per-layer set trained as long
+    noskip_steps: Optional[int] = None
     # one dictionary's own settings, keyed "resid <layer>" / "transcoder <layer>": {field: value}
     overrides: dict = field(default_factory=dict)
 
@@ -125,11 +132,15 @@ class ShipPlan:
     def with_steps(self, steps: int) -> "ShipPlan":
         """Every dictionary trained `steps` steps, those whose override sets their own too (`--steps`)."""
         own = {key: {f: v for f, v in o.items() if f not in STEP_FIELDS} for key, o in self.overrides.items()}
-        return replace(self, steps=steps, transcoder_steps=steps, overrides=own)
+        return replace(self, steps=steps, transcoder_steps=steps, noskip_steps=None, overrides=own)
 
     def transcoder_width(self, skip: bool) -> float:
         """d_sae / d_model of the transcoders with (`skip`) or without a skip."""
         return self.transcoder_expansion if skip or self.noskip_expansion is None else self.noskip_expansion
+
+    def transcoder_steps_of(self, skip: bool) -> int:
+        """Optimizer steps of the transcoders with (`skip`) or without a skip."""
+        return self.transcoder_steps if skip or self.noskip_steps is None else self.noskip_steps
 
     def most_train_chars(self) -> int:
         """The longest training prefix any of the demo's dictionaries reads (the text is read once)."""
@@ -154,17 +165,19 @@ class ShipPlan:
 # 0.885 -> 0.919 (16 d_model and 6,000 steps: 0.922), MLP 4's 0.736 -> 0.767 (16 d_model: 0.793, but the size
 # budget holds one such MLP, not seven); k is per MLP where held-out L0 at k 8 left room under d_model / 12 (MLP 2's
 # 6.8: at k 10 0.874 -> 0.903, shipped with two threads 0.893; at 12,000 steps too 0.894) or broke it (MLPs 5
-# and 6: 10.7 and 10.5); MLP 0 met every target at 6,000. docs/features.md has what shipped.
+# and 6: 10.7 and 10.5); MLP 0 met every target at 6,000. Those without a skip at the CLT's 3,000 steps (they were
+# 1,500: the time a session had), with each MLP's k. docs/features.md has what shipped.
 SHIP_PLANS = {"gpt-4": ShipPlan(aux_k_coefficient=1.0, dead_tokens=10_000, overrides={
                   "transcoder 2": dict(transcoder_expansion=4, noskip_expansion=2, dead_tokens=3000, transcoder_steps=6000),
                   "transcoder 3": dict(aux_k_coefficient=2.0, dead_tokens=2000, transcoder_steps=6000)}),
-              "sprout-mini": ShipPlan(transcoder_expansion=8, noskip_expansion=2, transcoder_steps=12_000, overrides={
+              "sprout-mini": ShipPlan(transcoder_expansion=8, noskip_expansion=2, transcoder_steps=12_000, noskip_steps=3000,
+                                     overrides={
                   "transcoder 0": dict(transcoder_steps=6000), "transcoder 2": dict(k=10, transcoder_steps=6000),
                   "transcoder 3": dict(k=9), "transcoder 5": dict(k=7), "transcoder 6": dict(k=7)})}
 PARTS = ("resid", "transcoders")
 STEPS = ("lens", "saes", "clt", "phase", "readme")  # what one command rebuilds, in this order
 TEXT_FIELDS = ("held_out_chars", "dead_chars")  # one value per demo (demo_texts reads them once)
-STEP_FIELDS = ("steps", "transcoder_steps")  # what --steps overrides, in the recipe and in every override
+STEP_FIELDS = ("steps", "transcoder_steps", "noskip_steps")  # what --steps overrides, in the recipe and in every override
 
 LENS = dict(steps=150, batch_size=8, train_chars=400_000, held_out_chars=60_000, seed=0)
 
@@ -271,7 +284,7 @@ def _train_group(model, r: ShipPlan, texts: dict, part: str, layers: list) -> di
                                    steps=r.steps, d_sae=round(r.expansion * d), **common)
     else:  # keyed (layer, skip): each MLP's transcoder with and without the skip
         trained = {(layer, skip): tc for skip in r.skips for layer, tc in interp.train_transcoder(
-            model, train, layers, steps=r.transcoder_steps, skip=skip, d_sae=round(r.transcoder_width(skip) * d),
+            model, train, layers, steps=r.transcoder_steps_of(skip), skip=skip, d_sae=round(r.transcoder_width(skip) * d),
             **common).items()}
     for key, sae in trained.items():
         sae.info["data"], sae.info["recipe"] = desc, asdict(r)
@@ -286,27 +299,9 @@ def ship_saes(name: str, model, r: ShipPlan, parts=PARTS, keep_passing: bool = F
     t0 = time.perf_counter()
     trained = train_dictionaries(model, r, texts, parts, layers)
     seconds = time.perf_counter() - t0
-    dead, n_dead_tokens = interp.saes.dead_fractions(model, list(trained.values()), texts["dead"])
-    bad, ready, fits = [], [], BaselineFits(model, train_text(texts, BASELINE_FIT_CHARS)[0])
-    for (key, sae), dead_fraction in zip(trained.items(), dead):
-        kind = "transcoder" if isinstance(sae, interp.Transcoder) else "sae"
-        held = {**held_out_metrics(model, sae, texts["held"], fits), "dead_fraction": dead_fraction,
-                "dead_tokens_measured": n_dead_tokens}
-        miss = failures(kind, held, int(model.cfg.d_model))
-        sae.info["held_out"] = {**held, "data": texts["held_desc"], "misses": miss}  # [] when every target is met
+    for sae in trained.values():
         sae.info["train_seconds_all"] = seconds
-        print(f"{name} {sae.hook_name}{'' if kind == 'sae' else f' skip={sae.skip}'}: EV {held['explained_variance']:.3f} "
-              f"({held['ev_margin']:+.3f} over {held['best_baseline']}), CE recovered {held['ce_loss_recovered']:.3f} / "
-              f"{held['ce_loss_recovered_mean']:.3f} (zero / mean ablation), L0 {held['l0']:.1f}, dead {dead_fraction:.1%}"
-              + (f"  MISSES: {'; '.join(miss)}" if miss else ""))
-        bad += [f"{sae.hook_name}: {m}" for m in miss]
-        if miss and keep_passing:
-            continue
-        if sae.model_fingerprint != fingerprint(model):
-            raise SystemExit(f"{name} {sae.hook_name}: not stamped with the weights' fingerprint")
-        where = {"layer": key[0], "skip": key[1]} if kind == "transcoder" else {"hook": key}
-        folder = shipped_folder(demo_dir() / name, **where)
-        ready.append((sae, folder))
+    ready, bad = measure_dictionaries(name, model, texts, trained, keep_passing)
     if bad and keep_passing:
         print(f"{name}: {len(bad)} target(s) missed; shipping the {len(ready)} dictionaries that meet every target:\n  "
               + "\n  ".join(bad))
@@ -315,6 +310,74 @@ def ship_saes(name: str, model, r: ShipPlan, parts=PARTS, keep_passing: bool = F
               "recorded in its cfg.json (held_out.misses):\n  " + "\n  ".join(bad))
     elif bad:
         raise SystemExit(f"{name}: not shipped, {len(bad)} target(s) missed:\n  " + "\n  ".join(bad))
+    written = write_dictionaries(name, model, ready, texts)
+    print(f"{name}: {len(written)} dictionaries in {seconds:.0f} s of training -> {demo_dir() / name / 'saes'}; "
+          f"all shipped dictionaries {shipped_mb(demo_dir()):.1f} MB")
+    return written
+
+
+def remeasure_saes(name: str, model, r: ShipPlan, parts=PARTS, layers=None) -> list:
+    """Measure the demo's shipped per-layer dictionaries (those of `parts` and `layers`, and `r.skips`) again on
+    `r`'s held-out texts and rewrite their held-out records, misses included; their weights, recipes and
+    training records stay as they are. For a change of the measurement, not of the dictionaries.
+
+    Raises:
+        SystemExit: none of them is shipped.
+    """
+    found = shipped_dictionaries(model, parts, layers, r.skips)
+    if not found:
+        raise SystemExit(f"{name}: no shipped dictionary of {', '.join(parts)} to measure again")
+    texts = demo_texts(name, r)
+    ready, bad = measure_dictionaries(name, model, texts, found, keep_passing=False)
+    print(f"{name}: {len(ready)} dictionaries measured again; {len(bad)} target(s) missed, each recorded in its "
+          "cfg.json (held_out.misses)" + ("".join(f"\n  {b}" for b in bad)))
+    return write_dictionaries(name, model, ready, texts)
+
+
+def shipped_dictionaries(model, parts=PARTS, layers=None, skips=(True, False)) -> dict:
+    """{hook or (layer, skip): dictionary} of the per-layer dictionaries shipped for `model`'s weights, keyed as
+    `train_dictionaries` keys them (those not shipped are left out)."""
+    layers = list(range(int(model.cfg.n_layers))) if layers is None else list(layers)
+    keys: list = [act_name("resid_post", layer) for layer in layers if "resid" in parts]
+    keys += [(layer, skip) for skip in skips for layer in layers if "transcoders" in parts]
+    found = {}
+    for key in keys:
+        try:
+            found[key] = interp.load_sae(model, key) if isinstance(key, str) else \
+                interp.load_transcoder(model, key[0], skip=key[1])
+        except FileNotFoundError:
+            continue
+    return found
+
+
+def measure_dictionaries(name: str, model, texts: dict, dictionaries: dict, keep_passing: bool) -> tuple[list, list]:
+    """Measure each of `dictionaries` ({hook or (layer, skip): dictionary}) on the held-out texts, record the
+    result in its info (`held_out`, misses included) and return ([(dictionary, its folder)] to write, [misses])."""
+    dead, n_dead_tokens = interp.saes.dead_fractions(model, list(dictionaries.values()), texts["dead"])
+    bad, ready, fits = [], [], BaselineFits(model, train_text(texts, BASELINE_FIT_CHARS)[0])
+    for (key, sae), dead_fraction in zip(dictionaries.items(), dead):
+        kind = "transcoder" if isinstance(sae, interp.Transcoder) else "sae"
+        held = {**held_out_metrics(model, sae, texts["held"], fits), "dead_fraction": dead_fraction,
+                "dead_tokens_measured": n_dead_tokens}
+        miss = failures(kind, held, int(model.cfg.d_model))
+        sae.info["held_out"] = {**held, "data": texts["held_desc"], "misses": miss}  # [] when every target is met
+        print(f"{name} {sae.hook_name}{'' if kind == 'sae' else f' skip={sae.skip}'}: EV {held['explained_variance']:.3f} "
+              f"({held['ev_margin']:+.3f} over {held['best_baseline']}), CE recovered {held['ce_loss_recovered']:.3f} / "
+              f"{held['ce_loss_recovered_mean']:.3f} +- {held['ce_loss_recovered_mean_se']:.3f} (zero / mean ablation), "
+              f"L0 {held['l0']:.1f}, dead {dead_fraction:.1%}" + (f"  MISSES: {'; '.join(miss)}" if miss else ""))
+        bad += [f"{sae.hook_name}: {m}" for m in miss]
+        if miss and keep_passing:
+            continue
+        if sae.model_fingerprint != fingerprint(model):
+            raise SystemExit(f"{name} {sae.hook_name}: not stamped with the weights' fingerprint")
+        where = {"layer": key[0], "skip": key[1]} if kind == "transcoder" else {"hook": key}
+        ready.append((sae, shipped_folder(demo_dir() / name, **where)))
+    return ready, bad
+
+
+def write_dictionaries(name: str, model, ready: list, texts: dict) -> list:
+    """Write `ready` ([(dictionary, folder)]) as one set, check the loaders find them, and measure the CLT again
+    when the per-layer set it is compared with changed."""
     # one set: staged beside saes/ and switched in one step (ship_swap), so a Ctrl-C or a kill leaves all old or all new
     written = write_set(demo_dir() / name / SAES, ready)
     for sae, _ in ready:  # what was written is what the loaders find for these weights
@@ -323,14 +386,12 @@ def ship_saes(name: str, model, r: ShipPlan, parts=PARTS, keep_passing: bool = F
         assert torch.equal(found.W_dec, sae.W_dec), sae.hook_name
     if any(isinstance(sae, interp.Transcoder) and not sae.skip for sae, _ in ready):
         remeasure_clt(name, model, texts)  # the CLT's record compares it with the set just written
-    print(f"{name}: {len(written)} dictionaries in {seconds:.0f} s of training -> {demo_dir() / name / 'saes'}; "
-          f"all shipped dictionaries {shipped_mb(demo_dir()):.1f} MB")
     return written
 
 
 # each rewrites its BLOCK
-README_TABLES = ("demo_table", "english_loss", "bos_loss", "features", "shipped_dictionaries", "interpretability_scores", "discovery",
-                "graph_finding")
+README_TABLES = ("demo_table", "english_loss", "bos_loss", "features", "shipped_dictionaries", "interpretability_scores",
+                "held_out_sources", "discovery", "graph_finding")
 
 
 def readme_steps(root: Path) -> list[tuple[str, list[str], str, Path]]:
@@ -391,6 +452,8 @@ def main(argv=None) -> int:
                    help="override the recipe's SAE, transcoder and CLT steps (a trial)")
     p.add_argument("--skips", choices=("skip", "noskip"), default=None,
                    help="with saes: only the transcoders with (skip) or without (noskip) a skip (the others stay)")
+    p.add_argument("--remeasure", action="store_true",
+                   help="with saes or clt: train nothing; measure the shipped dictionaries again and rewrite their records")
     p.add_argument("--threads", type=positive, default=None,
                    help="torch CPU threads (default torch's; on a machine shared with other jobs 1 is much faster)")
     args = p.parse_args(argv)
@@ -421,14 +484,21 @@ def ship_dictionaries(args, model, only: list[str]) -> None:
         r = SHIP_PLANS[args.name] if args.steps is None else SHIP_PLANS[args.name].with_steps(args.steps)
         if args.skips:
             r = replace(r, skips=(args.skips == "skip",))
-        ship_saes(args.name, model, r, args.parts, keep_passing=args.keep_passing, layers=args.layers,
-                  frontier=args.frontier)
+        if args.remeasure:
+            remeasure_saes(args.name, model, r, args.parts, layers=args.layers)
+        else:
+            ship_saes(args.name, model, r, args.parts, keep_passing=args.keep_passing, layers=args.layers,
+                      frontier=args.frontier)
     if "clt" in only:
         if args.name not in CLT_PLANS:
             raise SystemExit(f"{args.name} has no cross-layer transcoder plan; those with one: {', '.join(CLT_PLANS)}")
         plan = CLT_PLANS[args.name] if args.steps is None else replace(CLT_PLANS[args.name], steps=args.steps)
-        ship_clt(args.name, model, plan, demo_texts(args.name, ShipPlan(train_chars=plan.train_chars)),
-                 frontier=args.frontier)
+        texts = demo_texts(args.name, ShipPlan(train_chars=plan.train_chars))
+        if args.remeasure:
+            if remeasure_clt(args.name, model, texts) is None:
+                raise SystemExit(f"{args.name} ships no cross-layer transcoder to re-measure")
+        else:
+            ship_clt(args.name, model, plan, texts, frontier=args.frontier)
 
 
 def default_steps(name: str, run) -> list[str]:

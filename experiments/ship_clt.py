@@ -27,15 +27,16 @@ import torch
 
 import interp
 from interp import fingerprint
-from interp.saes.clt_metrics import clt_metrics, from_transcoders
+from interp.saes.clt_metrics import clt_dead_fractions, clt_metrics, from_transcoders
 from interp.saes.shipped import shipped_clt_folder
 from sprout.files import demo_dir
 
 from .ship_swap import SAES, shipped_mb, write_set
 from .ship_targets import clt_failures, default_k
 
+# the "all" row of clt_metrics, kept in cfg.json
 KEYS = ("explained_variance", "fvu", "l0", "ce_clean", "ce_spliced", "ce_zero", "ce_mean", "ce_loss_recovered",
-        "ce_loss_recovered_mean", "kl_spliced", "n_tokens")  # the "all" row of clt_metrics, kept in cfg.json
+        "ce_loss_recovered_mean", "ce_loss_recovered_se", "ce_loss_recovered_mean_se", "kl_spliced", "n_tokens")
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ def measure(model, clt: interp.CrossLayerTranscoder, texts: dict) -> dict:
     """The held-out record `ship_targets.clt_failures` reads (see the module docstring)."""
     m = clt_metrics(model, clt, texts["held"])
     total, layers = m[m.layer == "all"].iloc[0], m[m.layer != "all"]
-    dead = clt_metrics(model, clt, texts["dead"])
+    dead = clt_dead_fractions(model, clt, texts["dead"])
     held = {k: float(total[k]) for k in KEYS}
     held.update(explained_variance_per_layer=layers.explained_variance.tolist(), l0_per_layer=layers.l0.tolist(),
                 dead_fraction=float(dead[dead.layer == "all"].dead_fraction.iloc[0]),

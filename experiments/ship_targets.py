@@ -21,8 +21,8 @@ TRANSCODER_EV_MARGIN, TRANSCODER_CE_MEAN = 0.10, 0.90  # over regression and top
 MAX_DEAD = 0.05
 BASELINE_FIT_CHARS = 200_000  # of the demo's training text: what the PCA basis and the regression are fitted on
 KEYS = ("explained_variance", "fvu", "l0", "dense_fraction", "ce_clean", "ce_spliced", "ce_zero", "ce_mean",
-        "ce_loss_recovered", "ce_loss_recovered_mean", "kl_spliced", "kl_mean", "n_tokens", "d_sae", "best_baseline",
-        "ev_margin", "ce_margin", "ce_zero_margin")
+        "ce_loss_recovered", "ce_loss_recovered_mean", "ce_loss_recovered_se", "ce_loss_recovered_mean_se",
+        "kl_spliced", "kl_mean", "n_tokens", "d_sae", "best_baseline", "ev_margin", "ce_margin", "ce_zero_margin")
 
 
 K_FRACTION = 0.8  # the recipes' k, of max_l0: BatchTopK's one threshold fired 18.1 latents a token on held-out

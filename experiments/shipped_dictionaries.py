@@ -6,7 +6,8 @@ Reads `sprout/demo/<demo>/saes/*/cfg.json` (the residual SAEs and the transcoder
 transcoders have their own block, `experiments.clt_compare`) and prints, or writes into the
 "shipped-dictionaries" block of docs/features.md, one row per dictionary: its width, steps, and the held-out
 record the shipping run measured (`experiments.ship`: L0, EV, the EV margin over the best baseline at the same
-L0, CE recovered against mean ablation, the dead fraction) and the targets it misses. Nothing is measured
+L0, CE recovered against mean ablation with its standard error over windows, the dead fraction) and the targets
+it misses. Nothing is measured
 here: the numbers are the ones shipped, so the page cannot drift from the files.
 """
 from __future__ import annotations
@@ -48,9 +49,14 @@ def row(demo: str, folder: Path) -> dict:
     return {"demo": demo, "dictionary": KINDS[kind][1], "block": block, "latents": int(cfg["d_sae"]),
             "steps": int(info["steps"]), "L0": f"{held['l0']:.1f}", "EV": float(held["explained_variance"]),
             "EV margin (best baseline)": f"{held['ev_margin']:+.3f} ({held['best_baseline'].replace('_', ' ')})",
-            "CE recovered (mean ablation)": float(held["ce_loss_recovered_mean"]),
+            "CE recovered (mean ablation) ± s.e.": with_se(held["ce_loss_recovered_mean"], held.get("ce_loss_recovered_mean_se")),
             "dead": f"{held['dead_fraction']:.1%}", "targets": "; ".join(misses) if misses else "met",
             "_order": (demo, KINDS[kind][0], block)}
+
+
+def with_se(value: float, se: Optional[float]) -> str:
+    """`value` to three places, with its standard error where the record has one (those measured before it did not)."""
+    return f"{value:.3f}" if se is None else f"{value:.3f} ± {se:.3f}"
 
 
 def table(demos: Optional[Path] = None) -> pd.DataFrame:

@@ -21,7 +21,7 @@
     training/    train_sae / train_transcoder, their settings, activation harvesting, checkpoints
 """
 from .clt import CrossLayerTranscoder
-from .clt_metrics import clt_metrics
+from .clt_metrics import clt_dead_fractions, clt_metrics
 from .describe import describe_latent
 from .metrics import dead_fractions, sae_metrics
 from .sae import SAE, Transcoder
@@ -31,6 +31,6 @@ from .shipped import load_clt, load_sae, load_transcoder
 from .splice import run_with_saes, spliced
 from .transcoder_sets import load_circuit_tracer, save_circuit_tracer
 
-__all__ = ["SAE", "CrossLayerTranscoder", "Transcoder", "clt_metrics", "dead_fractions", "describe_latent",
+__all__ = ["SAE", "CrossLayerTranscoder", "Transcoder", "clt_dead_fractions", "clt_metrics", "dead_fractions", "describe_latent",
            "interpretability_score", "interpretability_summary", "load_circuit_tracer", "load_clt", "load_sae", "load_transcoder",
            "register_with_saelens", "run_with_saes", "sae_metrics", "save_circuit_tracer", "spliced"]

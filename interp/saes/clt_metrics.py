@@ -13,8 +13,12 @@ features write only to their own layer: the same outputs). Columns, one row per 
 - `l0`: features read at that layer firing per token (all: summed over layers, the L0 per token to report
   beside every score); `dead_fraction`: features read there that never fire on the data (all: of every feature);
 - on the "all" row: `ce_clean`, `ce_spliced`, `ce_zero`, `ce_mean` (mean next-token cross-entropy, nats),
-  `ce_loss_recovered` (against zero ablation) and `ce_loss_recovered_mean` (against mean ablation), `kl_spliced`,
-  `n_tokens`.
+  `ce_loss_recovered` (against zero ablation) and `ce_loss_recovered_mean` (against mean ablation), their
+  standard errors `ce_loss_recovered_se` and `ce_loss_recovered_mean_se` (each window a unit, as
+  `interp.sae_metrics` computes them: a lower bound), `kl_spliced`, `n_tokens`.
+
+`clt_dead_fractions(model, clt, data)` counts only the features that never fire, from clean forwards: for the
+long text that dead features are counted over.
 """
 from __future__ import annotations
 
@@ -26,8 +30,8 @@ import torch.nn.functional as F
 
 from .._core.batching import TextOrTokens, batches, token_rows
 from .._core.model import HookedModel
-from .baselines import ce_kl
 from .clt import CrossLayerTranscoder
+from .metrics import ratio_se, window_ce
 from .sae import Transcoder
 from .settings import COUNT, check_args
 
@@ -100,6 +104,14 @@ def _means(model: HookedModel, clt: CrossLayerTranscoder, rows, batch_size: int)
     return [(s / n).to(clt.W_enc.dtype) for s in sums]
 
 
+def _check(name: str, model: HookedModel, clt, batch_size: int) -> None:
+    check_args(name, batch_size=(batch_size, *COUNT))
+    if not isinstance(clt, CrossLayerTranscoder):
+        raise TypeError(f"{name} takes an interp.CrossLayerTranscoder (a per-layer set: from_transcoders(list)), "
+                        f"got {type(clt).__name__}")
+    clt.check_model(model)
+
+
 @torch.no_grad()
 def clt_metrics(model: HookedModel, clt: CrossLayerTranscoder, data: TextOrTokens, batch_size: int = 8,
                 seq_len: Optional[int] = None) -> pd.DataFrame:
@@ -108,18 +120,14 @@ def clt_metrics(model: HookedModel, clt: CrossLayerTranscoder, data: TextOrToken
     Example:
         >>> interp.saes.clt_metrics(model, clt, interp.held_out_stories(20_000))   # doctest: +SKIP
     """
-    check_args("clt_metrics", batch_size=(batch_size, *COUNT))
-    if not isinstance(clt, CrossLayerTranscoder):
-        raise TypeError(f"clt_metrics takes an interp.CrossLayerTranscoder (a per-layer set: from_transcoders(list)), "
-                        f"got {type(clt).__name__}")
-    clt.check_model(model)
+    _check("clt_metrics", model, clt, batch_size)
     rows = token_rows(model, data, seq_len)
     means = _means(model, clt, rows, batch_size)
     L = clt.n_layers
     sse, tss = torch.zeros(L, dtype=torch.float64), torch.zeros(L, dtype=torch.float64)
     sum_y = torch.zeros(L, clt.d_out, dtype=torch.float64)
     fires, fired = torch.zeros(L, clt.d_sae, dtype=torch.float64), torch.zeros(L, clt.d_sae, dtype=torch.bool)
-    ce = dict(clean=0.0, spliced=0.0, zero=0.0, mean=0.0)
+    per_window: dict[str, list] = dict(clean=[], spliced=[], zero=[], mean=[])  # each window's summed CE
     kl, n, n_pred = 0.0, 0, 0
     for _, ids in batches(rows, batch_size, device=model.cfg.device):
         names = clt.hook_names + clt.hook_names_out
@@ -134,23 +142,44 @@ def clt_metrics(model: HookedModel, clt: CrossLayerTranscoder, data: TextOrToken
         a = torch.stack(acts) > 0
         fires += a.sum((1, 2)).double().cpu()
         fired |= a.any(1).any(1).cpu()
-        mask = torch.ones_like(ids, dtype=torch.bool)
+        pred = torch.ones(ids.shape[0], ids.shape[1] - 1, dtype=torch.bool, device=ids.device)
         log_p = F.log_softmax(logits.float(), -1)
         store: list = [None] * L
         outs = {"clean": logits, "spliced": model.run_with_hooks(ids, fwd_hooks=_splice_hooks(clt, store)),
                 "zero": model.run_with_hooks(ids, fwd_hooks=_replace_all(clt, [torch.zeros_like(m) for m in means])),
                 "mean": model.run_with_hooks(ids, fwd_hooks=_replace_all(clt, means))}
         for key, out in outs.items():
-            c, k = ce_kl(ids, mask, log_p, out)
-            ce[key] += c
-            kl += k if key == "spliced" else 0.0
+            log_q = log_p if key == "clean" else F.log_softmax(out.float(), -1)
+            per_window[key].append(window_ce(ids, pred, log_q))
+            if key == "spliced":
+                kl += (log_p.exp() * (log_p - log_q)).sum(-1).double().sum().item()
         n += ids.numel()
         n_pred += ids.shape[0] * (ids.shape[1] - 1)
     tss = tss - sum_y.pow(2).sum(-1) / n  # sum |y - mean|^2 = sum |y|^2 - |sum y|^2 / n
-    return _table(clt, sse, tss, fires, fired, {k: v / n_pred for k, v in ce.items()}, kl / n, n)
+    windows = {k: torch.cat(v) for k, v in per_window.items()}
+    return _table(clt, sse, tss, fires, fired, windows, n_pred, kl / n, n)
 
 
-def _table(clt, sse, tss, fires, fired, ce: dict, kl: float, n: int) -> pd.DataFrame:
+@torch.no_grad()
+def clt_dead_fractions(model: HookedModel, clt: CrossLayerTranscoder, data: TextOrTokens, batch_size: int = 8,
+                       seq_len: Optional[int] = None) -> pd.DataFrame:
+    """The share of the CLT's features never firing on `data`, per layer read and in all (rows as `clt_metrics`'
+    `layer`, `dead_fraction`, with `n_tokens`): one clean forward a batch, for the long text that dead latents
+    are counted over, where `clt_metrics`' four forwards would measure losses nobody reads."""
+    _check("clt_dead_fractions", model, clt, batch_size)
+    fired, n = torch.zeros(clt.n_layers, clt.d_sae, dtype=torch.bool), 0
+    for _, ids in batches(token_rows(model, data, seq_len), batch_size, device=model.cfg.device):
+        _, cache = model.run_with_cache(ids, names_filter=lambda name: name in clt.hook_names)
+        acts = clt.encode_all(torch.stack([cache[h] for h in clt.hook_names]).to(clt.W_enc.dtype))
+        fired |= (torch.stack(acts) > 0).any(1).any(1).cpu()
+        n += ids.numel()
+    rows = [{"layer": str(l), "dead_fraction": 1 - fired[l].double().mean().item(), "n_tokens": n}
+            for l in range(clt.n_layers)]
+    return pd.DataFrame(rows + [{"layer": "all", "dead_fraction": 1 - fired.double().mean().item(), "n_tokens": n}])
+
+
+def _table(clt, sse, tss, fires, fired, windows: dict, n_pred: int, kl: float, n: int) -> pd.DataFrame:
+    ce = {k: float(w.sum()) / n_pred for k, w in windows.items()}
     rows = [{"layer": str(l), "explained_variance": 1 - (sse[l] / tss[l]).item(), "fvu": (sse[l] / tss[l]).item(),
              "l0": fires[l].sum().item() / n, "dead_fraction": 1 - fired[l].double().mean().item()}
             for l in range(clt.n_layers)]
@@ -158,9 +187,14 @@ def _table(clt, sse, tss, fires, fired, ce: dict, kl: float, n: int) -> pd.DataF
     def recovered(ablated: float) -> float:
         return (ablated - ce["spliced"]) / (ablated - ce["clean"]) if ablated != ce["clean"] else float("nan")
 
+    def recovered_se(key: str) -> float:
+        a, s, c = windows[key], windows["spliced"], windows["clean"]
+        return ratio_se(a - s, a - c) if ce[key] != ce["clean"] else float("nan")
+
     rows.append({"layer": "all", "explained_variance": 1 - (sse.sum() / tss.sum()).item(), "fvu": (sse.sum() / tss.sum()).item(),
                  "l0": fires.sum().item() / n, "dead_fraction": 1 - fired.double().mean().item(),
                  "ce_clean": ce["clean"], "ce_spliced": ce["spliced"], "ce_zero": ce["zero"], "ce_mean": ce["mean"],
                  "ce_loss_recovered": recovered(ce["zero"]), "ce_loss_recovered_mean": recovered(ce["mean"]),
+                 "ce_loss_recovered_se": recovered_se("zero"), "ce_loss_recovered_mean_se": recovered_se("mean"),
                  "kl_spliced": kl, "n_tokens": n})
     return pd.DataFrame(rows)

@@ -15,15 +15,21 @@ batch (clean, spliced, zero-ablated), and returns one row:
 - `ce_loss_recovered` = (ce_zero - ce_spliced) / (ce_zero - ce_clean), 1 for a perfect dictionary; NaN
   (with a warning) from fewer than `MIN_CE_PREDICTIONS` predictions, where it is noise;
 - `kl_spliced`, `kl_zero`: mean KL(clean || spliced) and KL(clean || zero-ablated) of the next-token
-  distributions, over every real token.
+  distributions, over every real token;
+- `ce_loss_recovered_se`: its standard error with the windows (rows) as the sampled units, by the delta
+  method for a ratio of sums: with a_w, b_w window w's summed (ce_zero - ce_spliced) and (ce_zero - ce_clean)
+  and R = sum a / sum b, se = sqrt(W / (W - 1) * sum_w (a_w - R b_w)^2) / |sum b| over W windows (NaN for
+  one). Windows cut from one text are consecutive passages, not independent draws, so it is a lower bound
+  on the spread another text of the same size would show (docs/features.md measures how far below).
 
 `dead_fractions(model, saes, data)` counts the dead fraction alone for several dictionaries at once, from
 one forward per batch that stops after the last block they read (the shipped dictionaries' check).
 
 With `baselines=True` (issue 38) the row also measures, on the same tokens, the codes a dictionary must
 beat at the same L0 (`interp.saes.baselines`: an SAE's PCA code, a transcoder's least-squares regression
-and the MLP's own top neurons), CE recovered against mean ablation beside zero ablation, and the margins
-of the dictionary over the best baseline (`ev_margin`, `ce_margin`, `ce_zero_margin`).
+and the MLP's own top neurons), CE recovered against mean ablation beside zero ablation (with its standard error,
+`ce_loss_recovered_mean_se`), and the margins of the dictionary over the best baseline (`ev_margin`,
+`ce_margin`, `ce_zero_margin`).
 
 Padding: ids [batch, pos] with an `attention_mask` [batch, pos] (1 token, 0 padding) run with that
 mask, and padded positions count in nothing; a list of texts is tokenized text by text (no padding).
@@ -89,6 +95,7 @@ class _Sums:
         self.ce = {"clean": 0.0, "spliced": 0.0, "zero": 0.0, "mean": 0.0}
         self.kl = {"spliced": 0.0, "zero": 0.0, "mean": 0.0}
         self.n_pred = 0
+        self.per_window: dict[str, list] = {k: [] for k in self.ce}  # summed CE of each window: the standard errors
 
     def add_recons(self, x, recons, acts):
         x, recons = x.double(), recons.double()
@@ -108,6 +115,7 @@ class _Sums:
         for name, logits in (("clean", clean), ("spliced", spliced), ("zero", zero)):
             log_q = F.log_softmax(logits.float(), -1) if name != "clean" else log_p
             self.ce[name] += F.nll_loss(log_q[:, :-1][pred], targets, reduction="sum").item()
+            self.per_window[name].append(window_ce(ids, pred, log_q))
             if name != "clean":
                 self.kl[name] += (log_p.exp() * (log_p - log_q)).sum(-1)[mask].double().sum().item()
         self.n_pred += int(pred.sum())
@@ -128,10 +136,34 @@ class _Sums:
                    dense_fraction=float((freq > dense_threshold).double().mean()),
                    ce_clean=ce["clean"], ce_spliced=ce["spliced"], ce_zero=ce["zero"],
                    ce_loss_recovered=(ce["zero"] - ce["spliced"]) / gap if gap != 0 else float("nan"),
+                   ce_loss_recovered_se=self.recovered_se("zero") if gap != 0 else float("nan"),
                    kl_spliced=self.kl["spliced"] / self.n, kl_zero=self.kl["zero"] / self.n, n_predictions=self.n_pred)
         if self.fit is None:
             return row
-        return baseline_columns(row, ce["mean"], self.kl["mean"] / self.n, self.methods, self.n, self.n_pred, tss)
+        out = baseline_columns(row, ce["mean"], self.kl["mean"] / self.n, self.methods, self.n, self.n_pred, tss)
+        recovers = gap != 0 and ce["mean"] != ce["clean"]
+        return {**out, "ce_loss_recovered_mean_se": self.recovered_se("mean") if recovers else float("nan")}
+
+    def recovered_se(self, ablation: str) -> float:
+        """The standard error of CE recovered against `ablation` ("zero" or "mean"), windows as the units."""
+        clean, spliced, ablated = (torch.cat(self.per_window[k]) for k in ("clean", "spliced", ablation))
+        return ratio_se(ablated - spliced, ablated - clean)
+
+
+def window_ce(ids: Int[torch.Tensor, "batch pos"], pred: torch.Tensor, log_q: torch.Tensor) -> Float[torch.Tensor, " batch"]:
+    """Each window's summed next-token cross-entropy (float64) over the predictions `pred` [batch, pos - 1]."""
+    nll = -log_q[:, :-1].gather(-1, ids[:, 1:, None])[..., 0].double()
+    return (nll * pred).sum(-1).cpu()
+
+
+def ratio_se(a: Float[torch.Tensor, " w"], b: Float[torch.Tensor, " w"]) -> float:
+    """The delta-method standard error of sum(a) / sum(b) with the w pairs (a_i, b_i) as the sampled units
+    (NaN for fewer than two, or sum(b) = 0)."""
+    w, total = len(a), float(b.sum())
+    if w < 2 or total == 0:
+        return float("nan")
+    r = float(a.sum()) / total
+    return float(((a - r * b).pow(2).sum() * w / (w - 1)).sqrt()) / abs(total)
 
 
 def dead_fraction(fires: Float[torch.Tensor, " d_sae"]) -> float:
@@ -216,7 +248,9 @@ def _baseline_batch(model: HookedModel, sums: _Sums, ids, mask, forward: dict, s
     def put(values):
         return lambda x, hook: values.to(x.dtype).reshape(shape)
 
-    ce, kl = ce_kl(ids, mask, log_p, model.run_with_hooks(ids, fwd_hooks=[(target, put(mean.expand(shape)))], **forward))
+    mean_logits = model.run_with_hooks(ids, fwd_hooks=[(target, put(mean.expand(shape)))], **forward)
+    ce, kl = ce_kl(ids, mask, log_p, mean_logits)
+    sums.per_window["mean"].append(window_ce(ids, mask[:, :-1] & mask[:, 1:], F.log_softmax(mean_logits.float(), -1)))
     sums.ce["mean"] += ce
     sums.kl["mean"] += kl
     l0 = (seen["acts"] != 0).flatten(0, -2).sum(-1)
@@ -253,8 +287,9 @@ def sae_metrics(model: HookedModel, sae: SAE, data: TextOrTokens, batch_size: in
     Returns:
         One row: `hook`, `hook_out`, `kind`, `d_sae`, `n_tokens`, `fvu`, `explained_variance`, `mse`, `l0`,
         `dead_fraction`, `dense_fraction`, `ce_clean`, `ce_spliced`, `ce_zero`, `ce_loss_recovered`,
-        `kl_spliced`, `kl_zero`, `n_predictions` (definitions in the module docstring). With `baselines`,
-        also `ce_mean`, `ce_loss_recovered_mean` (against mean ablation), `kl_mean`; per baseline b
+        `ce_loss_recovered_se`, `kl_spliced`, `kl_zero`, `n_predictions` (definitions in the module docstring).
+        With `baselines`, also `ce_mean`, `ce_loss_recovered_mean` (against mean ablation) and its
+        `ce_loss_recovered_mean_se`, `kl_mean`; per baseline b
         (`pca`; or `regression`, `top_neurons`) `{b}_explained_variance`, `{b}_ce_loss_recovered`,
         `{b}_ce_loss_recovered_mean`, `{b}_kl`, `{b}_l0`; `best_baseline` (highest EV) and the margins
         of the dictionary over the best baseline of each column: `ev_margin`, `ce_margin` (CE recovered

@@ -16,7 +16,8 @@ README = ROOT / "README.md"
 def test_every_generated_block_has_its_experiment_and_its_file():
     steps = ship.readme_steps(ROOT)
     assert {m for m, _, _, _ in steps} == {"demo_table", "english_loss", "bos_loss", "features", "shipped_dictionaries",
-                                           "interpretability_scores", "discovery", "graph_finding", "circuits"}
+                                           "interpretability_scores", "held_out_sources", "discovery", "graph_finding",
+                                           "circuits"}
     for module, _, name, file in steps:
         assert readme.block(readme.read(file), name).strip(), name
         assert hasattr(importlib.import_module(f"experiments.{module}"), "main")
@@ -54,6 +55,7 @@ def test_ship_readme_runs_each_experiment_on_the_readme_then_the_figures(monkeyp
     homes = {"demo_table": "README.md", "english_loss": "docs/results/demos.md", "bos_loss": "docs/guide/transformerlens.md",
              "features": "docs/guide/features.md", "shipped_dictionaries": "docs/features.md",
              "interpretability_scores": "docs/features.md",
+             "held_out_sources": "docs/features.md",
              "discovery": "docs/results/discovery.md",
              "graph_finding": "docs/results/graph-finding.md",
              "circuits": "docs/guide/circuits.md"}

@@ -2,12 +2,15 @@
 forward (equal to interp.sae_metrics' count on the same tokens), the held-out share of several texts,
 and the recipes' dictionaries (the cross-layer transcoder with them) fitting the size budget."""
 import json
+from pathlib import Path
 
 import pytest
+import torch
 
 import interp
 import sprout
 from experiments import ship, ship_swap, ship_targets
+from interp._core.identity import model_config
 from sprout.files import demo_dir
 
 GOOD = dict(l0=16.0, dead_fraction=0.01, d_sae=1536, ev_margin=0.12, ce_margin=0.05, ce_loss_recovered_mean=0.93)
@@ -141,28 +144,81 @@ def test_steps_override_means_what_it_says_for_every_dictionary(name):
     for part in ("resid", "transcoders"):
         for layer in model_layers:
             at = r.at(part, layer)
-            assert at.steps == 7 and at.transcoder_steps == 7, (name, part, layer)
+            assert at.steps == 7 and at.transcoder_steps_of(True) == at.transcoder_steps_of(False) == 7, (name, part, layer)
     kept = {k: {f: v for f, v in o.items() if f not in ship.STEP_FIELDS} for k, o in ship.SHIP_PLANS[name].overrides.items()}
     assert r.overrides == kept  # the other overrides stand
 
 
-def test_transcoders_without_a_skip_take_their_own_width_and_skips_picks_one_kind(monkeypatch, tiny_model):
+def test_transcoders_without_a_skip_take_their_own_width_and_steps_and_skips_picks_one_kind(monkeypatch, tiny_model):
     asked = []
 
     def fake(model, data, layers, *, steps, skip, d_sae, **kw):
-        asked.append((skip, d_sae))
+        asked.append((skip, d_sae, steps))
         return {l: interp.Transcoder(16, d_sae, 16, kind="topk", k=2, layer=l, skip=skip) for l in layers}
     monkeypatch.setattr(ship.interp, "train_transcoder", fake)
-    r = ship.ShipPlan(transcoder_expansion=8, noskip_expansion=2, k=2)
+    r = ship.ShipPlan(transcoder_expansion=8, noskip_expansion=2, transcoder_steps=40, noskip_steps=10, k=2)
     d = int(tiny_model.cfg.d_model)
     texts = dict(train="some text " * 50, train_desc="{n} chars")
     out = ship._train_group(tiny_model, r, texts, "transcoders", [0])
-    assert asked == [(True, 8 * d), (False, 2 * d)] and set(out) == {(0, True), (0, False)}
-    assert out[(0, False)].info["recipe"]["noskip_expansion"] == 2
+    assert asked == [(True, 8 * d, 40), (False, 2 * d, 10)] and set(out) == {(0, True), (0, False)}
+    assert out[(0, False)].info["recipe"]["noskip_expansion"] == 2 and out[(0, False)].info["recipe"]["noskip_steps"] == 10
     assert ship.ShipPlan(transcoder_expansion=3).transcoder_width(False) == 3  # None: the same width as with a skip
+    assert ship.ShipPlan(transcoder_steps=30).transcoder_steps_of(False) == 30  # None: as many steps as with a skip
 
     seen = []
     monkeypatch.setattr(ship, "ship_saes", lambda name, model, r, parts, **kw: seen.append(r))
     for flag, want in (("skip", (True,)), ("noskip", (False,))):
         assert ship.main(["gpt-4", "--only", "saes", "--parts", "transcoders", "--skips", flag]) == 0
         assert seen[-1].skips == want and seen[-1].transcoder_expansion == ship.SHIP_PLANS["gpt-4"].transcoder_expansion
+
+
+def stamped(sae, model):
+    sae.model_fingerprint, sae.model_config = interp.fingerprint(model), model_config(model)
+    return sae
+
+
+def test_remeasure_of_the_clt_trains_nothing_and_says_when_none_is_shipped(monkeypatch):
+    calls = []
+    monkeypatch.setattr(ship, "demo_texts", lambda name, r: {"held": "h"})
+    monkeypatch.setattr(ship, "ship_clt", lambda *a, **k: pytest.fail("--remeasure trained a CLT"))
+    monkeypatch.setattr(ship, "remeasure_clt", lambda name, model, texts: calls.append((name, texts)) or Path("clt"))
+    assert ship.main(["gpt-4", "--only", "clt", "--remeasure"]) == 0 and calls == [("gpt-4", {"held": "h"})]
+    monkeypatch.setattr(ship, "remeasure_clt", lambda name, model, texts: None)
+    with pytest.raises(SystemExit, match="ships no cross-layer transcoder to re-measure"):
+        ship.main(["gpt-4", "--only", "clt", "--remeasure"])
+
+
+def test_remeasure_rewrites_each_record_and_nothing_else(tmp_path, monkeypatch):
+    """--remeasure: the shipped per-layer dictionaries measured again, their held-out records (misses included)
+    rewritten; weights, recipes and training records as they were; the CLT's comparison measured again."""
+    monkeypatch.setattr(ship, "demo_dir", lambda: tmp_path)
+    monkeypatch.setattr(sprout.files, "demo_dir", lambda: tmp_path)
+    (tmp_path / "gpt-1").mkdir()
+    model = sprout.load("gpt-1").eval()
+    d = int(model.cfg.d_model)
+    texts = dict(train="t", train_desc="{n}", held="h", held_desc="held-out", dead="x")
+    monkeypatch.setattr(ship, "demo_texts", lambda name, r: texts)
+    with pytest.raises(SystemExit, match="no shipped dictionary"):
+        ship.remeasure_saes("gpt-1", model, ship.ShipPlan())
+    sae = stamped(interp.SAE(d, 8 * d, kind="topk", k=2, hook_name="blocks.0.hook_resid_post", seed=1), model)
+    tc = stamped(interp.Transcoder(d, 2 * d, d, kind="topk", k=2, layer=0, seed=2), model)
+    for s in (sae, tc):
+        s.info = {"recipe": {"steps": 5}, "train_seconds_all": 9.0, "held_out": {"ce_loss_recovered_mean": 0.5}}
+    ship_swap.write_set(tmp_path / "gpt-1" / "saes", [(sae, tmp_path / "gpt-1" / "saes" / "blocks.0.hook_resid_post"),
+                                                      (tc, tmp_path / "gpt-1" / "saes" / "transcoder-0-noskip")])
+    good = dict(l0=2.0, d_sae=8 * d, ev_margin=0.2, ce_margin=0.1, ce_loss_recovered_mean=0.95,
+                ce_loss_recovered_mean_se=0.01, explained_variance=0.9, best_baseline="pca", ce_loss_recovered=0.96)
+    monkeypatch.setattr(ship, "held_out_metrics", lambda model, s, text, fits: {
+        **good, "ce_loss_recovered_mean": 0.7 if isinstance(s, interp.Transcoder) else 0.95})
+    monkeypatch.setattr(ship.interp.saes, "dead_fractions", lambda model, saes, text: ([0.0] * len(saes), 4096))
+    clt_calls = []
+    monkeypatch.setattr(ship, "remeasure_clt", lambda name, model, texts: clt_calls.append(name))
+    written = ship.remeasure_saes("gpt-1", model, ship.ShipPlan())
+    assert [w.name for w in written] == ["blocks.0.hook_resid_post", "transcoder-0-noskip"] and clt_calls == ["gpt-1"]
+    for folder, weights in zip(written, (sae, tc)):
+        info = json.loads((folder / "cfg.json").read_text())["metadata"]["sprout"]["info"]
+        assert info["recipe"] == {"steps": 5} and info["train_seconds_all"] == 9.0
+        assert info["held_out"]["data"] == "held-out" and info["held_out"]["dead_tokens_measured"] == 4096
+    again = interp.load_transcoder(model, 0, skip=False)
+    assert torch.equal(again.W_dec, tc.W_dec) and again.info["held_out"]["misses"] == ["CE recovered (mean ablation) 0.700 < 0.9"]
+    assert interp.load_sae(model, "blocks.0.hook_resid_post").info["held_out"]["misses"] == []

@@ -3,16 +3,18 @@ transcoders' at their total k, a CLT written only when it meets its targets (or 
 recorded) where `interp.load_clt` finds it, and clt_compare reusing the CLT of the one recipe."""
 import json
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import pytest
 import torch
 
 import interp
 import sprout
-from experiments import clt_compare, ship, ship_clt, ship_targets
+from experiments import clt_compare, readme, ship, ship_clt, ship_targets
 from interp._core.identity import model_config
 from interp.saes.shipped import shipped_clt_folder
 
+ROOT = Path(__file__).resolve().parents[2]
 GOOD = dict(l0=40.0, dead_fraction=0.01, ce_loss_recovered_mean=0.93, explained_variance=0.91,
             per_layer_explained_variance=0.90)
 
@@ -114,3 +116,17 @@ def test_remeasure_rewrites_the_record_and_keeps_the_weights(demos, monkeypatch)
     assert info["held_out"]["misses"] == ["explained variance 0.910 (all MLP outputs) < the per-layer set's 0.950"]
     assert info["held_out"]["per_layer_explained_variance"] == 0.95 and info["recipe"] == {"steps": 3}
     assert torch.equal(interp.load_clt(model).W_enc, clt.W_enc)
+
+
+def test_the_docs_comparison_is_what_the_shipped_clt_records():
+    """The clt block of docs/features.md and each CLT's cfg.json come from the same metrics on the same text: the
+    block goes stale when the CLT or the per-layer set is retrained and the record re-measured."""
+    text = readme.block(readme.read(readme.home("clt", ROOT)), "clt")
+    for name in clt_compare.DEMOS:
+        held = interp.load_clt(sprout.load(name)).info["held_out"]
+        for kind, ev, ce in (("cross-layer", "explained_variance", "ce_loss_recovered_mean"),
+                             ("per-layer", "per_layer_explained_variance", "per_layer_ce_loss_recovered_mean")):
+            cells = [c.strip() for c in next(line for line in text.splitlines()
+                                             if line.startswith(f"| {name} | {kind} |")).split("|")[1:-1]]
+            assert cells[6] == f"{held[ev]:.3f}", (name, kind)
+            assert cells[9].split(" ± ")[0] == f"{held[ce]:.3f}", (name, kind)

@@ -36,6 +36,13 @@ def test_one_row_per_dictionary_from_its_record_in_demo_kind_block_order(tmp_pat
     last = t.iloc[3]
     assert (last.latents, last.steps, last.L0, last["EV margin (best baseline)"]) == (64, 100, "8.0", "-0.050 (top neurons)")
     assert last.targets == "a; b" and t.iloc[2].targets == "met" and t.iloc[1].dead == "12.5%"
+    assert last["CE recovered (mean ablation) ± s.e."] == "0.600"  # recorded before standard errors were
+
+
+def test_the_standard_error_is_shown_where_recorded(tmp_path):
+    _write(tmp_path / "d" / "saes" / "transcoder-0", 32, 200,
+           {**_held(8.0, 0.8, 0.2, "regression", 0.8934, 0.01, ["CE"]), "ce_loss_recovered_mean_se": 0.0317})
+    assert sd.table(tmp_path).iloc[0]["CE recovered (mean ablation) ± s.e."] == "0.893 ± 0.032"
 
 
 def test_a_folder_that_is_not_a_dictionary_is_named():

@@ -162,6 +162,7 @@ CALLS = {
     "train_transcoder": lambda m, x: interp.train_transcoder(m, x, 0, d_sae=8, k=2, steps=1, batch_size=4,
                                                              seq_len=4, progress=False),
     "clt_metrics": lambda m, x: interp.saes.clt_metrics(m, tiny_clt(m), x, seq_len=4),
+    "clt_dead_fractions": lambda m, x: interp.saes.clt_dead_fractions(m, tiny_clt(m), x, seq_len=4),
     "train_clt": lambda m, x: interp.train_clt(m, x, d_sae=8, k=2, steps=1, batch_size=4, seq_len=4, progress=False),
 }
 ALSO_WALKED = ["train_sae"]  # its first parameter is `source` (a model or activations), so the walk does not see it

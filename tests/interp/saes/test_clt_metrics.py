@@ -2,11 +2,14 @@
 layer the explained variance and L0 that `sae_metrics` measures for that transcoder alone, and a spliced loss
 equal to the model run with every transcoder spliced in by `run_with_saes`; the same set gives the same
 attribution graph as a CLT and as a list."""
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import interp
+import sprout
 from interp.saes.clt_metrics import clt_metrics, from_transcoders
 from tests.interp.graphs.tiny import random_transcoders, tiny_sprout
 
@@ -44,6 +47,37 @@ def test_a_per_layer_set_as_a_clt_measures_what_each_transcoder_measures_alone(s
     assert total.ce_zero == pytest.approx(ce, abs=1e-5) and total.n_tokens == ids.numel()
 
 
+def window_ce(logits, ids):
+    """Each row's summed next-token cross-entropy, float64."""
+    return F.cross_entropy(logits[:, :-1].transpose(1, 2).double(), ids[:, 1:], reduction="none").sum(-1)
+
+
+def test_ce_recovered_standard_errors_are_the_delta_method_over_hand_run_windows():
+    """With every MLP replaced (spliced by `run_with_saes`, zeroed by hand), each window's summed loss counted
+    here; the delta-method error of the ratio of sums, each window a unit, and its jackknife agree. A trained
+    model and its shipped per-layer set: a random model's MLPs move its loss too little for the ratio to mean much."""
+    model = sprout.load("gpt-4").eval()
+    tcs = [interp.load_transcoder(model, l, skip=False) for l in range(model.cfg.n_layers)]
+    ids = model.to_tokens(interp.held_out_stories(6_000), truncate=False)[0, :24 * 48].reshape(24, 48)
+    total = clt_metrics(model, from_transcoders(tcs), ids, batch_size=5).iloc[-1]
+    zero = [(f"blocks.{l}.hook_mlp_out", lambda act, hook: torch.zeros_like(act)) for l in range(model.cfg.n_layers)]
+    with torch.no_grad():
+        clean = window_ce(model(ids), ids)
+        spliced = window_ce(interp.run_with_saes(model, ids, tcs)[0], ids)
+        ablated = window_ce(model.run_with_hooks(ids, fwd_hooks=zero), ids)
+    a, b = ablated - spliced, ablated - clean
+    r, w = float(a.sum() / b.sum()), len(a)
+    hand = float(((a - r * b).pow(2).sum() * w / (w - 1)).sqrt() / b.sum().abs())
+    loo = (a.sum() - a) / (b.sum() - b)
+    jackknife = float(((loo - loo.mean()).pow(2).sum() * (w - 1) / w).sqrt())
+    assert total.ce_loss_recovered == pytest.approx(r, rel=1e-4) and 0.5 < r < 1
+    assert total.ce_loss_recovered_se == pytest.approx(hand, rel=1e-3) and hand > 0
+    assert total.ce_loss_recovered_se == pytest.approx(jackknife, rel=0.1)
+    assert 0 < total.ce_loss_recovered_mean_se < 1
+    one = clt_metrics(model, from_transcoders(tcs), ids[:1]).iloc[-1]
+    assert one.ce_loss_recovered_se != one.ce_loss_recovered_se  # one window: NaN, no spread to measure
+
+
 def test_a_per_layer_set_gives_the_same_graph_as_a_list_and_as_a_clt():
     model = tiny_sprout(torch.float64)
     tcs = random_transcoders(model, kind="jumprelu", dtype=torch.float64)
@@ -53,6 +87,21 @@ def test_a_per_layer_set_gives_the_same_graph_as_a_list_and_as_a_clt():
     assert a.n_features == b.n_features > 10
     assert torch.equal(a.active_features, b.active_features)
     torch.testing.assert_close(a.adjacency_matrix, b.adjacency_matrix, atol=1e-12, rtol=0)
+
+
+def test_dead_fractions_alone_count_what_the_full_metrics_count(setup):
+    model, tcs, ids = setup
+    tcs = copy.deepcopy(tcs)
+    for t in tcs:  # some latents never fire on these windows, so the count is not trivially 0 or 1
+        with torch.no_grad():
+            t.threshold[: t.d_sae // 3] = 1e6
+    clt = from_transcoders(tcs)
+    full, dead = clt_metrics(model, clt, ids, batch_size=4), interp.saes.clt_dead_fractions(model, clt, ids, batch_size=3)
+    assert dead.layer.tolist() == full.layer.tolist() and (dead.n_tokens == ids.numel()).all()
+    assert dead.dead_fraction.tolist() == full.dead_fraction.tolist()
+    assert 1 / 3 <= dead.dead_fraction.iloc[-1] < 1
+    with pytest.raises(ValueError, match="batch_size"):
+        interp.saes.clt_dead_fractions(model, clt, ids, batch_size=0)
 
 
 def test_bad_input_is_refused(setup):

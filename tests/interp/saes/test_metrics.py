@@ -148,3 +148,57 @@ def test_dead_fractions_count_an_mlps_skip_and_skipless_transcoders_together(tin
     with pytest.raises(ValueError, match="splice one dictionary per hook"):
         with interp.spliced(tiny_model, [with_skip, without]):
             pass
+
+
+def window_sums(model, sae, rows, target, source, ablate):
+    """Each row's summed next-token CE, clean / spliced / ablated (the target replaced by `ablate(x)`), by hand."""
+    out = []
+    for ids in rows:
+        ids = ids[None]
+        with torch.no_grad():
+            clean, cache = model.run_with_cache(ids, names_filter=[source])
+            rec = sae.decode(sae.encode(cache[source]))
+            spliced = model.run_with_hooks(ids, fwd_hooks=[(target, lambda x, hook: rec)])
+            ablated = model.run_with_hooks(ids, fwd_hooks=[(target, lambda x, hook: ablate(x))])
+        out.append([F.cross_entropy(lg[0, :-1].double(), ids[0, 1:], reduction="sum").item()
+                    for lg in (clean, spliced, ablated)])
+    return torch.tensor(out, dtype=torch.float64).T
+
+
+def jackknife_se(a, b):
+    """The leave-one-window-out jackknife standard error of sum(a) / sum(b): an estimator of its own."""
+    w = len(a)
+    r = (a.sum() - a) / (b.sum() - b)
+    return float(((r - r.mean()).pow(2).sum() * (w - 1) / w).sqrt())
+
+
+def test_ce_recovered_standard_errors_match_a_hand_count_and_the_jackknife(tiny_model, tiny_cfg):
+    """The delta-method standard errors over windows equal the formula on hand-counted window sums and agree
+    with the jackknife, an estimator of its own. A residual SAE: zeroing or mean-ablating the random model's
+    residual stream costs nats, where its MLP's output moves the loss by hundredths and the ratio is noise
+    (the standard errors are computed from the losses alone, the same for either kind of dictionary)."""
+    g = torch.Generator().manual_seed(11)
+    rows = [torch.randint(0, 256, (24,), generator=g) for _ in range(48)]
+    target = source = RESID
+    sae = HandSAE(tiny_cfg.d_model, 64, source)
+    fit = interp.saes.baselines.fit_baselines(tiny_model, sae, rows[:8])
+    m = interp.sae_metrics(tiny_model, sae, rows, batch_size=5, baselines=True, baseline_fit=fit).iloc[0]
+    for col, ablate in (("ce_loss_recovered", torch.zeros_like), ("ce_loss_recovered_mean", lambda x: fit.mean.to(x).expand_as(x))):
+        clean, spliced, ablated = window_sums(tiny_model, sae, rows, target, source, ablate)
+        a, b = ablated - spliced, ablated - clean
+        r = float(a.sum() / b.sum())
+        hand = float(((a - r * b).pow(2).sum() * 48 / 47).sqrt() / b.sum().abs())
+        assert m[col] == pytest.approx(r, rel=1e-4), col
+        assert m[f"{col}_se"] == pytest.approx(hand, rel=1e-3), col
+        assert m[f"{col}_se"] == pytest.approx(jackknife_se(a, b), rel=0.1), col
+        assert m[f"{col}_se"] > 0
+
+
+def test_ce_recovered_standard_error_shrinks_with_more_windows_and_needs_two(tiny_model, tiny_cfg, rows):
+    sae = HandSAE(tiny_cfg.d_model, 64, RESID)
+    once = interp.sae_metrics(tiny_model, sae, rows).iloc[0]
+    thrice = interp.sae_metrics(tiny_model, sae, rows * 3).iloc[0]  # the same windows three times over
+    w = len(rows)
+    assert thrice.ce_loss_recovered == pytest.approx(once.ce_loss_recovered, rel=1e-3)  # float32 sums, batched otherwise
+    assert thrice.ce_loss_recovered_se == pytest.approx(once.ce_loss_recovered_se * math.sqrt((w - 1) / (3 * w - 1)), rel=1e-3)
+    assert math.isnan(interp.sae_metrics(tiny_model, sae, rows[3:4]).iloc[0].ce_loss_recovered_se)  # one window: no spread
