@@ -34,6 +34,7 @@ from .shipped_dictionaries import KINDS, with_se
 
 BLOCK = "held-out-sources"
 CHARS = 16_000  # Britannica's held-out text is 16,585 characters: every source measured on as many
+SPREAD_CHARS = 20_000  # --spread's slices: as long as the shipping run's held-out text
 
 
 def sources(name: str) -> dict[str, str]:
@@ -57,13 +58,14 @@ def training_shares(vals: dict[str, str], chars: int, part: int = 0, parts: int 
         ValueError: `chars` is more than a `parts`-th of the text, so slices would overlap.
     """
     total = sum(map(len, vals.values()))
-    if chars * parts > total:
-        raise ValueError(f"{parts} disjoint slices of {chars:,} characters need {chars * parts:,}; the held-out "
+    share = {name: round(chars * len(t) / total) for name, t in vals.items()}
+    if any(share[name] > len(t) // parts for name, t in vals.items()):  # each slice within its own stretch
+        raise ValueError(f"{parts} disjoint slices of {chars:,} characters need about {chars * parts:,}; the held-out "
                          f"text has {total:,}")
-    return "\n\n".join(t[part * len(t) // parts:][:round(chars * len(t) / total)] for t in vals.values())
+    return "\n\n".join(t[part * len(t) // parts:][:share[name]] for name, t in vals.items())
 
 
-def spread(name: str, layer: int, skip: bool = True, parts: int = 6, chars: int = 20_000) -> pd.DataFrame:
+def spread(name: str, layer: int, skip: bool = True, parts: int = 6, chars: int = SPREAD_CHARS) -> pd.DataFrame:
     """One row per disjoint slice of `chars` held-out characters in training shares: the shipped transcoder's CE
     recovered against mean ablation and its standard error over windows (how far that error is below the spread
     between texts)."""
@@ -120,28 +122,33 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.held_out_sources", description=__doc__.splitlines()[0])
     p.add_argument("--readme", type=Path, default=None, help=f"write the {BLOCK!r} block of this file (docs/features.md)")
     p.add_argument("--demo", default=None, help="one demo only (printed; not with --readme, whose block has them all)")
-    p.add_argument("--chars", type=positive, default=CHARS, help="held-out characters of each source")
+    p.add_argument("--chars", type=positive, default=None,
+                   help=f"held-out characters of each source (default {CHARS:,}); with --spread, of each slice "
+                        f"(default {SPREAD_CHARS:,})")
     p.add_argument("--threads", type=positive, default=None, help="torch CPU threads (default torch's)")
     p.add_argument("--spread", type=int, default=None, metavar="LAYER",
                    help="with --demo: that MLP's transcoder (with a skip; --noskip without) on 6 disjoint slices of "
-                        "20,000 characters in training shares, each estimate beside its standard error (printed)")
+                        "held-out text in training shares, each estimate beside its standard error (printed)")
     p.add_argument("--noskip", action="store_true", help="with --spread: the transcoder without a skip")
     args = p.parse_args(argv)
     if args.readme and args.demo:
         raise SystemExit("--readme writes every demo's table: leave out --demo")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    if args.noskip and args.spread is None:
+        raise SystemExit("--noskip picks the transcoder --spread measures: give --spread LAYER")
     if args.spread is not None:
         if not args.demo or args.readme:
             raise SystemExit("--spread measures one demo's transcoder: give --demo NAME, not --readme")
-        table = spread(args.demo, args.spread, skip=not args.noskip)
+        table = spread(args.demo, args.spread, skip=not args.noskip, chars=args.chars or SPREAD_CHARS)
         print(table.to_string(index=False, float_format="%.3f"))
         print(f"standard deviation of the estimates {table.ce_loss_recovered_mean.std():.3f}; "
               f"median standard error {table.se.median():.3f}")
         return 0
     names = [args.demo] if args.demo else english_demos()
-    frames = {n: pd.DataFrame(demo_rows(n, args.chars)) for n in names}
-    return rewrite_or_print(args.readme, BLOCK, markdown(frames, args.chars))
+    chars = args.chars or CHARS
+    frames = {n: pd.DataFrame(demo_rows(n, chars)) for n in names}
+    return rewrite_or_print(args.readme, BLOCK, markdown(frames, chars))
 
 
 if __name__ == "__main__":

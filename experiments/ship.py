@@ -457,6 +457,7 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=positive, default=None,
                    help="torch CPU threads (default torch's; on a machine shared with other jobs 1 is much faster)")
     args = p.parse_args(argv)
+    check_remeasure(args)
     sprout.keep_freed_memory()  # harvesting allocates the same caches batch after batch
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -476,6 +477,18 @@ def main(argv=None) -> int:
     return 0
 
 
+def check_remeasure(args) -> None:
+    """--remeasure trains nothing: refused beside a step that trains or rewrites other files, or a training flag."""
+    if not args.remeasure:
+        return
+    if not args.only or not set(args.only) <= {"saes", "clt"}:
+        raise SystemExit("--remeasure re-measures shipped dictionaries only: give --only saes and/or clt")
+    given = [flag for flag, on in (("--steps", args.steps is not None), ("--frontier", args.frontier),
+                                   ("--keep-passing", args.keep_passing)) if on]
+    if given:
+        raise SystemExit(f"--remeasure trains nothing and rewrites every record, misses included: leave out {', '.join(given)}")
+
+
 def ship_dictionaries(args, model, only: list[str]) -> None:
     """The `saes` and `clt` steps, as asked."""
     if "saes" in only:
@@ -485,7 +498,9 @@ def ship_dictionaries(args, model, only: list[str]) -> None:
         if args.skips:
             r = replace(r, skips=(args.skips == "skip",))
         if args.remeasure:
-            remeasure_saes(args.name, model, r, args.parts, layers=args.layers)
+            written = remeasure_saes(args.name, model, r, args.parts, layers=args.layers)
+            if any(w.name.endswith("-noskip") for w in written):
+                only = [s for s in only if s != "clt"]  # re-measured beside the set it is compared with
         else:
             ship_saes(args.name, model, r, args.parts, keep_passing=args.keep_passing, layers=args.layers,
                       frontier=args.frontier)

@@ -128,6 +128,7 @@ def clt_metrics(model: HookedModel, clt: CrossLayerTranscoder, data: TextOrToken
     sum_y = torch.zeros(L, clt.d_out, dtype=torch.float64)
     fires, fired = torch.zeros(L, clt.d_sae, dtype=torch.float64), torch.zeros(L, clt.d_sae, dtype=torch.bool)
     per_window: dict[str, list] = dict(clean=[], spliced=[], zero=[], mean=[])  # each window's summed CE
+    lengths = []
     kl, n, n_pred = 0.0, 0, 0
     for _, ids in batches(rows, batch_size, device=model.cfg.device):
         names = clt.hook_names + clt.hook_names_out
@@ -155,8 +156,10 @@ def clt_metrics(model: HookedModel, clt: CrossLayerTranscoder, data: TextOrToken
                 kl += (log_p.exp() * (log_p - log_q)).sum(-1).double().sum().item()
         n += ids.numel()
         n_pred += ids.shape[0] * (ids.shape[1] - 1)
+        lengths += [ids.shape[1]] * ids.shape[0]
     tss = tss - sum_y.pow(2).sum(-1) / n  # sum |y - mean|^2 = sum |y|^2 - |sum y|^2 / n
-    windows = {k: torch.cat(v) for k, v in per_window.items()}
+    some = torch.tensor(lengths) > 1  # a window of one token predicts nothing: no sampled unit
+    windows = {k: torch.cat(v)[some] for k, v in per_window.items()}
     return _table(clt, sse, tss, fires, fired, windows, n_pred, kl / n, n)
 
 

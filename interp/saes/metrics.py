@@ -83,7 +83,7 @@ def _chunks(model: HookedModel, data: TextOrTokens, batch_size: int, seq_len: Op
 
 
 class _Sums:
-    """Running float64 sums over batches (memory does not grow with the data)."""
+    """Running float64 sums over batches; of each window, only its summed losses (for the standard errors)."""
 
     def __init__(self, d_sae: int, fit: Optional[Baselines] = None):
         self.fit = fit
@@ -96,6 +96,7 @@ class _Sums:
         self.kl = {"spliced": 0.0, "zero": 0.0, "mean": 0.0}
         self.n_pred = 0
         self.per_window: dict[str, list] = {k: [] for k in self.ce}  # summed CE of each window: the standard errors
+        self.window_preds: list = []  # each window's number of predictions (a window of one token has none)
 
     def add_recons(self, x, recons, acts):
         x, recons = x.double(), recons.double()
@@ -119,6 +120,7 @@ class _Sums:
             if name != "clean":
                 self.kl[name] += (log_p.exp() * (log_p - log_q)).sum(-1)[mask].double().sum().item()
         self.n_pred += int(pred.sum())
+        self.window_preds.append(pred.sum(-1).cpu())
 
     def row(self, dense_threshold: float) -> dict:
         assert self.sum_x is not None  # row() is read only after tokens were added (n > 0)
@@ -146,14 +148,15 @@ class _Sums:
 
     def recovered_se(self, ablation: str) -> float:
         """The standard error of CE recovered against `ablation` ("zero" or "mean"), windows as the units."""
-        clean, spliced, ablated = (torch.cat(self.per_window[k]) for k in ("clean", "spliced", ablation))
+        some = torch.cat(self.window_preds) > 0  # a window with no prediction is no sampled unit
+        clean, spliced, ablated = (torch.cat(self.per_window[k])[some] for k in ("clean", "spliced", ablation))
         return ratio_se(ablated - spliced, ablated - clean)
 
 
 def window_ce(ids: Int[torch.Tensor, "batch pos"], pred: torch.Tensor, log_q: torch.Tensor) -> Float[torch.Tensor, " batch"]:
     """Each window's summed next-token cross-entropy (float64) over the predictions `pred` [batch, pos - 1]."""
     nll = -log_q[:, :-1].gather(-1, ids[:, 1:, None])[..., 0].double()
-    return (nll * pred).sum(-1).cpu()
+    return torch.where(pred, nll, 0.0).sum(-1).cpu()  # selected, not multiplied: a padded slot's inf counts for nothing
 
 
 def ratio_se(a: Float[torch.Tensor, " w"], b: Float[torch.Tensor, " w"]) -> float:

@@ -66,6 +66,8 @@ def test_slices_in_training_shares_are_disjoint_and_each_measured_with_its_error
             assert text[start:start + n] in piece and start + n <= (part + 1) * len(text) // 3
     with pytest.raises(ValueError, match="3 disjoint slices of"):
         hs.training_shares(vals, sum(map(len, vals.values())) // 3 + 1, 0, 3)
+    with pytest.raises(ValueError, match="2 disjoint slices of"):  # rounding would overlap "abcd" and "defg"
+        hs.training_shares({"a": "abcdefg", "b": "ABCDEFGHIJKLM"}, 10, 0, 2)
     table = hs.spread("gpt-4", 3, parts=2, chars=1_000)
     model = sprout.load("gpt-4").eval()
     tc = interp.load_transcoder(model, 3)
@@ -83,6 +85,8 @@ def test_a_demo_without_english_sources_is_refused(monkeypatch):
         hs.main(["--demo", "gpt-4", "--readme", "docs/features.md"])
     with pytest.raises(SystemExit, match="give --demo NAME"):
         hs.main(["--spread", "3"])
+    with pytest.raises(SystemExit, match="give --spread LAYER"):
+        hs.main(["--demo", "gpt-4", "--noskip"])
 
 
 def test_the_docs_block_shows_the_shipped_records_it_was_run_beside():

@@ -186,6 +186,11 @@ def test_remeasure_of_the_clt_trains_nothing_and_says_when_none_is_shipped(monke
     monkeypatch.setattr(ship, "remeasure_clt", lambda name, model, texts: None)
     with pytest.raises(SystemExit, match="ships no cross-layer transcoder to re-measure"):
         ship.main(["gpt-4", "--only", "clt", "--remeasure"])
+    for argv, says in ((["--remeasure"], "give --only saes and/or clt"),
+                       (["--only", "lens", "saes", "--remeasure"], "give --only saes and/or clt"),
+                       (["--only", "saes", "--remeasure", "--frontier", "--steps", "5"], "leave out --steps, --frontier")):
+        with pytest.raises(SystemExit, match=says):  # refused before anything is loaded, trained or written
+            ship.main(["gpt-4", *argv])
 
 
 def test_remeasure_rewrites_each_record_and_nothing_else(tmp_path, monkeypatch):

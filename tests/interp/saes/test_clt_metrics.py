@@ -74,6 +74,8 @@ def test_ce_recovered_standard_errors_are_the_delta_method_over_hand_run_windows
     assert total.ce_loss_recovered_se == pytest.approx(hand, rel=1e-3) and hand > 0
     assert total.ce_loss_recovered_se == pytest.approx(jackknife, rel=0.1)
     assert 0 < total.ce_loss_recovered_mean_se < 1
+    with_lone = clt_metrics(model, from_transcoders(tcs), [*ids, *ids[:, :1]], batch_size=5).iloc[-1]
+    assert with_lone.ce_loss_recovered_se == pytest.approx(total.ce_loss_recovered_se, rel=1e-3)  # one token: no unit
     one = clt_metrics(model, from_transcoders(tcs), ids[:1]).iloc[-1]
     assert one.ce_loss_recovered_se != one.ce_loss_recovered_se  # one window: NaN, no spread to measure
 

@@ -202,3 +202,6 @@ def test_ce_recovered_standard_error_shrinks_with_more_windows_and_needs_two(tin
     assert thrice.ce_loss_recovered == pytest.approx(once.ce_loss_recovered, rel=1e-3)  # float32 sums, batched otherwise
     assert thrice.ce_loss_recovered_se == pytest.approx(once.ce_loss_recovered_se * math.sqrt((w - 1) / (3 * w - 1)), rel=1e-3)
     assert math.isnan(interp.sae_metrics(tiny_model, sae, rows[3:4]).iloc[0].ce_loss_recovered_se)  # one window: no spread
+    lone = interp.sae_metrics(tiny_model, sae, rows + [torch.tensor([5])] * 30).iloc[0]  # windows that predict nothing
+    assert lone.n_predictions == once.n_predictions
+    assert lone.ce_loss_recovered_se == pytest.approx(once.ce_loss_recovered_se, rel=1e-3)  # are no sampled units
