@@ -65,6 +65,18 @@ def training_shares(vals: dict[str, str], chars: int, part: int = 0, parts: int 
     return "\n\n".join(t[part * len(t) // parts:][:share[name]] for name, t in vals.items())
 
 
+def shipping_fits(name: str, model) -> BaselineFits:
+    """The baselines fitted on the demo's training text, as the shipping run fits them."""
+    texts = ship.demo_texts(name, ship.SHIP_PLANS.get(name, ship.ShipPlan()))
+    return BaselineFits(model, ship.train_text(texts, BASELINE_FIT_CHARS)[0])
+
+
+def ce_mean_with_se(model, tc, text: str, fits: BaselineFits) -> str:
+    """CE recovered against mean ablation on `text`, "value ± s.e."."""
+    m = interp.sae_metrics(model, tc, text, baselines=True, baseline_fit=fits.of(tc)).iloc[0]
+    return with_se(m.ce_loss_recovered_mean, m.ce_loss_recovered_mean_se)
+
+
 def spread(name: str, layer: int, skip: bool = True, parts: int = 6, chars: int = SPREAD_CHARS) -> pd.DataFrame:
     """One row per disjoint slice of `chars` held-out characters in training shares: the shipped transcoder's CE
     recovered against mean ablation and its standard error over windows (how far that error is below the spread
@@ -72,8 +84,7 @@ def spread(name: str, layer: int, skip: bool = True, parts: int = 6, chars: int 
     model = sprout.load(name).eval()
     vals = sources(name)
     tc = interp.load_transcoder(model, layer, skip=skip)
-    fit = BaselineFits(model, ship.train_text(ship.demo_texts(name, ship.SHIP_PLANS.get(name, ship.ShipPlan())),
-                                              BASELINE_FIT_CHARS)[0]).of(tc)
+    fit = shipping_fits(name, model).of(tc)
     rows = []
     for part in range(parts):
         m = interp.sae_metrics(model, tc, training_shares(vals, chars, part, parts), baselines=True, baseline_fit=fit).iloc[0]
@@ -88,16 +99,13 @@ def demo_rows(name: str, chars: int = CHARS, layers=None) -> list[dict]:
     model = sprout.load(name).eval()
     vals = sources(name)
     total = sum(map(len, vals.values()))
-    texts = ship.demo_texts(name, ship.SHIP_PLANS.get(name, ship.ShipPlan()))
-    fits = BaselineFits(model, ship.train_text(texts, BASELINE_FIT_CHARS)[0])  # as the shipping run fits them
+    fits = shipping_fits(name, model)
     rows = []
     for (layer, skip), tc in ship.shipped_dictionaries(model, ("transcoders",), layers).items():
         row = {"demo": name, "dictionary": KINDS["skip" if skip else "noskip"][1], "block": layer}
         for source, text in vals.items():
-            m = interp.sae_metrics(model, tc, text[:chars], baselines=True, baseline_fit=fits.of(tc)).iloc[0]
-            row[f"{source} ({len(text) / total:.0%})"] = with_se(m.ce_loss_recovered_mean, m.ce_loss_recovered_mean_se)
-        m = interp.sae_metrics(model, tc, training_shares(vals, chars), baselines=True, baseline_fit=fits.of(tc)).iloc[0]
-        row["training shares"] = with_se(m.ce_loss_recovered_mean, m.ce_loss_recovered_mean_se)
+            row[f"{source} ({len(text) / total:.0%})"] = ce_mean_with_se(model, tc, text[:chars], fits)
+        row["training shares"] = ce_mean_with_se(model, tc, training_shares(vals, chars), fits)
         held = tc.info["held_out"]
         row["shipped (equal shares)"] = with_se(held["ce_loss_recovered_mean"], held.get("ce_loss_recovered_mean_se"))
         rows.append(row)
