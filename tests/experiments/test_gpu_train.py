@@ -74,15 +74,19 @@ def test_runs_still_going_at_the_deadline_are_interrupted_and_the_others_reporte
     # one child that ends at once, one that waits for Ctrl-C and exits 130 as `sprout train` does
     quick = subprocess.Popen([sys.executable, "-c", "print('ok')"], stdout=subprocess.PIPE, text=True,
                              start_new_session=True)
-    slow = subprocess.Popen([sys.executable, "-c", "import time\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n"
-                             "    raise SystemExit(130)"], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    ready = tmp_path / "slow.ready"  # written once the slow child's handler is in place (a loaded machine is slow)
+    slow = subprocess.Popen([sys.executable, "-c", "import pathlib, sys, time\ntry:\n    pathlib.Path(sys.argv[1]).touch()\n"
+                             "    time.sleep(60)\nexcept KeyboardInterrupt:\n    raise SystemExit(130)", str(ready)],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
     done = []
     started = {}
     for name, proc in (("quick", quick), ("slow", slow)):
         relay = gpu_train.threading.Thread(target=gpu_train._relay, args=(name, proc, tmp_path / f"{name}.log"))
         relay.start()
         started[name] = (proc, relay)
-    time.sleep(0.3)  # let the slow child install its handler
+    waited = time.monotonic()
+    while not ready.exists() and time.monotonic() - waited < 30:
+        time.sleep(0.05)
     t0 = time.monotonic()
     codes = gpu_train.wait_all(started, t0 + 1.0, lambda name, code: done.append((name, code)))
     assert codes == {"quick": 0, "slow": 130} and done[0] == ("quick", 0)
