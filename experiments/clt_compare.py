@@ -3,7 +3,7 @@
 
 For each demo: the shipped per-layer transcoders without a skip (`interp.load_transcoder(model, l, skip=False)`:
 BatchTopK at k per layer, written as JumpReLU) and the shipped cross-layer transcoder (`interp.load_clt`,
-trained by `python -m experiments.ship NAME --only clt`: the recipe of `experiments.ship_clt.CLT_PLANS`, the
+trained by `python -m experiments.ship NAME --only clt`: the recipe of `experiments.ship.CLT_PLANS`, the
 per-layer transcoders' width, batch, learning rate, seed and text, BatchTopK at k x n_layers latents per token
 over all layers, the per-layer set's total). Where the shipped CLT is not of that recipe (or `--steps N` asks
 for another count), one is trained here by the same code and kept in results/clt_compare/<demo>/clt/, reused
@@ -32,8 +32,8 @@ import sprout
 from interp.saes.clt_metrics import clt_dead_fractions, clt_metrics, from_transcoders
 
 from . import readme
-from .ship import ShipPlan, demo_texts
-from .ship_clt import CLT_PLANS, is_recipe, train
+from .ship import CLT_PLANS, ShipPlan, demo_texts
+from .ship_clt import is_recipe, train
 
 DEMOS = ("gpt-4", "sprout-mini")
 N_PROMPTS, PROMPT_TOKENS = 8, 24
@@ -41,7 +41,7 @@ COMMAND = "nice -n 10 python -m experiments.clt_compare gpt-4 sprout-mini --thre
 
 
 def clt_of(name: str, model, texts: dict, steps: Optional[int], out: Path) -> interp.CrossLayerTranscoder:
-    """The demo's CLT by its one recipe (`experiments.ship_clt.CLT_PLANS`, `--steps` overriding its steps): the
+    """The demo's CLT by its one recipe (`experiments.ship.CLT_PLANS`, `--steps` overriding its steps): the
     shipped one when that recipe trained it, else one trained here and kept in out/<name>/clt (reused while
     its recorded recipe is the same)."""
     plan = CLT_PLANS[name] if steps is None else replace(CLT_PLANS[name], steps=steps)

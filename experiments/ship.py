@@ -67,7 +67,7 @@ from sprout.training.recipes import recipe_corpus
 
 from . import readme, run_all
 from .circuits import SHIPPED_PHASE, measure_phase
-from .ship_clt import CLT_PLANS, ship_clt
+from .ship_clt import CltPlan, ship_clt
 from .ship_clt import remeasure as remeasure_clt  # ship_saes' own names are *_saes
 from .ship_swap import SAES, shipped_mb, write_set
 from .ship_targets import BASELINE_FIT_CHARS, BaselineFits, default_k, failures, held_out_metrics
@@ -106,7 +106,7 @@ class ShipPlan:
     seed: int = 0
     skips: tuple = (True, False)  # each MLP's transcoders: with a linear skip (Paulo, Shabalin & Belrose 2025), without
     # the transcoders without a skip: d_sae / d_model (None: transcoder_expansion); they are the per-layer set the
-    # cross-layer transcoder is compared with at its own width (experiments.ship_clt.CltPlan.expansion)
+    # cross-layer transcoder is compared with at its own width (CLT_PLANS: CltPlan.of)
     noskip_expansion: Optional[float] = None
     # and their optimizer steps (None: transcoder_steps): the cross-layer transcoder's, so that it is compared with
     # a per-layer set trained as long
@@ -160,20 +160,33 @@ class ShipPlan:
 # MLP 3 with a skip). Two MLPs have their own (trials on held-out text, with a skip): MLP 2's missed CE recovered
 # (mean ablation; 0.877), at 4 d_model 0.899 (dead 14.6%), at 4 d_model with a 3k-token window and 6,000 steps 0.911
 # (dead 4.3%); MLP 3's had 10.4% dead, 7.8% over a 5k window, 6.3% over 2k at weight 2, 3.9% with 6,000 steps too
-# (at MLP 2's recipe 26.6%). Those without a skip stay at 2 d_model and train with the same window and steps.
+# (at MLP 2's recipe 26.6%). Those without a skip at 4 d_model and 6,000 steps, as the cross-layer transcoder they
+# are compared with (at 2 d_model MLP 3's CE recovered was 0.899, at 4 d_model 0.910), with each MLP's window; MLP
+# 0's at 4 d_model had 3.4% dead over 10k (5.5% on tests/interp/saes/test_shipped.py's text), 1.2% over 3k.
 # sprout-mini's with a skip at 12,000 steps (one-thread trials on held-out text): MLP 1's CE recovered (mean)
 # 0.885 -> 0.919 (16 d_model and 6,000 steps: 0.922), MLP 4's 0.736 -> 0.767 (16 d_model: 0.793, but the size
 # budget holds one such MLP, not seven); k is per MLP where held-out L0 at k 8 left room under d_model / 12 (MLP 2's
 # 6.8: at k 10 0.874 -> 0.903, shipped with two threads 0.893; at 12,000 steps too 0.894) or broke it (MLPs 5
 # and 6: 10.7 and 10.5); MLP 0 met every target at 6,000. Those without a skip at the CLT's 3,000 steps (they were
 # 1,500: the time a session had), with each MLP's k. docs/features.md has what shipped.
-SHIP_PLANS = {"gpt-4": ShipPlan(aux_k_coefficient=1.0, dead_tokens=10_000, overrides={
-                  "transcoder 2": dict(transcoder_expansion=4, noskip_expansion=2, dead_tokens=3000, transcoder_steps=6000),
+SHIP_PLANS = {"gpt-4": ShipPlan(aux_k_coefficient=1.0, dead_tokens=10_000, noskip_expansion=4, noskip_steps=6000, overrides={
+                  "transcoder 0": dict(dead_tokens=3000),
+                  "transcoder 2": dict(transcoder_expansion=4, dead_tokens=3000, transcoder_steps=6000),
                   "transcoder 3": dict(aux_k_coefficient=2.0, dead_tokens=2000, transcoder_steps=6000)}),
               "sprout-mini": ShipPlan(transcoder_expansion=8, noskip_expansion=2, transcoder_steps=12_000, noskip_steps=3000,
                                      overrides={
                   "transcoder 0": dict(transcoder_steps=6000), "transcoder 2": dict(k=10, transcoder_steps=6000),
                   "transcoder 3": dict(k=9), "transcoder 5": dict(k=7), "transcoder 6": dict(k=7)})}
+# The cross-layer transcoders: the per-layer sets' recipes without a skip (`CltPlan.of`), AuxK their own. gpt-4's:
+# at AuxK 1/32 over a 100k-token window, 30.4% of its latents never fired on 40k held-out tokens (47% and 57% of
+# those read at blocks 2 and 3, which the batch-wide cut gives 8 and 6 of its 48 a token); at 0.25 over 25k and
+# 1,500 steps, 11.2%; at weight 1 over 10k and 3,000 steps, 1.2%, with EV 0.928 and CE recovered (mean) 0.914 at 2
+# d_model (docs/features.md). At 4 d_model and 6,000 steps (with its per-layer set, 2026-12-06) weight 1 over 10k
+# left 7.0% dead (EV 0.940, CE recovered 0.930); weight 2 over 3k, 3.6% (EV 0.941, 0.931). sprout-mini's: 2.2% dead
+# at the defaults, CE recovered (mean) 0.813; at weight 1 over 10k none dead, EV 0.730 (0.696), CE recovered (mean)
+# 0.836: still short of 0.90.
+CLT_PLANS = {"gpt-4": CltPlan.of(SHIP_PLANS["gpt-4"], aux_k_coefficient=2.0, dead_tokens=3000),
+             "sprout-mini": CltPlan.of(SHIP_PLANS["sprout-mini"], aux_k_coefficient=1.0, dead_tokens=10_000)}
 PARTS = ("resid", "transcoders")
 STEPS = ("lens", "saes", "clt", "phase", "readme")  # what one command rebuilds, in this order
 TEXT_FIELDS = ("held_out_chars", "dead_chars")  # one value per demo (demo_texts reads them once)

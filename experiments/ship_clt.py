@@ -1,8 +1,9 @@
 """A demo's cross-layer transcoder, trained, measured and shipped: the `clt` step of `python -m experiments.ship`
 (`python -m experiments.ship gpt-4 --only clt [--frontier]`; issue 39 item 6).
 
-The recipe (`CltPlan`) is the per-layer transcoders' (`experiments.ship.ShipPlan`: their width per layer, batch,
-learning rate, AuxK and seed, the same training text) with k summed over layers, k = n_layers x the per-layer
+The recipe (`CltPlan.of`, `experiments.ship.CLT_PLANS`) is the per-layer transcoders' without a skip
+(`experiments.ship.ShipPlan`: their width per layer, steps, batch, learning rate and seed, the same training
+text; AuxK its own) with k summed over layers, k = n_layers x the per-layer
 k, so the CLT spends the per-layer set's L0 per token wherever it likes; BatchTopK, written as JumpReLU (the
 same outputs; circuit-tracer reads JumpReLU). `experiments.clt_compare` compares this CLT, as shipped, with
 the per-layer set.
@@ -41,17 +42,28 @@ KEYS = ("explained_variance", "fvu", "l0", "ce_clean", "ce_spliced", "ce_zero", 
 
 @dataclass(frozen=True)
 class CltPlan:
-    """How a demo's cross-layer transcoder is trained (defaults: the per-layer transcoders' `ShipPlan` values)."""
+    """How a demo's cross-layer transcoder is trained: made by `of` from the per-layer transcoders' plan, so the
+    two are compared at one width, step count, batch, learning rate, text and seed."""
 
-    steps: int = 1500  # the per-layer transcoders' count as shipped (--steps 1500); on one CPU core
-    expansion: float = 2  # latents per layer, x d_model (the per-layer transcoders' width)
-    k_per_layer: Optional[int] = None  # None: ship_targets.default_k(d_model); the CLT's k is this x n_layers
-    batch_size: int = 1024  # activations per step
-    lr: float = 2e-3
-    aux_k_coefficient: float = 1 / 32  # AuxK's weight (scaled down by n_dead / k_aux while few are dead)
-    dead_tokens: int = 100_000  # AuxK's window: a latent unfired for this many training tokens is dead
-    train_chars: int = 9_000_000  # the first chars of the demo's training text (as the per-layer dictionaries)
-    seed: int = 0
+    steps: int  # optimizer steps
+    expansion: float  # latents per layer, x d_model
+    k_per_layer: Optional[int]  # None: ship_targets.default_k(d_model); the CLT's k is this x n_layers
+    batch_size: int  # activations per step
+    lr: float
+    aux_k_coefficient: float  # AuxK's weight (scaled down by n_dead / k_aux while few are dead)
+    dead_tokens: int  # AuxK's window: a latent unfired for this many training tokens is dead
+    train_chars: int  # the first chars of the demo's training text
+    seed: int
+
+    @classmethod
+    def of(cls, per_layer, **own) -> "CltPlan":
+        """The recipe of `per_layer`'s transcoders without a skip (an `experiments.ship.ShipPlan`, its overrides
+        aside) for a CLT; `own` sets the CLT's own values (AuxK's weight and window, say)."""
+        derived = dict(steps=per_layer.transcoder_steps_of(False), expansion=per_layer.transcoder_width(False),
+                       k_per_layer=per_layer.k, batch_size=per_layer.batch_size, lr=per_layer.lr,
+                       aux_k_coefficient=per_layer.aux_k_coefficient, dead_tokens=per_layer.dead_tokens,
+                       train_chars=per_layer.train_chars, seed=per_layer.seed)
+        return cls(**{**derived, **own})
 
     def train_args(self, model) -> dict:
         """`interp.train_clt`'s keyword arguments for `model`."""
@@ -59,15 +71,6 @@ class CltPlan:
         k = default_k(d) if self.k_per_layer is None else self.k_per_layer
         return dict(d_sae=round(self.expansion * d), k=k * n, steps=self.steps, batch_size=self.batch_size, lr=self.lr,
                     seed=self.seed, aux_k_coefficient=self.aux_k_coefficient, dead_tokens=self.dead_tokens)
-
-
-# gpt-4's: at AuxK 1/32 over a 100k-token window, 30.4% of its latents never fired on 40k held-out tokens (47% and
-# 57% of those read at blocks 2 and 3, which the batch-wide cut gives 8 and 6 of its 48 a token); at 0.25 over
-# 25k and 1,500 steps, 11.2%; at weight 1 over 10k and 3,000 steps, 1.2%, with EV 0.928 and CE recovered (mean)
-# 0.914: every target met (docs/features.md). sprout-mini's: 2.2% dead at the defaults, CE recovered (mean) 0.813;
-# at gpt-4's recipe none dead, EV 0.730 (0.696), CE recovered (mean) 0.836: still short of 0.90.
-CLT_PLANS = {"gpt-4": CltPlan(aux_k_coefficient=1.0, dead_tokens=10_000, steps=3000),
-             "sprout-mini": CltPlan(aux_k_coefficient=1.0, dead_tokens=10_000, steps=3000)}
 
 
 def train(model, plan: CltPlan, texts: dict) -> interp.CrossLayerTranscoder:

@@ -31,15 +31,16 @@ def test_clt_failures_name_each_missed_target(change, says):
     assert ship_targets.clt_failures({**GOOD, **change}, 192, 4) == [says]
 
 
-@pytest.mark.parametrize("name", sorted(ship_clt.CLT_PLANS))
+@pytest.mark.parametrize("name", sorted(ship.CLT_PLANS))
 def test_the_clt_recipe_is_the_per_layer_transcoders_at_their_total_k(name):
     model = sprout.load(name)
     d, n = int(model.cfg.d_model), int(model.cfg.n_layers)
-    per_layer, args = ship.SHIP_PLANS[name], ship_clt.CLT_PLANS[name].train_args(model)
+    per_layer, args = ship.SHIP_PLANS[name], ship.CLT_PLANS[name].train_args(model)
     assert args["k"] == n * ship_targets.default_k(d) <= n * ship_targets.max_l0(d)
     assert args["d_sae"] == round(per_layer.transcoder_width(False) * d)  # the per-layer set it is compared with
     assert {f: args[f] for f in ("batch_size", "lr", "seed")} == {f: getattr(per_layer, f) for f in ("batch_size", "lr", "seed")}
-    assert ship_clt.CLT_PLANS[name].train_chars == per_layer.train_chars
+    assert ship.CLT_PLANS[name].train_chars == per_layer.train_chars
+    assert ship.CLT_PLANS[name].steps == per_layer.transcoder_steps_of(False)  # trained as long as the set
 
 
 def fake_clt(model, seed=0) -> interp.CrossLayerTranscoder:
@@ -68,11 +69,11 @@ def test_a_clt_is_written_only_when_it_meets_its_targets_or_as_the_frontier(demo
               "dead_tokens_measured": 40_000}
     monkeypatch.setattr(ship_clt, "measure", lambda model, c, texts: record)
     with pytest.raises(SystemExit, match=r"CLT not shipped, 1 target(?s:.)*L0 1000.0 per token"):
-        ship_clt.ship_clt("gpt-1", model, ship_clt.CltPlan(), texts)
+        ship_clt.ship_clt("gpt-1", model, ship_clt.CltPlan.of(ship.ShipPlan()), texts)
     assert not shipped_clt_folder(demos / "gpt-1").exists()
     with pytest.raises(FileNotFoundError, match="no shipped cross-layer transcoder"):
         interp.load_clt(model)
-    folder = ship_clt.ship_clt("gpt-1", model, ship_clt.CltPlan(), texts, frontier=True)
+    folder = ship_clt.ship_clt("gpt-1", model, ship_clt.CltPlan.of(ship.ShipPlan()), texts, frontier=True)
     assert folder == demos / "gpt-1" / "saes" / "clt"
     held = json.loads((folder / "cfg.json").read_text())["metadata"]["sprout"]["info"]["held_out"]
     assert held["misses"] == [f"L0 1000.0 per token > {int(model.cfg.n_layers) * (int(model.cfg.d_model) // 12)} "
@@ -84,7 +85,7 @@ def test_a_clt_is_written_only_when_it_meets_its_targets_or_as_the_frontier(demo
 
 def test_clt_compare_takes_the_clt_of_the_one_recipe(tmp_path, monkeypatch):
     model = sprout.load("gpt-4").eval()
-    plan = ship_clt.CLT_PLANS["gpt-4"]
+    plan = ship.CLT_PLANS["gpt-4"]
     shipped, trained = fake_clt(model, seed=1), fake_clt(model, seed=2)
     shipped.info = {"recipe": asdict(plan)}
     monkeypatch.setattr(interp, "load_clt", lambda m: shipped)
