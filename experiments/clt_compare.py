@@ -4,7 +4,7 @@
 For each demo: the shipped per-layer transcoders without a skip (`interp.load_transcoder(model, l, skip=False)`:
 BatchTopK at k per layer, written as JumpReLU) and the shipped cross-layer transcoder (`interp.load_clt`,
 trained by `python -m experiments.ship NAME --only clt`: the recipe of `experiments.ship.CLT_PLANS`, the
-per-layer transcoders' width, batch, learning rate, seed and text, BatchTopK at k x n_layers latents per token
+per-layer transcoders' width, steps, batch, learning rate, seed and text, BatchTopK at k x n_layers latents per token
 over all layers, the per-layer set's total). Where the shipped CLT is not of that recipe (or `--steps N` asks
 for another count), one is trained here by the same code and kept in results/clt_compare/<demo>/clt/, reused
 while its recorded recipe is the same. Both sets are then measured the same way: `interp.saes.clt_metrics` on
