@@ -31,7 +31,7 @@ from interp.cli import positive
 
 from . import ship
 from .readme import home, md_table, rewrite
-from .ship_targets import BASELINE_FIT_CHARS, BaselineFits, held_out_metrics
+from .ship_targets import held_out_metrics
 
 METHODS = {"sae": ("pca",), "transcoder": ("regression", "top_neurons")}
 
@@ -56,7 +56,7 @@ def frontier(name: str, model, ks: list, parts=ship.PARTS, layers=None, recipe=N
     `explained_variance`, `ce_loss_recovered_mean` on held-out text, for every dictionary trained at each k."""
     r = recipe or ship.SHIP_PLANS.get(name, ship.ShipPlan())
     texts = ship.demo_texts(name, r)
-    fits = BaselineFits(model, ship.train_text(texts, BASELINE_FIT_CHARS)[0])
+    fits = ship.baseline_fits(model, texts)
     rows: list = []
     for k in ks:
         t0 = time.perf_counter()

@@ -29,7 +29,7 @@ from sprout.training.english import is_english
 from . import ship
 from .common import positive
 from .readme import md_table, rewrite_or_print
-from .ship_targets import BASELINE_FIT_CHARS, BaselineFits
+from .ship_targets import BaselineFits
 from .shipped_dictionaries import KINDS, with_se
 
 BLOCK = "held-out-sources"
@@ -68,7 +68,7 @@ def training_shares(vals: dict[str, str], chars: int, part: int = 0, parts: int 
 def shipping_fits(name: str, model) -> BaselineFits:
     """The baselines fitted on the demo's training text, as the shipping run fits them."""
     texts = ship.demo_texts(name, ship.SHIP_PLANS.get(name, ship.ShipPlan()))
-    return BaselineFits(model, ship.train_text(texts, BASELINE_FIT_CHARS)[0])
+    return ship.baseline_fits(model, texts)
 
 
 def ce_mean_with_se(model, tc, text: str, fits: BaselineFits) -> str:

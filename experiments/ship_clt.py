@@ -33,7 +33,7 @@ from interp.saes.shipped import shipped_clt_folder
 from sprout.files import demo_dir
 
 from .ship_swap import SAES, shipped_mb, write_set
-from .ship_targets import clt_failures, default_k
+from .ship_targets import clt_failures, default_k, train_text
 
 # the "all" row of clt_metrics, kept in cfg.json
 KEYS = ("explained_variance", "fvu", "l0", "ce_clean", "ce_spliced", "ce_zero", "ce_mean", "ce_loss_recovered",
@@ -53,6 +53,7 @@ class CltPlan:
     aux_k_coefficient: float  # AuxK's weight (scaled down by n_dead / k_aux while few are dead)
     dead_tokens: int  # AuxK's window: a latent unfired for this many training tokens is dead
     train_chars: int  # the first chars of the demo's training text
+    train_mix: str  # how its sources are mixed: "shares" or "equal" (`ship_targets.train_text`)
     seed: int
 
     @classmethod
@@ -62,7 +63,7 @@ class CltPlan:
         derived = dict(steps=per_layer.transcoder_steps_of(False), expansion=per_layer.transcoder_width(False),
                        k_per_layer=per_layer.k, batch_size=per_layer.batch_size, lr=per_layer.lr,
                        aux_k_coefficient=per_layer.aux_k_coefficient, dead_tokens=per_layer.dead_tokens,
-                       train_chars=per_layer.train_chars, seed=per_layer.seed)
+                       train_chars=per_layer.train_chars, train_mix=per_layer.train_mix, seed=per_layer.seed)
         return cls(**{**derived, **own})
 
     def train_args(self, model) -> dict:
@@ -77,16 +78,19 @@ def train(model, plan: CltPlan, texts: dict) -> interp.CrossLayerTranscoder:
     """The CLT of `plan` trained on `texts`' training text (`experiments.ship.demo_texts`), as JumpReLU, its
     recipe, data and training time in `info`."""
     t0 = time.perf_counter()
-    clt = interp.train_clt(model, texts["train"][:plan.train_chars], progress=False, **plan.train_args(model))
+    train, desc = train_text(texts, plan.train_chars, plan.train_mix)
+    clt = interp.train_clt(model, train, progress=False, **plan.train_args(model))
     clt = clt.to_jumprelu()
-    clt.info.update(data=texts["train_desc"].format(n=plan.train_chars), recipe=asdict(plan),
+    clt.info.update(data=desc, recipe=asdict(plan),
                     train_seconds=time.perf_counter() - t0)
     return clt
 
 
 def is_recipe(clt: interp.CrossLayerTranscoder, plan: CltPlan) -> bool:
     """Whether `clt` was trained by `plan` (its cfg.json's recipe)."""
-    return clt.info.get("recipe") == asdict(plan)
+    recipe = clt.info.get("recipe")
+    # a recipe written before train_mix existed trained on the text in its own shares
+    return isinstance(recipe, dict) and {"train_mix": "shares", **recipe} == asdict(plan)
 
 
 def per_layer_set(model) -> Optional[interp.CrossLayerTranscoder]:

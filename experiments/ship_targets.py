@@ -2,7 +2,7 @@
 
 A dictionary is shipped only when, on held-out text, it is sparse (L0 at most d_model / 12), few of its
 latents are dead (under 5%), and it beats the codes that need no training at the same L0 on the same
-tokens (`interp.sae_metrics(..., baselines=True)`, the baselines fitted on the demo's training text):
+tokens (`interp.sae_metrics(..., baselines=True)`, the baselines fitted on the training text the dictionary saw):
 
 - a residual SAE (at least 8 d_model latents): explained variance at least 0.05 above the PCA code's,
   CE loss recovered against mean ablation at least 0.03 above the PCA code's;
@@ -11,14 +11,18 @@ tokens (`interp.sae_metrics(..., baselines=True)`, the baselines fitted on the d
 """
 from __future__ import annotations
 
+from typing import Callable, Union
+
 import interp
 from interp.saes.baselines import Baselines, fit_baselines
+from sprout.training.english import equal_shares
 
 L0_FRACTION = 1 / 12  # L0 <= d_model / 12: 16 on gpt-4's 192, 10 on sprout-mini's 128
 MIN_EXPANSION = 8  # residual SAEs: at least 8 d_model latents
 SAE_EV_MARGIN, SAE_CE_MARGIN = 0.05, 0.03  # over the PCA code (CE recovered against mean ablation)
 TRANSCODER_EV_MARGIN, TRANSCODER_CE_MEAN = 0.10, 0.90  # over regression and top neurons; CE recovered (mean ablation)
 MAX_DEAD = 0.05
+TRAIN_MIXES = ("shares", "equal")  # a dictionary's training text (experiments.ship.ShipPlan.train_mix)
 BASELINE_FIT_CHARS = 200_000  # of the demo's training text: what the PCA basis and the regression are fitted on
 KEYS = ("explained_variance", "fvu", "l0", "dense_fraction", "ce_clean", "ce_spliced", "ce_zero", "ce_mean",
         "ce_loss_recovered", "ce_loss_recovered_mean", "ce_loss_recovered_se", "ce_loss_recovered_mean_se",
@@ -39,16 +43,35 @@ def default_k(d_model: int) -> int:
     return max(1, int(K_FRACTION * max_l0(d_model)))
 
 
-class BaselineFits:
-    """Each hook's baselines, fitted once on the training text (the skip and skipless transcoders of an MLP share one)."""
+def train_text(texts: dict, n_chars: int, mix: str = "shares") -> tuple[str, str]:
+    """n_chars of `experiments.ship.demo_texts`' training text, as the mix asks (`ShipPlan.train_mix`), and in words what they are.
 
-    def __init__(self, model, text: str) -> None:
+    Raises:
+        SystemExit: "equal" for a demo without sources (the stories demos), or an unknown mix.
+    """
+    if mix == "shares":
+        return texts["train"][:n_chars], texts["train_desc"].format(n=n_chars)
+    if mix != "equal" or "sources" not in texts:
+        raise SystemExit(f"train_mix {mix!r}: " + ("an English demo's sources are what it mixes in equal shares; this "
+                         "demo has none" if mix == "equal" else f"choose from {TRAIN_MIXES}"))
+    sources = texts["sources"]
+    return equal_shares(sources, n_chars), (f"{n_chars} chars of its sources' training text in equal shares "
+                                            f"({', '.join(sources)}; the shorter repeated; documents in pieces)")
+
+
+class BaselineFits:
+    """Each hook's baselines, fitted once on the training text (the skip and skipless transcoders of an MLP share
+    one): `text` itself, or `text(mix)`, the mix a dictionary trained on (its recipe's `train_mix`), so that a
+    baseline sees the text its dictionary saw."""
+
+    def __init__(self, model, text: Union[str, Callable[[str], str]]) -> None:
         self.model, self.text, self.fits = model, text, {}
 
     def of(self, sae) -> Baselines:
-        key = (sae.hook_name, isinstance(sae, interp.Transcoder))
+        mix = (sae.info.get("recipe") or {}).get("train_mix", "shares")
+        key = (sae.hook_name, isinstance(sae, interp.Transcoder), mix)
         if key not in self.fits:
-            self.fits[key] = fit_baselines(self.model, sae, self.text)
+            self.fits[key] = fit_baselines(self.model, sae, self.text if isinstance(self.text, str) else self.text(mix))
         return self.fits[key]
 
 

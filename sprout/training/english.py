@@ -16,6 +16,8 @@ do not install). The sources, what they hold and their licences:
 
 `english_corpus` cuts every source (and the invented-name stories of `sprout.material`, mixed in
 at `story_fraction` of the characters) into train and held-out text; `corpus.py` tokenises them.
+`equal_shares` mixes the sources' training text so that each gives as many characters (the short ones
+repeated), for what should serve every kind of English alike rather than the corpus's mix.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ import hashlib
 import io
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Callable, Sequence, TypeVar
@@ -271,6 +273,7 @@ class EnglishCorpus:
     train: str
     val: dict[str, str]  # source -> held-out text
     files: list[SourceFile]
+    by_source: dict[str, str] = field(default_factory=dict)  # source -> its training text (its documents in `train`)
 
 
 def _break_near(text: str, at: int) -> int:
@@ -320,14 +323,49 @@ def english_corpus(sources: Sequence[str] = ENGLISH_SOURCES, story_fraction: flo
         chars = sum(len(t) for ts in by_source.values() for t in ts)
         stories = generate_corpus(round(chars * story_fraction / (1 - story_fraction)), seed=seed)
         by_source[STORIES] = stories.split("\n\n")
-    train, val = [], {}
+    train, val, own = [], {}, {}
     for source, texts in by_source.items():
         rng.shuffle(texts)
         tr, va = _cut(texts, val_fraction)
         train += tr
-        val[source] = "\n\n".join(va)
+        val[source], own[source] = "\n\n".join(va), "\n\n".join(tr)
     rng.shuffle(train)
-    return EnglishCorpus("\n\n".join(train), val, files)
+    return EnglishCorpus("\n\n".join(train), val, files, own)
+
+
+def _pieces(text: str, size: int) -> list[str]:
+    """`text` in pieces of at least `size` characters, each ending at a paragraph break (the last at the end)."""
+    out, i = [], 0
+    while i < len(text):
+        j = text.find("\n\n", i + size)
+        j = len(text) if j < 0 else j
+        out.append(text[i:j].strip())
+        i = j + 2
+    return [p for p in out if p]
+
+
+def equal_shares(by_source: dict[str, str], n_chars: int, piece: int = 4000) -> str:
+    """About `n_chars` characters of which each source gives an equal share (`EnglishCorpus.by_source`: train
+    text only). Pieces of about `piece` characters, cut at paragraph breaks, come in turn from the source with
+    the fewest characters so far; a source that runs out starts again, so the short ones are repeated.
+
+    Raises:
+        ValueError: no source, an empty source, or `n_chars` or `piece` not positive.
+    """
+    empty = [name for name, text in by_source.items() if not text.strip()]
+    if not by_source or empty or n_chars <= 0 or piece <= 0:
+        raise ValueError(f"equal_shares needs sources with text and positive n_chars and piece; got sources "
+                         f"{sorted(by_source)} (empty: {empty}), n_chars {n_chars}, piece {piece}")
+    pieces = {name: _pieces(text, piece) for name, text in by_source.items()}
+    taken, got, out, total = dict.fromkeys(pieces, 0), dict.fromkeys(pieces, 0), [], 0
+    while total < n_chars:
+        name = min(pieces, key=lambda s: got[s])  # ties: the sources' order
+        p = pieces[name][taken[name] % len(pieces[name])]
+        taken[name] += 1
+        got[name] += len(p)
+        total += len(p) + 2
+        out.append(p)
+    return "\n\n".join(out)[:n_chars]
 
 
 def english_stamp(sources: Sequence[str]) -> list[dict]:

@@ -26,7 +26,7 @@ def quick(gpt4, monkeypatch):
     vals, texts = gpt4
     monkeypatch.setattr(hs, "sources", lambda name: vals)
     monkeypatch.setattr(ship, "demo_texts", lambda name, r: texts)
-    monkeypatch.setattr(hs, "BASELINE_FIT_CHARS", FIT_CHARS)
+    monkeypatch.setattr(ship, "BASELINE_FIT_CHARS", FIT_CHARS)  # what ship.baseline_fits reads
     return vals, BaselineFits(sprout.load("gpt-4").eval(), ship.train_text(texts, FIT_CHARS)[0])
 
 

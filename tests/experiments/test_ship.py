@@ -12,6 +12,7 @@ import sprout
 from experiments import ship, ship_swap, ship_targets
 from interp._core.identity import model_config
 from sprout.files import demo_dir
+from sprout.training.english import equal_shares
 
 GOOD = dict(l0=16.0, dead_fraction=0.01, d_sae=1536, ev_margin=0.12, ce_margin=0.05, ce_loss_recovered_mean=0.93)
 
@@ -227,3 +228,35 @@ def test_remeasure_rewrites_each_record_and_nothing_else(tmp_path, monkeypatch):
     again = interp.load_transcoder(model, 0, skip=False)
     assert torch.equal(again.W_dec, tc.W_dec) and again.info["held_out"]["misses"] == ["CE recovered (mean ablation) 0.700 < 0.9"]
     assert interp.load_sae(model, "blocks.0.hook_resid_post").info["held_out"]["misses"] == []
+
+
+def test_train_mix_equal_trains_on_the_sources_in_equal_shares(monkeypatch):
+    seen = {}
+
+    def fake_train_transcoder(model, data, layers, **kw):
+        seen[tuple(layers)] = data
+        return {}
+    monkeypatch.setattr(interp, "train_transcoder", fake_train_transcoder)
+    sources = {"big": "\n\n".join(f"big {i} " + "b" * 40 for i in range(100)), "small": "small " + "s" * 20}
+    texts = {"train": sources["big"], "train_desc": "the first {n} chars", "sources": sources}
+    r = ship.ShipPlan(train_chars=600, skips=(True,), overrides={"transcoder 1": {"train_mix": "equal"}})
+    ship.train_dictionaries(sprout.load("gpt-1").eval(), r, texts, parts=("transcoders",), layers=[0, 1])
+    assert seen[(0,)] == texts["train"][:600] and seen[(1,)] == equal_shares(sources, 600)
+    assert "equal shares (big, small" in ship.train_text(texts, 600, "equal")[1]
+    with pytest.raises(SystemExit, match="has none"):  # a stories demo has no sources to mix
+        ship.train_text({"train": "x", "train_desc": "{n}"}, 1, "equal")
+    with pytest.raises(ValueError, match="train_mix must be one of"):
+        ship.ShipPlan(train_mix="balanced")
+    with pytest.raises(ValueError, match="got 'half'"):
+        ship.ShipPlan(overrides={"transcoder 0": {"train_mix": "half"}})
+
+
+def test_baselines_are_fitted_on_the_mix_each_dictionary_trained_on(monkeypatch):
+    fitted = []
+    monkeypatch.setattr(ship_targets, "fit_baselines", lambda model, sae, text: fitted.append(text) or len(fitted))
+    fits = ship_targets.BaselineFits(None, lambda mix: f"text of {mix}")
+    tcs = [interp.Transcoder(16, 32, 16, kind="topk", k=2, layer=0, skip=skip) for skip in (True, False)]
+    tcs[1].info["recipe"] = {"train_mix": "equal"}
+    assert [fits.of(tc) for tc in tcs + tcs] == [1, 2, 1, 2]  # each fitted once
+    assert fitted == ["text of shares", "text of equal"]
+    assert ship_targets.BaselineFits(None, "one text").of(tcs[1]) == 3 and fitted[-1] == "one text"

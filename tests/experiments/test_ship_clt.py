@@ -41,6 +41,22 @@ def test_the_clt_recipe_is_the_per_layer_transcoders_at_their_total_k(name):
     assert {f: args[f] for f in ("batch_size", "lr", "seed")} == {f: getattr(per_layer, f) for f in ("batch_size", "lr", "seed")}
     assert ship.CLT_PLANS[name].train_chars == per_layer.train_chars
     assert ship.CLT_PLANS[name].steps == per_layer.transcoder_steps_of(False)  # trained as long as the set
+    # on the plan's own text: where MLPs moved to the equal-share mix by override, the CLT stays on the plan's
+    assert ship.CLT_PLANS[name].train_mix == per_layer.train_mix
+
+
+def test_a_recipe_from_before_train_mix_is_the_one_on_the_text_in_its_shares():
+    plan = ship.CLT_PLANS["gpt-4"]
+    old = {f: v for f, v in asdict(plan).items() if f != "train_mix"}
+    clt = interp.CrossLayerTranscoder(2, 8, 4, kind="jumprelu")
+    clt.info = {"recipe": old}
+    assert plan.train_mix == "shares" and ship_clt.is_recipe(clt, plan)
+    assert not ship_clt.is_recipe(clt, replace(plan, train_mix="equal"))
+    clt.info = {"recipe": {**old, "train_mix": "equal"}}
+    assert ship_clt.is_recipe(clt, replace(plan, train_mix="equal")) and not ship_clt.is_recipe(clt, plan)
+    clt.info = {}
+    assert not ship_clt.is_recipe(clt, plan)
+    assert ship_clt.CltPlan.of(replace(ship.SHIP_PLANS["gpt-4"], train_mix="equal")).train_mix == "equal"
 
 
 def fake_clt(model, seed=0) -> interp.CrossLayerTranscoder:
@@ -131,3 +147,11 @@ def test_the_docs_comparison_is_what_the_shipped_clt_records():
                                              if line.startswith(f"| {name} | {kind} |")).split("|")[1:-1]]
             assert cells[6] == f"{held[ev]:.3f}", (name, kind)
             assert cells[9].split(" ± ")[0] == f"{held[ce]:.3f}", (name, kind)
+
+
+def test_the_docs_say_which_mlps_of_the_per_layer_set_trained_on_equal_shares():
+    assert clt_compare.per_layer_mixes(["shares"] * 4) == "The per-layer set: the training text's own shares."
+    assert clt_compare.per_layer_mixes(["equal"] * 2) == "The per-layer set: equal shares."
+    assert clt_compare.per_layer_mixes(["shares", "equal", "equal", "shares"]) == \
+        "The per-layer set: equal shares at MLPs 1, 2, the others the training text's own."
+    assert clt_compare.per_layer_mixes(["equal", "shares"]).startswith("The per-layer set: equal shares at MLP 0,")

@@ -37,6 +37,15 @@ def test_one_row_per_dictionary_from_its_record_in_demo_kind_block_order(tmp_pat
     assert (last.latents, last.steps, last.L0, last["EV margin (best baseline)"]) == (64, 100, "8.0", "-0.050 (top neurons)")
     assert last.targets == "a; b" and t.iloc[2].targets == "met" and t.iloc[1].dead == "12.5%"
     assert last["CE recovered (mean ablation) ± s.e."] == "0.600"  # recorded before standard errors were
+    assert set(t.text) == {"in shares"}  # recipes from before train_mix: the text in its own shares
+
+
+def test_the_training_texts_mix_is_shown(tmp_path):
+    _write(tmp_path / "d" / "saes" / "transcoder-0", 32, 200, _held(8.0, 0.8, 0.2, "regression", 0.95, 0.01, []))
+    cfg = json.loads((tmp_path / "d" / "saes" / "transcoder-0" / "cfg.json").read_text())
+    cfg["metadata"]["sprout"]["info"]["recipe"] = {"train_mix": "equal"}
+    (tmp_path / "d" / "saes" / "transcoder-0" / "cfg.json").write_text(json.dumps(cfg))
+    assert sd.table(tmp_path).iloc[0].text == "equal shares"
 
 
 def test_the_standard_error_is_shown_where_recorded(tmp_path):

@@ -21,6 +21,7 @@ from sprout.training.english import (
     drop_duplicate_editions,
     english_corpus,
     english_documents,
+    equal_shares,
     package_files,
     strip_footnotes,
     strip_gutenberg,
@@ -171,11 +172,37 @@ def test_corpus_holds_out_every_source_and_mixes_stories(fakes):
     assert english_corpus(story_fraction=0.25, val_fraction=0.2, seed=3).train == corpus.train
 
 
+def test_each_sources_training_text_is_its_documents_in_the_mix(fakes):
+    corpus = english_corpus(story_fraction=0.25, val_fraction=0.2, seed=3)
+    assert set(corpus.by_source) == set(corpus.val)
+    docs = [d for text in corpus.by_source.values() for d in text.split("\n\n")]
+    assert sorted(docs) == sorted(corpus.train.split("\n\n"))  # the same documents, nothing else
+    for name, text in corpus.by_source.items():
+        assert not set(text.split("\n\n")) & set(corpus.val[name].split("\n\n"))  # held-out text stays out
+
+
+def test_equal_shares_gives_each_source_as_many_characters_repeating_the_short():
+    long, short = "\n\n".join(f"L{i:03d} " + "l" * 95 for i in range(200)), "S" + "s" * 29
+    text = equal_shares({"long": long, "short": short}, 4000, piece=50)
+    parts = text.split("\n\n")
+    got = {name: sum(len(p) for p in parts if p.startswith(mark)) for name, mark in (("long", "L"), ("short", "S"))}
+    assert len(text) == 4000 and abs(got["long"] - got["short"]) <= 100 + 6  # within a piece of each other
+    assert parts.count(short) > 50  # one paragraph of short text, repeated to keep up
+    in_order = [p for p in parts[:-1] if p.startswith("L")]  # the long source's pieces in its order, none twice
+    assert in_order == long.split("\n\n")[:len(in_order)]
+    assert set(parts) <= set(long.split("\n\n")) | set(short.split("\n\n")) | {parts[-1]}  # the last one cut
+    assert equal_shares({"long": long, "short": short}, 4000, piece=50) == text  # no randomness
+    with pytest.raises(ValueError, match=r"empty: \['short'\]"):
+        equal_shares({"long": long, "short": " \n"}, 100)
+    with pytest.raises(ValueError, match="n_chars 0"):
+        equal_shares({"long": long}, 0)
+
+
 def test_a_recipes_corpus_is_english_corpus_at_its_settings(fakes):
     recipe = Recipe(data="english:bible,shakespeare", story_fraction=0.25, val_fraction=0.2, corpus_seed=3)
     got = recipe_corpus(recipe)
     want = english_corpus(["bible", "shakespeare"], story_fraction=0.25, val_fraction=0.2, seed=3)
-    assert got.train == want.train and got.val == want.val
+    assert got.train == want.train and got.val == want.val and got.by_source == want.by_source
     with pytest.raises(ValueError, match="not on the packaged English"):
         recipe_corpus(Recipe())
 
