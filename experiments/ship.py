@@ -188,9 +188,9 @@ class ShipPlan:
 # 6.8: at k 10 0.874 -> 0.903, shipped with two threads 0.893; at 12,000 steps too 0.894) or broke it (MLPs 5
 # and 6: 10.7 and 10.5); MLP 0 met every target at 6,000. Those without a skip at the CLT's 3,000 steps (they were
 # 1,500: the time a session had), with each MLP's k. docs/features.md has what shipped.
-# The transcoders that missed CE recovered on the held-out mix of equal shares train on a mix of equal shares
-# (train_mix "equal"; the held-out-sources block of docs/features.md showed Britannica, 2-3% of the training text
-# and a quarter of that mix, was where they lost most). One-thread trials, CE recovered (mean ablation): gpt-4's MLP
+# A transcoder that missed CE recovered on the held-out mix of equal shares may train on such a mix (train_mix
+# "equal"; the held-out-sources block of docs/features.md showed Britannica, 2-3% of the training text and a
+# quarter of that mix, was where they lost most). One-thread trials, CE recovered (mean ablation): gpt-4's MLP
 # 2 without a skip 0.854 -> 0.932, MLP 1 without 0.882 -> 0.954; sprout-mini's MLP 3 with a skip 0.872 -> 0.923.
 # Shipped (2026-12-06): gpt-4's MLPs 1 and 2 and sprout-mini's MLP 7, each with and without a skip. gpt-4's MLP 2
 # with a skip then had 5.6% dead at AuxK weight 1 over 3k tokens, hence MLP 3's AuxK. sprout-mini's MLPs 2 and 3 on
