@@ -77,19 +77,26 @@ def test_an_override_of_the_held_out_texts_is_refused():
     assert r.at("resid", 1) == ship.ShipPlan()
 
 
-def test_a_dictionarys_own_training_prefix_is_what_it_trains_on(monkeypatch):
-    seen = {}
+@pytest.fixture
+def trained_on(monkeypatch) -> dict:
+    """{layers of one transcoder group: the text it was given}, with `interp.train_transcoder` replaced by a
+    recorder that trains nothing."""
+    seen: dict = {}
 
-    def fake_train_transcoder(model, data, layers, **kw):
+    def record(model, data, layers, **kw):
         seen[tuple(layers)] = data
         return {}
-    monkeypatch.setattr(interp, "train_transcoder", fake_train_transcoder)
+    monkeypatch.setattr(interp, "train_transcoder", record)
+    return seen
+
+
+def test_a_dictionarys_own_training_prefix_is_what_it_trains_on(trained_on):
     r = ship.ShipPlan(train_chars=10, overrides={"transcoder 1": {"train_chars": 25}})
     assert r.most_train_chars() == 25
     texts = {"train": "abcdefghijklmnopqrstuvwxyz0123456789"[:r.most_train_chars()], "train_desc": "the first {n} chars"}
     model = sprout.load("gpt-1").eval()
     ship.train_dictionaries(model, r, texts, parts=("transcoders",), layers=[0, 1])
-    assert seen == {(0,): texts["train"][:10], (1,): texts["train"][:25]}
+    assert trained_on == {(0,): texts["train"][:10], (1,): texts["train"][:25]}
     assert ship.train_text(texts, 25) == (texts["train"], "the first 25 chars")
 
 
@@ -230,18 +237,12 @@ def test_remeasure_rewrites_each_record_and_nothing_else(tmp_path, monkeypatch):
     assert interp.load_sae(model, "blocks.0.hook_resid_post").info["held_out"]["misses"] == []
 
 
-def test_train_mix_equal_trains_on_the_sources_in_equal_shares(monkeypatch):
-    seen = {}
-
-    def fake_train_transcoder(model, data, layers, **kw):
-        seen[tuple(layers)] = data
-        return {}
-    monkeypatch.setattr(interp, "train_transcoder", fake_train_transcoder)
+def test_train_mix_equal_trains_on_the_sources_in_equal_shares(trained_on):
     sources = {"big": "\n\n".join(f"big {i} " + "b" * 40 for i in range(100)), "small": "small " + "s" * 20}
     texts = {"train": sources["big"], "train_desc": "the first {n} chars", "sources": sources}
     r = ship.ShipPlan(train_chars=600, skips=(True,), overrides={"transcoder 1": {"train_mix": "equal"}})
     ship.train_dictionaries(sprout.load("gpt-1").eval(), r, texts, parts=("transcoders",), layers=[0, 1])
-    assert seen[(0,)] == texts["train"][:600] and seen[(1,)] == equal_shares(sources, 600)
+    assert trained_on[(0,)] == texts["train"][:600] and trained_on[(1,)] == equal_shares(sources, 600)
     assert "equal shares (big, small" in ship.train_text(texts, 600, "equal")[1]
     with pytest.raises(SystemExit, match="has none"):  # a stories demo has no sources to mix
         ship.train_text({"train": "x", "train_desc": "{n}"}, 1, "equal")
