@@ -37,8 +37,9 @@ CHARS = 16_000  # Britannica's held-out text is 16,585 characters: every source 
 SPREAD_CHARS = 20_000  # --spread's slices: as long as the shipping run's held-out text
 
 
-def sources(name: str) -> dict[str, str]:
-    """Each source's held-out text of the English demo `name` (its recipe.json's corpus).
+def english_texts(name: str) -> dict:
+    """The English demo `name`'s texts as its dictionaries' shipping run reads them (`experiments.ship.demo_texts`,
+    each source's held-out text in "held_sources"), built from its corpus once.
 
     Raises:
         SystemExit: `name` has no recipe.json or was not trained on the English corpus.
@@ -47,7 +48,7 @@ def sources(name: str) -> dict[str, str]:
     if recipe is None or not is_english(recipe.data):
         raise SystemExit(f"{name}: not trained on the English corpus (its recipe.json), so it has no held-out "
                          "sources to split by")
-    return dict(ship.recipe_corpus(recipe).val)
+    return ship.demo_texts(name, ship.SHIP_PLANS.get(name, ship.ShipPlan()))
 
 
 def training_shares(vals: dict[str, str], chars: int, part: int = 0, parts: int = 1) -> str:
@@ -65,12 +66,6 @@ def training_shares(vals: dict[str, str], chars: int, part: int = 0, parts: int 
     return "\n\n".join(t[part * len(t) // parts:][:share[name]] for name, t in vals.items())
 
 
-def shipping_fits(name: str, model) -> BaselineFits:
-    """The baselines fitted on the demo's training text, as the shipping run fits them."""
-    texts = ship.demo_texts(name, ship.SHIP_PLANS.get(name, ship.ShipPlan()))
-    return ship.baseline_fits(model, texts)
-
-
 def ce_mean_with_se(model, tc, text: str, fits: BaselineFits) -> str:
     """CE recovered against mean ablation on `text`, "value ± s.e."."""
     m = interp.sae_metrics(model, tc, text, baselines=True, baseline_fit=fits.of(tc)).iloc[0]
@@ -81,10 +76,10 @@ def spread(name: str, layer: int, skip: bool = True, parts: int = 6, chars: int 
     """One row per disjoint slice of `chars` held-out characters in training shares: the shipped transcoder's CE
     recovered against mean ablation and its standard error over windows (how far that error is below the spread
     between texts)."""
-    model = sprout.load(name).eval()
-    vals = sources(name)
+    model, texts = sprout.load(name).eval(), english_texts(name)
+    vals = texts["held_sources"]
     tc = interp.load_transcoder(model, layer, skip=skip)
-    fit = shipping_fits(name, model).of(tc)
+    fit = ship.baseline_fits(model, texts).of(tc)  # as the shipping run fits them
     rows = []
     for part in range(parts):
         m = interp.sae_metrics(model, tc, training_shares(vals, chars, part, parts), baselines=True, baseline_fit=fit).iloc[0]
@@ -96,10 +91,10 @@ def demo_rows(name: str, chars: int = CHARS, layers=None) -> list[dict]:
     """One row per shipped transcoder of `name` (those of `layers`, default all): CE recovered (mean ablation)
     ± s.e. on each source's first `chars` held-out characters, on `chars` characters of them all in their
     training shares, and the shipped record's (equal shares)."""
-    model = sprout.load(name).eval()
-    vals = sources(name)
+    model, texts = sprout.load(name).eval(), english_texts(name)
+    vals = texts["held_sources"]
     total = sum(map(len, vals.values()))
-    fits = shipping_fits(name, model)
+    fits = ship.baseline_fits(model, texts)
     rows = []
     for (layer, skip), tc in ship.shipped_dictionaries(model, ("transcoders",), layers).items():
         row = {"demo": name, "dictionary": KINDS["skip" if skip else "noskip"][1], "block": layer}

@@ -63,7 +63,7 @@ class CltPlan:
         derived = dict(steps=per_layer.transcoder_steps_of(False), expansion=per_layer.transcoder_width(False),
                        k_per_layer=per_layer.k, batch_size=per_layer.batch_size, lr=per_layer.lr,
                        aux_k_coefficient=per_layer.aux_k_coefficient, dead_tokens=per_layer.dead_tokens,
-                       train_chars=per_layer.train_chars, train_mix=per_layer.train_mix, seed=per_layer.seed)
+                       train_chars=per_layer.train_chars, train_mix=per_layer.train_mix_of(False), seed=per_layer.seed)
         return cls(**{**derived, **own})
 
     def train_args(self, model) -> dict:

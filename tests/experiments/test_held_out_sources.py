@@ -17,14 +17,13 @@ FIT_CHARS = 40_000  # the baselines' fit, shorter than the shipping run's: the s
 
 @pytest.fixture(scope="module")
 def gpt4():
-    """gpt-4's held-out sources and dictionary texts, built once (each build reads the whole corpus)."""
-    return hs.sources("gpt-4"), ship.demo_texts("gpt-4", ship.SHIP_PLANS["gpt-4"])
+    """gpt-4's dictionary texts, held-out sources among them, built once (a build reads the whole corpus)."""
+    return hs.english_texts("gpt-4")
 
 
 @pytest.fixture
 def quick(gpt4, monkeypatch):
-    vals, texts = gpt4
-    monkeypatch.setattr(hs, "sources", lambda name: vals)
+    texts, vals = gpt4, gpt4["held_sources"]
     monkeypatch.setattr(ship, "demo_texts", lambda name, r: texts)
     monkeypatch.setattr(ship, "BASELINE_FIT_CHARS", FIT_CHARS)  # what ship.baseline_fits reads
     return vals, BaselineFits(sprout.load("gpt-4").eval(), ship.train_text(texts, FIT_CHARS)[0])
@@ -80,7 +79,7 @@ def test_slices_in_training_shares_are_disjoint_and_each_measured_with_its_error
 def test_a_demo_without_english_sources_is_refused(monkeypatch):
     monkeypatch.setattr(ship, "demo_recipe", lambda name: None)
     with pytest.raises(SystemExit, match="not trained on the English corpus"):
-        hs.sources("gpt-4")
+        hs.english_texts("gpt-4")
     with pytest.raises(SystemExit, match="leave out --demo"):
         hs.main(["--demo", "gpt-4", "--readme", "docs/features.md"])
     with pytest.raises(SystemExit, match="give --demo NAME"):

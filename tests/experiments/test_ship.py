@@ -9,7 +9,7 @@ import torch
 
 import interp
 import sprout
-from experiments import ship, ship_swap, ship_targets
+from experiments import ship, ship_clt, ship_swap, ship_targets
 from interp._core.identity import model_config
 from sprout.files import demo_dir
 from sprout.training.english import equal_shares
@@ -79,13 +79,13 @@ def test_an_override_of_the_held_out_texts_is_refused():
 
 @pytest.fixture
 def trained_on(monkeypatch) -> dict:
-    """{layers of one transcoder group: the text it was given}, with `interp.train_transcoder` replaced by a
-    recorder that trains nothing."""
+    """{(layers of one transcoder group, skip): the text it was given}, with `interp.train_transcoder` replaced by
+    a recorder that trains nothing (it returns untrained transcoders)."""
     seen: dict = {}
 
-    def record(model, data, layers, **kw):
-        seen[tuple(layers)] = data
-        return {}
+    def record(model, data, layers, *, skip, **kw):
+        seen[tuple(layers), skip] = data
+        return {layer: interp.Transcoder(16, 32, 16, kind="topk", k=2, layer=layer, skip=skip) for layer in layers}
     monkeypatch.setattr(interp, "train_transcoder", record)
     return seen
 
@@ -96,7 +96,7 @@ def test_a_dictionarys_own_training_prefix_is_what_it_trains_on(trained_on):
     texts = {"train": "abcdefghijklmnopqrstuvwxyz0123456789"[:r.most_train_chars()], "train_desc": "the first {n} chars"}
     model = sprout.load("gpt-1").eval()
     ship.train_dictionaries(model, r, texts, parts=("transcoders",), layers=[0, 1])
-    assert trained_on == {(0,): texts["train"][:10], (1,): texts["train"][:25]}
+    assert trained_on == {((layer,), skip): texts["train"][:n] for layer, n in ((0, 10), (1, 25)) for skip in (True, False)}
     assert ship.train_text(texts, 25) == (texts["train"], "the first 25 chars")
 
 
@@ -237,12 +237,19 @@ def test_remeasure_rewrites_each_record_and_nothing_else(tmp_path, monkeypatch):
     assert interp.load_sae(model, "blocks.0.hook_resid_post").info["held_out"]["misses"] == []
 
 
-def test_train_mix_equal_trains_on_the_sources_in_equal_shares(trained_on):
+def two_sources() -> dict:
+    """demo_texts' fields for an English demo of two sources, one 200 times the other."""
     sources = {"big": "\n\n".join(f"big {i} " + "b" * 40 for i in range(100)), "small": "small " + "s" * 20}
-    texts = {"train": sources["big"], "train_desc": "the first {n} chars", "sources": sources}
+    return {"train": sources["big"], "train_desc": "the first {n} chars", "sources": sources}
+
+
+def test_train_mix_equal_trains_on_the_sources_in_equal_shares(trained_on):
+    texts = two_sources()
+    sources = texts["sources"]
     r = ship.ShipPlan(train_chars=600, skips=(True,), overrides={"transcoder 1": {"train_mix": "equal"}})
-    ship.train_dictionaries(sprout.load("gpt-1").eval(), r, texts, parts=("transcoders",), layers=[0, 1])
-    assert trained_on[(0,)] == texts["train"][:600] and trained_on[(1,)] == equal_shares(sources, 600)
+    out = ship.train_dictionaries(sprout.load("gpt-1").eval(), r, texts, parts=("transcoders",), layers=[0, 1])
+    assert trained_on[(0,), True] == texts["train"][:600] and trained_on[(1,), True] == equal_shares(sources, 600)
+    assert [out[layer, True].info["recipe"]["train_mix"] for layer in (0, 1)] == ["shares", "equal"]
     assert "equal shares (big, small" in ship.train_text(texts, 600, "equal")[1]
     with pytest.raises(SystemExit, match="has none"):  # a stories demo has no sources to mix
         ship.train_text({"train": "x", "train_desc": "{n}"}, 1, "equal")
@@ -250,6 +257,20 @@ def test_train_mix_equal_trains_on_the_sources_in_equal_shares(trained_on):
         ship.ShipPlan(train_mix="balanced")
     with pytest.raises(ValueError, match="got 'half'"):
         ship.ShipPlan(overrides={"transcoder 0": {"train_mix": "half"}})
+
+
+def test_transcoders_without_a_skip_take_their_own_mix(trained_on):
+    texts = two_sources()
+    sources = texts["sources"]
+    r = ship.ShipPlan(train_chars=600, noskip_train_mix="equal", overrides={"transcoder 1": {"train_mix": "equal"}})
+    out = ship.train_dictionaries(sprout.load("gpt-1").eval(), r, texts, parts=("transcoders",), layers=[0, 1])
+    equal = equal_shares(sources, 600)
+    assert trained_on == {((0,), True): texts["train"][:600], ((0,), False): equal, ((1,), True): equal, ((1,), False): equal}
+    assert {key: tc.info["recipe"]["train_mix"] for key, tc in out.items()} == {
+        (0, True): "shares", (0, False): "equal", (1, True): "equal", (1, False): "equal"}
+    assert ship_clt.CltPlan.of(r).train_mix == "equal" and ship_clt.CltPlan.of(ship.ShipPlan()).train_mix == "shares"
+    with pytest.raises(ValueError, match="got 'mixed'"):
+        ship.ShipPlan(noskip_train_mix="mixed")
 
 
 def test_baselines_are_fitted_on_the_mix_each_dictionary_trained_on(monkeypatch):

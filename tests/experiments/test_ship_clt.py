@@ -41,8 +41,8 @@ def test_the_clt_recipe_is_the_per_layer_transcoders_at_their_total_k(name):
     assert {f: args[f] for f in ("batch_size", "lr", "seed")} == {f: getattr(per_layer, f) for f in ("batch_size", "lr", "seed")}
     assert ship.CLT_PLANS[name].train_chars == per_layer.train_chars
     assert ship.CLT_PLANS[name].steps == per_layer.transcoder_steps_of(False)  # trained as long as the set
-    # on the plan's own text: where MLPs moved to the equal-share mix by override, the CLT stays on the plan's
-    assert ship.CLT_PLANS[name].train_mix == per_layer.train_mix
+    # on the text of the transcoders without a skip (their overrides aside: one text for every MLP)
+    assert ship.CLT_PLANS[name].train_mix == per_layer.train_mix_of(False)
 
 
 def test_a_recipe_from_before_train_mix_is_the_one_on_the_text_in_its_shares():
