@@ -351,9 +351,10 @@ def _train_group(model, r: ShipPlan, texts: dict, part: str, layers: list) -> di
         recipes = {key: (desc, r) for key in trained}
     else:  # keyed (layer, skip): each MLP's transcoder with and without the skip, each on its own mix
         trained, recipes = {}, {}
+        mixed = {mix: train_text(texts, r.train_chars, mix) for mix in {r.train_mix_of(skip) for skip in r.skips}}
         for skip in r.skips:
             rs = replace(r, train_mix=r.train_mix_of(skip))
-            train, desc = train_text(texts, rs.train_chars, rs.train_mix)
+            train, desc = mixed[rs.train_mix]  # built once when both read one mix
             for layer, tc in interp.train_transcoder(
                     model, train, layers, steps=r.transcoder_steps_of(skip), skip=skip,
                     d_sae=round(r.transcoder_width(skip) * d), **common).items():
