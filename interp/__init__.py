@@ -85,7 +85,7 @@ from .saes import (
     sae_metrics,
     spliced,
 )
-from .saes.training import train_clt, train_sae, train_transcoder
+from .saes.training import finetune_kl, train_clt, train_sae, train_transcoder
 
 __all__ = [
     # model, heads and components, identity
@@ -111,5 +111,6 @@ __all__ = [
     "loss_table", "mean_loss", "param_table", "repeat_loss", "residual_rms", "rope_distance_check",
     # saes
     "SAE", "CrossLayerTranscoder", "Transcoder", "describe_latent", "interpretability_score", "interpretability_summary", "load_clt",
-    "load_sae", "load_transcoder", "run_with_saes", "sae_metrics", "spliced", "train_clt", "train_sae", "train_transcoder",
+    "finetune_kl", "load_sae", "load_transcoder", "run_with_saes", "sae_metrics", "spliced", "train_clt", "train_sae",
+    "train_transcoder",
 ]

@@ -3,11 +3,13 @@
 BatchTopK and Matryoshka dictionaries fire at inference by one learned threshold: a latent is
 pre * (pre > threshold) * (pre > 0), which is JumpReLU's rule with that threshold repeated for every latent
 (`kinds.batchtopk` and `kinds.jumprelu` encode alike). `to_jumprelu` writes that dictionary as kind
-"jumprelu": the same weights, the threshold per latent, so every output is the same bit for bit.
+"jumprelu": the same weights, the threshold per latent, so every output is the same bit for bit; `from_jumprelu`
+recovers the BatchTopK dictionary from it, to train it further.
 """
 from __future__ import annotations
 
 import copy
+from typing import cast
 
 import torch
 
@@ -45,3 +47,33 @@ def same_outputs(a: SAE, b: SAE, x: torch.Tensor) -> bool:
     """Whether two dictionaries give the same latents and outputs on x [..., d_in] (a conversion's check)."""
     with torch.no_grad():
         return torch.equal(a.encode(x), b.encode(x)) and torch.equal(a(x), b(x))
+
+
+def from_jumprelu(sae: SAE) -> SAE:
+    """The BatchTopK dictionary `to_jumprelu` converted (its one threshold, k from its training settings): to
+    train it further as it was trained (`interp.finetune_kl`).
+
+    Raises:
+        ValueError: the dictionary was not converted from BatchTopK, or its thresholds differ between latents
+            (a JumpReLU trained as such).
+    """
+    if sae.kind == "batchtopk":
+        return sae
+    k = sae.info.get("settings", {}).get("k")
+    if sae.kind != "jumprelu" or sae.info.get("converted_from") != "batchtopk" or not isinstance(k, int):
+        raise ValueError(f"from_jumprelu: this {sae.kind!r} dictionary was not converted from a BatchTopK one (info "
+                         "has no converted_from 'batchtopk' with settings.k): there is no BatchTopK dictionary to recover")
+    threshold = cast(torch.Tensor, sae.threshold)
+    if not bool((threshold == threshold[0]).all()):
+        raise ValueError("from_jumprelu: the thresholds differ between latents, so they are not one BatchTopK threshold")
+    w = sae.W_enc
+    common = dict(kind="batchtopk", k=k, dtype=w.dtype, device=w.device)
+    if isinstance(sae, Transcoder):
+        out: SAE = Transcoder(sae.d_in, sae.d_sae, sae.d_out, skip=sae.skip, layer=sae.layer, hook_name=sae.hook_name,
+                              hook_name_out=sae.hook_name_out, **common)  # type: ignore[arg-type]
+    else:
+        out = SAE(sae.d_in, sae.d_sae, hook_name=sae.hook_name, d_out=sae.d_out, **common)  # type: ignore[arg-type]
+    out.load_state_dict(sae.state_dict())
+    out.model_fingerprint, out.model_config = sae.model_fingerprint, copy.deepcopy(sae.model_config)
+    out.info = {key: v for key, v in copy.deepcopy(sae.info).items() if key != "converted_from"}
+    return out

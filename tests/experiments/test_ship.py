@@ -2,6 +2,7 @@
 forward (equal to interp.sae_metrics' count on the same tokens), the held-out share of several texts,
 and the recipes' dictionaries (the cross-layer transcoder with them) fitting the size budget."""
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import interp
 import sprout
 from experiments import ship, ship_clt, ship_swap, ship_targets
 from interp._core.identity import model_config
+from interp.saes.convert import to_jumprelu
 from sprout.files import demo_dir
 from sprout.training.english import equal_shares
 
@@ -153,8 +155,9 @@ def test_steps_override_means_what_it_says_for_every_dictionary(name):
         for layer in model_layers:
             at = r.at(part, layer)
             assert at.steps == 7 and at.transcoder_steps_of(True) == at.transcoder_steps_of(False) == 7, (name, part, layer)
+            assert at.kl_steps in (0, 7) and (at.kl_steps == 7) == bool(ship.SHIP_PLANS[name].at(part, layer).kl_steps)
     kept = {k: {f: v for f, v in o.items() if f not in ship.STEP_FIELDS} for k, o in ship.SHIP_PLANS[name].overrides.items()}
-    assert r.overrides == kept  # the other overrides stand
+    assert {k: {f: v for f, v in o.items() if f != "kl_steps"} for k, o in r.overrides.items()} == kept  # the others stand
 
 
 def test_transcoders_without_a_skip_take_their_own_width_and_steps_and_skips_picks_one_kind(monkeypatch, tiny_model):
@@ -282,3 +285,56 @@ def test_baselines_are_fitted_on_the_mix_each_dictionary_trained_on(monkeypatch)
     assert [fits.of(tc) for tc in tcs + tcs] == [1, 2, 1, 2]  # each fitted once
     assert fitted == ["text of shares", "text of equal"]
     assert ship_targets.BaselineFits(None, "one text").of(tcs[1]) == 3 and fitted[-1] == "one text"
+
+
+def test_a_dictionary_with_kl_steps_is_fine_tuned_on_its_own_training_text(trained_on, monkeypatch):
+    tuned = {}
+
+    def finetune(model, sae, data, *, steps, lr, mse_coefficient, batch_windows, seed):
+        tuned[sae.layer, sae.skip] = (data, steps, lr, mse_coefficient, batch_windows)
+        return sae
+    monkeypatch.setattr(interp, "finetune_kl", finetune)
+    texts = two_sources()
+    r = ship.ShipPlan(train_chars=600, kl_lr=1e-3, overrides={"transcoder 1": {"train_mix": "equal", "kl_steps": 40}})
+    out = ship.train_dictionaries(sprout.load("gpt-1").eval(), r, texts, parts=("transcoders",), layers=[0, 1])
+    equal = equal_shares(texts["sources"], 600)
+    assert tuned == {(1, skip): (equal, 40, 1e-3, 0.1, 16) for skip in (True, False)}  # MLP 0's: none
+    assert {key: tc.info["recipe"]["kl_steps"] for key, tc in out.items()} == {
+        (0, True): 0, (0, False): 0, (1, True): 40, (1, False): 40}
+    only = ship.ShipPlan(train_chars=600, overrides={"transcoder 0": {"kl_steps": 40, "kl_skips": (False,)}})
+    tuned.clear()
+    ship.train_dictionaries(sprout.load("gpt-1").eval(), only, texts, parts=("transcoders",), layers=[0, 1])
+    assert list(tuned) == [(0, False)]  # kl_skips: only the transcoder without a skip
+    quick = ship.ShipPlan(kl_steps=500, overrides={"transcoder 1": {"kl_steps": 40}}).with_steps(7)
+    assert quick.kl_steps == 7 and quick.at("transcoders", 1).kl_steps == 7 and ship.ShipPlan().with_steps(7).kl_steps == 0
+
+
+def test_finetune_takes_the_shipped_dictionaries_the_plan_fine_tunes(monkeypatch):
+    r = ship.ShipPlan(train_chars=600, overrides={"transcoder 1": {"kl_steps": 40, "train_mix": "equal"}})
+
+    def shipped(layer, skip, recipe, tuned=False):
+        tc = interp.Transcoder(16, 32, 16, kind="batchtopk", k=2, layer=layer, skip=skip)
+        tc.info = {"settings": {"k": 2}, "recipe": json.loads(json.dumps(asdict(recipe)))}
+        if tuned:
+            tc.info["kl_finetune"] = {"steps": 40}
+        return to_jumprelu(tc)
+    plan1 = r.at("transcoders", 1)
+    found = {(0, True): shipped(0, True, r.at("transcoders", 0)), (1, True): shipped(1, True, plan1),
+             (1, False): shipped(1, False, plan1, tuned=True)}
+    monkeypatch.setattr(ship, "shipped_dictionaries", lambda model, parts, layers, skips: dict(found))
+    monkeypatch.setattr(ship, "demo_texts", lambda name, plan: two_sources())
+    seen = {}
+    monkeypatch.setattr(interp, "finetune_kl", lambda model, sae, data, **kw: seen.setdefault("args", (sae, data, kw))[0])
+    monkeypatch.setattr(ship, "_measure_and_write", lambda name, model, texts, tuned, keep, frontier, s: tuned)
+    out = ship.finetune_saes("demo", None, r, parts=("transcoders",))
+    sae, data, kw = seen["args"]
+    assert list(out) == [(1, True)] and sae.kind == "batchtopk" and data == equal_shares(two_sources()["sources"], 600)
+    assert kw["steps"] == 40 and out[1, True].kind == "jumprelu" and out[1, True].info["recipe"]["kl_steps"] == 40
+    found[1, True].info["recipe"]["k"] = 5  # trained otherwise than the plan says: train it again
+    with pytest.raises(SystemExit, match=r"other settings \(k\)"):
+        ship.finetune_saes("demo", None, r, parts=("transcoders",))
+    del found[1, True]
+    with pytest.raises(SystemExit, match="not fine-tuned yet"):
+        ship.finetune_saes("demo", None, r, parts=("transcoders",))
+    with pytest.raises(SystemExit, match="give --only saes"):
+        ship.main(["gpt-4", "--only", "clt", "--finetune"])

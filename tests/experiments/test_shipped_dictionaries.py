@@ -48,6 +48,16 @@ def test_the_training_texts_mix_is_shown(tmp_path):
     assert sd.table(tmp_path).iloc[0].text == "equal shares"
 
 
+def test_a_fine_tuned_dictionary_shows_its_kl_steps(tmp_path):
+    _write(tmp_path / "d" / "saes" / "transcoder-0", 32, 200, _held(8.0, 0.8, 0.2, "regression", 0.95, 0.01, []))
+    _write(tmp_path / "d" / "saes" / "transcoder-1", 32, 200, _held(8.0, 0.8, 0.2, "regression", 0.95, 0.01, []))
+    path = tmp_path / "d" / "saes" / "transcoder-1" / "cfg.json"
+    cfg = json.loads(path.read_text())
+    cfg["metadata"]["sprout"]["info"]["kl_finetune"] = {"steps": 1500}
+    path.write_text(json.dumps(cfg))
+    assert list(sd.table(tmp_path)["KL fine-tuning"]) == ["none", "1500 steps"]
+
+
 def test_the_standard_error_is_shown_where_recorded(tmp_path):
     _write(tmp_path / "d" / "saes" / "transcoder-0", 32, 200,
            {**_held(8.0, 0.8, 0.2, "regression", 0.8934, 0.01, ["CE"]), "ce_loss_recovered_mean_se": 0.0317})

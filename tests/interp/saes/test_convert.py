@@ -1,11 +1,12 @@
-"""to_jumprelu: a BatchTopK dictionary written as JumpReLU gives the same latents and outputs, and saves as jumprelu."""
+"""to_jumprelu: a BatchTopK dictionary written as JumpReLU gives the same latents and outputs, and saves as jumprelu;
+from_jumprelu recovers the BatchTopK dictionary, from its saved folder too, and refuses a JumpReLU trained as such."""
 import json
 
 import pytest
 import torch
 
 import interp
-from interp.saes.convert import same_outputs, to_jumprelu
+from interp.saes.convert import from_jumprelu, same_outputs, to_jumprelu
 
 
 @pytest.mark.parametrize("transcoder", [False, True])
@@ -30,6 +31,24 @@ def test_a_batchtopk_dictionary_converts_exactly(tmp_path, transcoder):
     assert "jumprelu" in cfg["architecture"]
     back = type(sae).load(folder)
     assert same_outputs(sae, back, x)
+    sae.info["settings"] = {"k": 3}  # what training records
+    again = from_jumprelu(type(sae).load(to_jumprelu(sae).save(tmp_path / "e")))
+    assert (again.kind, again.k, type(again)) == ("batchtopk", 3, type(sae)) and "converted_from" not in again.info
+    assert all(torch.equal(v, sae.state_dict()[k]) for k, v in again.state_dict().items())
+    assert same_outputs(again, sae, x) and same_outputs(to_jumprelu(again), jr, x)
+
+
+def test_from_jumprelu_refuses_what_was_not_batchtopk():
+    jr = interp.SAE(8, 16, kind="jumprelu", hook_name="blocks.0.hook_resid_post")
+    with pytest.raises(ValueError, match="not converted from a BatchTopK"):
+        from_jumprelu(jr)
+    sae = interp.SAE(8, 16, kind="batchtopk", k=2, hook_name="blocks.0.hook_resid_post")
+    sae.info["settings"] = {"k": 2}
+    jr = to_jumprelu(sae)
+    with torch.no_grad():
+        jr.threshold[3] = 0.7
+    with pytest.raises(ValueError, match="thresholds differ"):
+        from_jumprelu(jr)
 
 
 def test_a_topk_dictionary_has_no_threshold_to_convert():
