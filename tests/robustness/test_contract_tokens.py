@@ -161,6 +161,9 @@ CALLS = {
                                                batch_size=4, seq_len=4, progress=False),
     "train_transcoder": lambda m, x: interp.train_transcoder(m, x, 0, d_sae=8, k=2, steps=1, batch_size=4,
                                                              seq_len=4, progress=False),
+    "finetune_kl": lambda m, x: interp.finetune_kl(
+        m, interp.SAE(int(m.cfg.d_model), 8, kind="topk", k=2, hook_name="blocks.0.hook_resid_post"), x, steps=1,
+        batch_windows=2, seq_len=4, progress=False),
     "clt_metrics": lambda m, x: interp.saes.clt_metrics(m, tiny_clt(m), x, seq_len=4),
     "clt_dead_fractions": lambda m, x: interp.saes.clt_dead_fractions(m, tiny_clt(m), x, seq_len=4),
     "train_clt": lambda m, x: interp.train_clt(m, x, d_sae=8, k=2, steps=1, batch_size=4, seq_len=4, progress=False),
