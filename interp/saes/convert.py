@@ -28,19 +28,22 @@ def to_jumprelu(sae: SAE) -> SAE:
     if sae.kind not in THRESHOLD_KINDS or sae.threshold is None:
         raise ValueError(f"to_jumprelu: a {sae.kind!r} dictionary has no inference threshold to convert (kinds with "
                          f"one: {', '.join(THRESHOLD_KINDS)})")
-    w = sae.W_enc
-    common = dict(kind="jumprelu", dtype=w.dtype, device=w.device)
-    if isinstance(sae, Transcoder):
-        out: SAE = Transcoder(sae.d_in, sae.d_sae, sae.d_out, skip=sae.skip, layer=sae.layer, hook_name=sae.hook_name,
-                              hook_name_out=sae.hook_name_out, **common)  # type: ignore[arg-type]
-    else:
-        out = SAE(sae.d_in, sae.d_sae, hook_name=sae.hook_name, d_out=sae.d_out, **common)  # type: ignore[arg-type]
+    out = _same_shape(sae, kind="jumprelu")
     state = {k: v for k, v in sae.state_dict().items() if k != "threshold"}
     state["threshold"] = sae.threshold.detach().expand(sae.d_sae).clone()
     out.load_state_dict(state)
     out.model_fingerprint, out.model_config = sae.model_fingerprint, copy.deepcopy(sae.model_config)
     out.info = {**copy.deepcopy(sae.info), "converted_from": sae.kind}
     return out
+
+
+def _same_shape(sae: SAE, **kind) -> SAE:
+    """A new dictionary of `sae`'s class, shape, hooks, dtype and device, of another kind (`kind`, `k`)."""
+    common = dict(dtype=sae.W_enc.dtype, device=sae.W_enc.device, **kind)
+    if isinstance(sae, Transcoder):
+        return Transcoder(sae.d_in, sae.d_sae, sae.d_out, skip=sae.skip, layer=sae.layer, hook_name=sae.hook_name,
+                          hook_name_out=sae.hook_name_out, **common)
+    return SAE(sae.d_in, sae.d_sae, hook_name=sae.hook_name, d_out=sae.d_out, **common)
 
 
 def same_outputs(a: SAE, b: SAE, x: torch.Tensor) -> bool:
@@ -66,13 +69,7 @@ def from_jumprelu(sae: SAE) -> SAE:
     threshold = cast(torch.Tensor, sae.threshold)
     if not bool((threshold == threshold[0]).all()):
         raise ValueError("from_jumprelu: the thresholds differ between latents, so they are not one BatchTopK threshold")
-    w = sae.W_enc
-    common = dict(kind="batchtopk", k=k, dtype=w.dtype, device=w.device)
-    if isinstance(sae, Transcoder):
-        out: SAE = Transcoder(sae.d_in, sae.d_sae, sae.d_out, skip=sae.skip, layer=sae.layer, hook_name=sae.hook_name,
-                              hook_name_out=sae.hook_name_out, **common)  # type: ignore[arg-type]
-    else:
-        out = SAE(sae.d_in, sae.d_sae, hook_name=sae.hook_name, d_out=sae.d_out, **common)  # type: ignore[arg-type]
+    out = _same_shape(sae, kind="batchtopk", k=k)
     out.load_state_dict(sae.state_dict())
     out.model_fingerprint, out.model_config = sae.model_fingerprint, copy.deepcopy(sae.model_config)
     out.info = {key: v for key, v in copy.deepcopy(sae.info).items() if key != "converted_from"}

@@ -151,7 +151,7 @@ def _hooks(sae: SAE, box: dict) -> list:
     def write(y, hook):
         x = box.pop("x")
         pre = sae.pre_acts(x)
-        acts = sae.rule.train_acts(pre, sae, x.shape[0]) if sae.kind == "batchtopk" else sae.encode(x)
+        acts = sae.rule.train_acts(pre, sae, x.shape[0]) if sae.kind == "batchtopk" else sae.rule.encode(pre, sae)
         out = sae.decode(acts)
         skip = sae.skip_term(x) if isinstance(sae, Transcoder) else None
         out = out if skip is None else out + skip
