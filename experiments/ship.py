@@ -380,7 +380,7 @@ def _train_group(model, r: ShipPlan, texts: dict, part: str, layers: list) -> di
                     d_sae=round(r.transcoder_width(skip) * d), **common).items():
                 trained[layer, skip], recipes[layer, skip] = tc, (desc, rs, train)
     for key, sae in trained.items():
-        if recipes[key][1].kl_steps_of(None if isinstance(key, str) else key[1]):
+        if recipes[key][1].kl_steps_of(_skip_of(key)):
             sae = trained[key] = _finetune(model, sae, recipes[key][1], recipes[key][2])
         sae.info["data"], sae.info["recipe"] = recipes[key][0], asdict(recipes[key][1])
         if sae.kind in ("batchtopk", "matryoshka"):
@@ -436,8 +436,8 @@ def finetune_saes(name: str, model, r: ShipPlan, parts=PARTS, layers=None, front
     todo = {}
     for key, sae in shipped_dictionaries(model, parts, layers, r.skips).items():
         rk = _plan_of(r, key)
-        if rk.kl_steps_of(None if isinstance(key, str) else key[1]) and "kl_finetune" not in sae.info:
-            differ = _recipe_differs(sae.info.get("recipe", {}), rk, None if isinstance(key, str) else key[1])
+        if rk.kl_steps_of(_skip_of(key)) and "kl_finetune" not in sae.info:
+            differ = _recipe_differs(sae.info.get("recipe", {}), rk, _skip_of(key))
             if differ:
                 raise SystemExit(f"{name}: the shipped {_label(key)} was trained with other settings ({', '.join(differ)}) "
                                  "than the plan's: train it again (leave out --finetune)")
@@ -445,11 +445,12 @@ def finetune_saes(name: str, model, r: ShipPlan, parts=PARTS, layers=None, front
     if not todo:
         raise SystemExit(f"{name}: no shipped dictionary of this selection has kl_steps and is not fine-tuned yet")
     texts = demo_texts(name, r)
-    mixes = {mix: train_text(texts, r.train_chars, mix) for mix in {rk.train_mix for _, rk in todo.values()}}
+    # each dictionary's own training text (an override may set its prefix or mix), each built once
+    texts_of = {(n, mix): train_text(texts, n, mix)[0] for n, mix in {(rk.train_chars, rk.train_mix) for _, rk in todo.values()}}
     t0 = time.perf_counter()
     tuned = {}
     for key, (sae, rk) in todo.items():
-        out = _finetune(model, from_jumprelu(sae), rk, mixes[rk.train_mix][0])
+        out = _finetune(model, from_jumprelu(sae), rk, texts_of[rk.train_chars, rk.train_mix])
         out.info["recipe"] = asdict(rk)
         tuned[key] = to_jumprelu(out)
     return _measure_and_write(name, model, texts, tuned, False, frontier, time.perf_counter() - t0)
@@ -481,6 +482,11 @@ def _trained_by(r: ShipPlan, skip: Optional[bool]) -> dict:
     if skip is None:
         return dict(common, expansion=r.expansion, steps=r.steps, train_mix=r.train_mix)
     return dict(common, width=r.transcoder_width(skip), steps=r.transcoder_steps_of(skip), train_mix=r.train_mix_of(skip))
+
+
+def _skip_of(key) -> Optional[bool]:
+    """None for a residual SAE's key (its hook), else whether the transcoder keyed (layer, skip) has a skip."""
+    return None if isinstance(key, str) else key[1]
 
 
 def _label(key) -> str:

@@ -330,6 +330,12 @@ def test_finetune_takes_the_shipped_dictionaries_the_plan_fine_tunes(monkeypatch
     sae, data, kw = seen["args"]
     assert list(out) == [(1, True)] and sae.kind == "batchtopk" and data == equal_shares(two_sources()["sources"], 600)
     assert kw["steps"] == 40 and out[1, True].kind == "jumprelu" and out[1, True].info["recipe"]["kl_steps"] == 40
+    own = ship.ShipPlan(train_chars=600, overrides={"transcoder 1": {"kl_steps": 40, "train_mix": "equal", "train_chars": 300}})
+    found[1, True] = shipped(1, True, own.at("transcoders", 1))
+    seen.clear()
+    ship.finetune_saes("demo", None, own, parts=("transcoders",))
+    assert seen["args"][1] == equal_shares(two_sources()["sources"], 300)  # the override's own training prefix
+    found[1, True] = shipped(1, True, plan1)
     found[1, True].info["recipe"]["k"] = 5  # trained otherwise than the plan says: train it again
     with pytest.raises(SystemExit, match=r"other settings \(k\)"):
         ship.finetune_saes("demo", None, r, parts=("transcoders",))
