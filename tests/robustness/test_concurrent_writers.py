@@ -93,12 +93,34 @@ def test_ctrl_c_during_a_group_of_writes_waits_for_the_group(tmp_path):
 
     from sprout.files.folders import uninterrupted
     saes = [interp.SAE(D, 16, kind="relu", hook_name=f"blocks.{i}.hook_resid_post", seed=i) for i in range(3)]
-    with pytest.raises(KeyboardInterrupt, match="every write of the group finished"):
-        with uninterrupted():
-            for i, sae in enumerate(saes):
-                if i == 1:
-                    os.kill(os.getpid(), signal.SIGINT)
-                sae.save(tmp_path / f"sae{i}")
+    # Python's own Ctrl-C handler, whatever this run started with (a background job starts with SIGINT ignored)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt, match="every write of the group finished"):
+            with uninterrupted():
+                for i, sae in enumerate(saes):
+                    if i == 1:
+                        os.kill(os.getpid(), signal.SIGINT)
+                    sae.save(tmp_path / f"sae{i}")
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert all(torch.equal(interp.SAE.load(tmp_path / f"sae{i}").W_dec, s.W_dec) for i, s in enumerate(saes))
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_an_ignored_ctrl_c_stays_ignored_through_a_group_of_writes(tmp_path):
+    """Where SIGINT is ignored (a script's background job, nohup), `uninterrupted` leaves it so: the group
+    is written and nothing is raised."""
+    import signal
+
+    from sprout.files.folders import uninterrupted
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with uninterrupted():
+            os.kill(os.getpid(), signal.SIGINT)
+            interp.SAE(D, 16, kind="relu", hook_name="blocks.0.hook_resid_post").save(tmp_path / "sae")
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert (tmp_path / "sae" / "cfg.json").exists()
 
