@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sprout.files import read_bounded, replace_file
+from sprout.files import folder_lock, read_bounded, replace_file
 
 # block name (or its prefix, for the circuit blocks) -> the file that holds it, relative to the checkout
 HOMES = {
@@ -78,8 +78,10 @@ def read(path) -> str:
 
 
 def rewrite(path, name: str, body: str) -> Path:
-    """Replace the block `name` of the file `path` (atomically; refused, writing nothing, without its markers)."""
-    return replace_file(Path(path).resolve(), replace_block(read(path), name, body).encode())
+    """Replace the block `name` of the file `path` (atomically; refused, writing nothing, without its markers).
+    Writers of one file take turns (its lock), so two experiments rewriting two of its blocks at once both land."""
+    with folder_lock(path, what="a writer of its generated blocks"):
+        return replace_file(Path(path).resolve(), replace_block(read(path), name, body).encode())
 
 
 def rewrite_or_print(path, name: str, body: str) -> int:

@@ -93,3 +93,29 @@ def test_the_english_table_is_english_losss_markdown_of_each_demo():
     assert block[:2] == table[:2]  # the same columns
     labels = [line.split(" | ")[0].lstrip("| ") for line in block[2:]]
     assert labels == [line.split(" | ")[0].lstrip("| ") for line in table[2:]]  # a row per demo, labelled alike
+
+
+def test_two_writers_of_one_file_both_land(monkeypatch, tmp_path):
+    """Two experiments rewriting two blocks of one page at once (a read, then a write): the second waits for
+    the first, so neither block's update is lost."""
+    import threading
+    import time
+
+    page = tmp_path / "page.md"
+    page.write_text("<!-- a -->\nold a\n<!-- /a -->\n<!-- b -->\nold b\n<!-- /b -->\n")
+    first_read, plain = threading.Event(), readme.read
+
+    def slow_read(path):
+        text = plain(path)
+        if threading.current_thread().name == "a":
+            first_read.set()
+            time.sleep(0.5)  # the other writer starts while this one holds what it read
+        return text
+
+    monkeypatch.setattr(readme, "read", slow_read)
+    a = threading.Thread(target=readme.rewrite, args=(page, "a", "new a"), name="a")
+    a.start()
+    assert first_read.wait(10)
+    readme.rewrite(page, "b", "new b")
+    a.join()
+    assert readme.block(page.read_text(), "a") == "new a" and readme.block(page.read_text(), "b") == "new b"
