@@ -37,31 +37,49 @@ from .settings import COUNT, check_args
 
 
 def from_transcoders(transcoders: Sequence[Transcoder]) -> CrossLayerTranscoder:
-    """A per-layer set (one threshold-kind or ReLU-free JumpReLU transcoder per block, one width) as a CLT whose
-    features write only to their own layer: the same activations and outputs."""
+    """A per-layer set (one threshold-kind or ReLU-free JumpReLU transcoder per block) as a CLT whose features
+    write only to their own layer: the same activations and outputs. Transcoders of different widths are padded
+    to the widest with latents that never fire (zero encoder, bias and decoder: JumpReLU needs pre > 0); their
+    own widths are kept in `info["widths"]`, and `clt_metrics` / `clt_dead_fractions` count only those latents."""
     tcs = list(transcoders)
     if not tcs or not all(isinstance(t, Transcoder) for t in tcs):
         raise TypeError("from_transcoders takes one interp.Transcoder per block, in block order")
-    if [t.layer for t in tcs] != list(range(len(tcs))) or len({t.d_sae for t in tcs}) != 1:
-        raise ValueError(f"from_transcoders needs transcoders for blocks 0..{len(tcs) - 1} in order, of one width; got "
-                         f"blocks {[t.layer for t in tcs]} of widths {[t.d_sae for t in tcs]}")
+    if [t.layer for t in tcs] != list(range(len(tcs))):
+        raise ValueError(f"from_transcoders needs transcoders for blocks 0..{len(tcs) - 1} in order; got blocks "
+                         f"{[t.layer for t in tcs]}")
     if any(t.kind not in ("jumprelu", "batchtopk", "matryoshka") for t in tcs):
         raise ValueError("from_transcoders: a CLT fires by a threshold; these transcoders are "
                          f"{sorted({t.kind for t in tcs})} (threshold kinds only)")
-    t0 = tcs[0]
-    clt = CrossLayerTranscoder(len(tcs), t0.d_in, t0.d_sae, t0.d_out, kind="jumprelu", skip=any(t.skip for t in tcs),
+    t0, width = tcs[0], max(t.d_sae for t in tcs)
+    clt = CrossLayerTranscoder(len(tcs), t0.d_in, width, t0.d_out, kind="jumprelu", skip=any(t.skip for t in tcs),
                                dtype=t0.W_enc.dtype)
     with torch.no_grad():
+        for p in (clt.W_enc, clt.b_enc, clt.threshold):
+            p.zero_()
         for l, t in enumerate(tcs):
-            clt.W_enc[l], clt.b_enc[l], clt.b_dec[l] = t.W_enc, t.b_enc, t.b_dec
-            clt.threshold[l] = t.threshold if t.threshold is not None else 0.0
+            w = t.d_sae
+            clt.W_enc[l, :, :w], clt.b_enc[l, :w], clt.b_dec[l] = t.W_enc, t.b_enc, t.b_dec
+            clt.threshold[l, :w] = t.threshold if t.threshold is not None else 0.0
             clt.W_dec[l].zero_()
-            clt.W_dec[l][:, 0] = t.W_dec
+            clt.W_dec[l][:w, 0] = t.W_dec
             if clt.W_skip is not None:
                 clt.W_skip[l] = t.W_skip if t.W_skip is not None else 0.0
     clt.model_fingerprint, clt.model_config = t0.model_fingerprint, t0.model_config
-    clt.info = {"from_transcoders": [t.info.get("settings", {}) for t in tcs]}
+    clt.info = {"from_transcoders": [t.info.get("settings", {}) for t in tcs], "widths": [t.d_sae for t in tcs]}
     return clt.eval()
+
+
+def _own_latents(clt: CrossLayerTranscoder) -> torch.Tensor:
+    """[n_layers, d_sae]: True for the CLT's own latents (a padded per-layer set's padding is not: `from_transcoders`)."""
+    widths = clt.info.get("widths") or [clt.d_sae] * clt.n_layers
+    return torch.arange(clt.d_sae)[None, :] < torch.tensor(widths)[:, None]
+
+
+def _dead(clt: CrossLayerTranscoder, fired: torch.Tensor) -> tuple[list[float], float]:
+    """The share of each layer's own latents, and of all of them, that never fired (`fired` [n_layers, d_sae])."""
+    own = _own_latents(clt)
+    per = [1 - fired[l][own[l]].double().mean().item() for l in range(clt.n_layers)]
+    return per, 1 - fired[own].double().mean().item()
 
 
 def _splice_hooks(clt: CrossLayerTranscoder, store: list) -> list[tuple[str, Callable]]:
@@ -176,16 +194,16 @@ def clt_dead_fractions(model: HookedModel, clt: CrossLayerTranscoder, data: Text
         acts = clt.encode_all(torch.stack([cache[h] for h in clt.hook_names]).to(clt.W_enc.dtype))
         fired |= (torch.stack(acts) > 0).any(1).any(1).cpu()
         n += ids.numel()
-    rows = [{"layer": str(l), "dead_fraction": 1 - fired[l].double().mean().item(), "n_tokens": n}
-            for l in range(clt.n_layers)]
-    return pd.DataFrame(rows + [{"layer": "all", "dead_fraction": 1 - fired.double().mean().item(), "n_tokens": n}])
+    per, every = _dead(clt, fired)
+    rows = [{"layer": str(l), "dead_fraction": per[l], "n_tokens": n} for l in range(clt.n_layers)]
+    return pd.DataFrame(rows + [{"layer": "all", "dead_fraction": every, "n_tokens": n}])
 
 
 def _table(clt, sse, tss, fires, fired, windows: dict, n_pred: int, kl: float, n: int) -> pd.DataFrame:
     ce = {k: float(w.sum()) / n_pred for k, w in windows.items()}
+    dead, every = _dead(clt, fired)
     rows = [{"layer": str(l), "explained_variance": 1 - (sse[l] / tss[l]).item(), "fvu": (sse[l] / tss[l]).item(),
-             "l0": fires[l].sum().item() / n, "dead_fraction": 1 - fired[l].double().mean().item()}
-            for l in range(clt.n_layers)]
+             "l0": fires[l].sum().item() / n, "dead_fraction": dead[l]} for l in range(clt.n_layers)]
 
     def recovered(ablated: float) -> float:
         return (ablated - ce["spliced"]) / (ablated - ce["clean"]) if ablated != ce["clean"] else float("nan")
@@ -195,7 +213,7 @@ def _table(clt, sse, tss, fires, fired, windows: dict, n_pred: int, kl: float, n
         return ratio_se(a - s, a - c) if ce[key] != ce["clean"] else float("nan")
 
     rows.append({"layer": "all", "explained_variance": 1 - (sse.sum() / tss.sum()).item(), "fvu": (sse.sum() / tss.sum()).item(),
-                 "l0": fires.sum().item() / n, "dead_fraction": 1 - fired.double().mean().item(),
+                 "l0": fires.sum().item() / n, "dead_fraction": every,
                  "ce_clean": ce["clean"], "ce_spliced": ce["spliced"], "ce_zero": ce["zero"], "ce_mean": ce["mean"],
                  "ce_loss_recovered": recovered(ce["zero"]), "ce_loss_recovered_mean": recovered(ce["mean"]),
                  "ce_loss_recovered_se": recovered_se("zero"), "ce_loss_recovered_mean_se": recovered_se("mean"),

@@ -47,6 +47,33 @@ def test_a_per_layer_set_as_a_clt_measures_what_each_transcoder_measures_alone(s
     assert total.ce_zero == pytest.approx(ce, abs=1e-5) and total.n_tokens == ids.numel()
 
 
+def test_a_per_layer_set_of_two_widths_measures_what_each_transcoder_measures_alone(setup):
+    """Padded to one width, a mixed set splices as the list does and counts dead latents among its own only."""
+    model, tcs, ids = setup
+    narrow = random_transcoders(model, d_sae=20, kind="jumprelu", dtype=torch.float32, seed=3)[1]
+    with torch.no_grad():
+        narrow.threshold.fill_(0.05)
+        narrow.W_enc[:, :12] = 0  # latents that never fire: a dead fraction to count among 20, not 48
+        narrow.b_enc[:12] = -1
+    mixed = [tcs[0], narrow]
+    clt = from_transcoders(mixed)
+    assert clt.d_sae == 48 and clt.info["widths"] == [48, 20]
+    table = clt_metrics(model, clt, ids, batch_size=4)
+    dead = interp.saes.clt_dead_fractions(model, clt, ids, batch_size=3)
+    alone = [interp.sae_metrics(model, t, ids, batch_size=4).iloc[0] for t in mixed]
+    for l, a in enumerate(alone):
+        row = table[table.layer == str(l)].iloc[0]
+        assert row.explained_variance == pytest.approx(a.explained_variance, abs=1e-5) and row.l0 == pytest.approx(a.l0)
+        assert row.dead_fraction == pytest.approx(a.dead_fraction, abs=1e-9) == dead.dead_fraction.iloc[l]
+    assert alone[1].dead_fraction >= 12 / 20
+    every = (alone[0].dead_fraction * 48 + alone[1].dead_fraction * 20) / 68
+    assert table.dead_fraction.iloc[-1] == pytest.approx(every) == dead.dead_fraction.iloc[-1]
+    with torch.no_grad():
+        logits, _ = interp.run_with_saes(model, ids, mixed)
+    ce = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1)).item()
+    assert table.ce_spliced.iloc[-1] == pytest.approx(ce, abs=1e-5)
+
+
 def window_ce(logits, ids):
     """Each row's summed next-token cross-entropy, float64."""
     return F.cross_entropy(logits[:, :-1].transpose(1, 2).double(), ids[:, 1:], reduction="none").sum(-1)
