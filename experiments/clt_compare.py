@@ -150,14 +150,14 @@ def per_layer_mixes(mixes: list[str]) -> str:
     return f"The per-layer set: equal shares at MLP{'s' * (len(equal) > 1)} {', '.join(equal)}, the others the training text's own."
 
 
-def per_layer_widths(widths: list[int], clt_width: int) -> str:
+def per_layer_widths(widths: list[int], clt_width: Optional[int]) -> str:
     """The per-layer set's latents per MLP in words, where any MLP's differs from the CLT's ('' where none does)."""
-    wider = {w: [str(l) for l, v in enumerate(widths) if v == w] for w in sorted(set(widths)) if w != clt_width}
-    if not wider:
+    other = {w: [str(l) for l, v in enumerate(widths) if v == w] for w in sorted(set(widths)) if w != clt_width}
+    if not other or clt_width is None:
         return ""
     return " Its width differs from the CLT's at " + "; ".join(
-        f"MLP{'s' * (len(ls) > 1)} {', '.join(ls)}: {w} latents" for w, ls in wider.items()) + \
-        " (the shipped transcoders' own, where wider ones met the targets)."
+        f"MLP{'s' * (len(ls) > 1)} {', '.join(ls)}: {w} latents" for w, ls in other.items()) + \
+        " (the shipped transcoders' own recipes)."
 
 
 def main(argv=None) -> int:

@@ -116,7 +116,8 @@ class ShipPlan:
     seed: int = 0
     skips: tuple = (True, False)  # each MLP's transcoders: with a linear skip (Paulo, Shabalin & Belrose 2025), without
     # the transcoders without a skip: d_sae / d_model (None: transcoder_expansion); they are the per-layer set the
-    # cross-layer transcoder is compared with at its own width (CLT_PLANS: CltPlan.of)
+    # cross-layer transcoder is compared with, the CLT at this width (CLT_PLANS: CltPlan.of; an override may widen
+    # one MLP's, and the comparison names it)
     noskip_expansion: Optional[float] = None
     # and their optimizer steps (None: transcoder_steps): the cross-layer transcoder's, so that it is compared with
     # a per-layer set trained as long
@@ -194,8 +195,8 @@ class ShipPlan:
 # sprout-mini's transcoders with a skip at 8 d_model and 6,000 steps: at 2 d_model (256 latents, fewer than its
 # MLPs' 352 neurons) the MLPs' own top neurons explained more at MLPs 4-6; on MLP 4 at k 8, 8 d_model and 6,000
 # steps beat them by +0.101 EV (16 d_model and 3,000 steps: +0.101; 8 d_model and 3,000: +0.078). Those without a
-# skip stay at 2 d_model: the per-layer set the cross-layer transcoder is compared with at its own width
-# (the frontier block of docs/features.md, `python -m experiments.frontier`).
+# skip stayed at 2 d_model, the width of the cross-layer transcoder they are compared with (the frontier block of
+# docs/features.md, `python -m experiments.frontier`; five are at 4 d_model since 2026-12-07, below).
 # gpt-4's with AuxK at weight 1 over a 10k-token window (the CLT's fix, experiments.ship_clt): at 1/32 over 100k
 # tokens 8-40% of its residual SAEs' and transcoders' latents never fired on 40k held-out tokens; now 0-3% (10% at
 # MLP 3 with a skip). Two MLPs have their own (trials on held-out text, with a skip): MLP 2's missed CE recovered

@@ -11,7 +11,8 @@ features write only to their own layer: the same outputs). Columns, one row per 
 
 - `explained_variance` / `fvu`: of that MLP's output, from the clean inputs (all: pooled over layers);
 - `l0`: features read at that layer firing per token (all: summed over layers, the L0 per token to report
-  beside every score); `dead_fraction`: features read there that never fire on the data (all: of every feature);
+  beside every score); `dead_fraction`: features read there that never fire on the data (all: of every feature;
+  a padded per-layer set's padding is not counted);
 - on the "all" row: `ce_clean`, `ce_spliced`, `ce_zero`, `ce_mean` (mean next-token cross-entropy, nats),
   `ce_loss_recovered` (against zero ablation) and `ce_loss_recovered_mean` (against mean ablation), their
   standard errors `ce_loss_recovered_se` and `ce_loss_recovered_mean_se` (each window a unit, as
@@ -40,7 +41,7 @@ def from_transcoders(transcoders: Sequence[Transcoder]) -> CrossLayerTranscoder:
     """A per-layer set (one threshold-kind or ReLU-free JumpReLU transcoder per block) as a CLT whose features
     write only to their own layer: the same activations and outputs. Transcoders of different widths are padded
     to the widest with latents that never fire (zero encoder, bias and decoder: JumpReLU needs pre > 0); their
-    own widths are kept in `info["widths"]`, and `clt_metrics` / `clt_dead_fractions` count only those latents."""
+    own widths are kept in `info["padded_widths"]`, and `clt_metrics` / `clt_dead_fractions` count only those latents."""
     tcs = list(transcoders)
     if not tcs or not all(isinstance(t, Transcoder) for t in tcs):
         raise TypeError("from_transcoders takes one interp.Transcoder per block, in block order")
@@ -65,13 +66,20 @@ def from_transcoders(transcoders: Sequence[Transcoder]) -> CrossLayerTranscoder:
             if clt.W_skip is not None:
                 clt.W_skip[l] = t.W_skip if t.W_skip is not None else 0.0
     clt.model_fingerprint, clt.model_config = t0.model_fingerprint, t0.model_config
-    clt.info = {"from_transcoders": [t.info.get("settings", {}) for t in tcs], "widths": [t.d_sae for t in tcs]}
+    clt.info = {"from_transcoders": [t.info.get("settings", {}) for t in tcs], "padded_widths": [t.d_sae for t in tcs]}
     return clt.eval()
 
 
 def _own_latents(clt: CrossLayerTranscoder) -> torch.Tensor:
-    """[n_layers, d_sae]: True for the CLT's own latents (a padded per-layer set's padding is not: `from_transcoders`)."""
-    widths = clt.info.get("widths") or [clt.d_sae] * clt.n_layers
+    """[n_layers, d_sae]: True for the CLT's own latents (a padded per-layer set's padding is not: `from_transcoders`).
+
+    Raises:
+        ValueError: `info["padded_widths"]` is not one width in 1..d_sae per layer.
+    """
+    widths = clt.info.get("padded_widths") or [clt.d_sae] * clt.n_layers
+    if len(widths) != clt.n_layers or not all(isinstance(w, int) and 0 < w <= clt.d_sae for w in widths):
+        raise ValueError(f"the CLT's info['padded_widths'] must hold one width in 1..{clt.d_sae} per layer "
+                         f"({clt.n_layers}); got {widths!r}")
     return torch.arange(clt.d_sae)[None, :] < torch.tensor(widths)[:, None]
 
 

@@ -157,7 +157,7 @@ def _write_locked(given: Path, target: Path, fill: Callable[[Path], None], own: 
 def uninterrupted() -> Iterator[None]:
     """Hold Ctrl-C (SIGINT) until the block ends, then raise it: a group of writes that belong together (a
     demo's dictionaries) all land, or, interrupted before the block, none of them. The main thread only;
-    elsewhere the block runs as it is."""
+    elsewhere, or where SIGINT is ignored, the block runs as it is."""
     # a Ctrl-C already ignored (a shell script's background job) stays ignored: holding it would raise one
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         yield

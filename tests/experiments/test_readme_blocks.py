@@ -1,6 +1,8 @@
 """The generated blocks of the README and the docs pages (experiments.readme) and the one command that
 rewrites them all (`python -m experiments.ship NAME --only readme`)."""
 import importlib
+import threading
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -98,9 +100,6 @@ def test_the_english_table_is_english_losss_markdown_of_each_demo():
 def test_two_writers_of_one_file_both_land(monkeypatch, tmp_path):
     """Two experiments rewriting two blocks of one page at once (a read, then a write): the second waits for
     the first, so neither block's update is lost."""
-    import threading
-    import time
-
     page = tmp_path / "page.md"
     page.write_text("<!-- a -->\nold a\n<!-- /a -->\n<!-- b -->\nold b\n<!-- /b -->\n")
     first_read, plain = threading.Event(), readme.read

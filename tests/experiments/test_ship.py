@@ -28,6 +28,7 @@ GOOD = dict(l0=16.0, dead_fraction=0.01, d_sae=1536, ev_margin=0.12, ce_margin=0
     ("transcoder", dict(ce_loss_recovered_mean=0.89996), "CE recovered (mean ablation) 0.89996 < 0.9"),
     ("sae", dict(ev_margin=0.04996), "explained variance +0.04996 over the PCA code (< 0.05)"),
     ("transcoder", dict(l0=16.5), "L0 16.5 > 16 (d_model / 12)"),
+    ("transcoder", dict(l0=16.04), "L0 16.04 > 16 (d_model / 12)"),
     ("sae", dict(dead_fraction=0.05), "dead fraction 5.0% >= 5%"),
 ])
 def test_failures_name_each_missed_target(kind, change, says):
@@ -58,8 +59,9 @@ def plan_bytes(name: str) -> int:
 
 
 def test_the_plans_fit_the_size_budget_together():
-    # the budget is of every demo's dictionaries together (ship_swap.MAX_MB), not half each
-    assert sum(plan_bytes(name) for name in ship.SHIP_PLANS) / 2**20 < ship_swap.MAX_MB
+    # the budget is of every demo's dictionaries together (ship_swap.MAX_MB), not half each; 0.5 MB for what the
+    # weights leave out (cfg.json, safetensors headers: 0.3 MB on the shipped set)
+    assert sum(plan_bytes(name) for name in ship.SHIP_PLANS) / 2**20 < ship_swap.MAX_MB - 0.5
 
 
 @pytest.mark.parametrize("name", list(ship.SHIP_PLANS))

@@ -157,5 +157,6 @@ def test_the_docs_say_which_mlps_of_the_per_layer_set_trained_on_equal_shares():
     assert clt_compare.per_layer_mixes(["equal", "shares"]).startswith("The per-layer set: equal shares at MLP 0,")
     assert clt_compare.per_layer_widths([256] * 3, 256) == ""
     assert clt_compare.per_layer_widths([256, 512, 256, 512, 1024], 256) == \
-        " Its width differs from the CLT's at MLPs 1, 3: 512 latents; MLP 4: 1024 latents (the shipped transcoders' own, " \
-        "where wider ones met the targets)."
+        " Its width differs from the CLT's at MLPs 1, 3: 512 latents; MLP 4: 1024 latents (the shipped transcoders' own " \
+        "recipes)."
+    assert clt_compare.per_layer_widths([256, 512], None) == ""

@@ -120,6 +120,8 @@ def test_an_ignored_ctrl_c_stays_ignored_through_a_group_of_writes(tmp_path):
             os.kill(os.getpid(), signal.SIGINT)
             interp.SAE(D, 16, kind="relu", hook_name="blocks.0.hook_resid_post").save(tmp_path / "sae")
         assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    except KeyboardInterrupt:
+        pytest.fail("an ignored Ctrl-C was raised after the group")
     finally:
         signal.signal(signal.SIGINT, before)
     assert (tmp_path / "sae" / "cfg.json").exists()

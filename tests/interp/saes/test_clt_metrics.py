@@ -57,7 +57,7 @@ def test_a_per_layer_set_of_two_widths_measures_what_each_transcoder_measures_al
         narrow.b_enc[:12] = -1
     mixed = [tcs[0], narrow]
     clt = from_transcoders(mixed)
-    assert clt.d_sae == 48 and clt.info["widths"] == [48, 20]
+    assert clt.d_sae == 48 and clt.info["padded_widths"] == [48, 20]
     table = clt_metrics(model, clt, ids, batch_size=4)
     dead = interp.saes.clt_dead_fractions(model, clt, ids, batch_size=3)
     alone = [interp.sae_metrics(model, t, ids, batch_size=4).iloc[0] for t in mixed]
@@ -72,6 +72,9 @@ def test_a_per_layer_set_of_two_widths_measures_what_each_transcoder_measures_al
         logits, _ = interp.run_with_saes(model, ids, mixed)
     ce = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1)).item()
     assert table.ce_spliced.iloc[-1] == pytest.approx(ce, abs=1e-5)
+    clt.info["padded_widths"] = [48, 49]
+    with pytest.raises(ValueError, match="padded_widths"):
+        clt_metrics(model, clt, ids)
 
 
 def window_ce(logits, ids):
