@@ -2,6 +2,7 @@
 delete each other's temporary folders and leave a folder that loads; a second training run on a
 checkpoint folder in use fails at once, naming the lock."""
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -13,7 +14,7 @@ import torch
 import interp
 from interp.saes.files import CFG, WEIGHTS, is_ours
 from sprout.files import FolderLocked, write_folder
-from sprout.files.folders import lock_path
+from sprout.files.folders import lock_path, uninterrupted
 
 D = 8
 
@@ -86,43 +87,40 @@ def test_a_replace_swaps_in_one_step_and_a_killed_writers_old_copy_comes_back(tm
     assert torch.equal(interp.SAE.load(tmp_path / "sae").W_dec, b.W_dec) and sorted(os.listdir(tmp_path)) == ["sae"]
 
 
-def test_ctrl_c_during_a_group_of_writes_waits_for_the_group(tmp_path):
+@pytest.fixture
+def sigint():
+    """Set SIGINT's disposition for one test (whatever this run started with: a background job starts with it
+    ignored), and put the old one back after."""
+    before = signal.getsignal(signal.SIGINT)
+    yield lambda handler: signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGINT, before)
+
+
+def test_ctrl_c_during_a_group_of_writes_waits_for_the_group(tmp_path, sigint):
     """experiments.ship saves a demo's dictionaries under `uninterrupted`: a Ctrl-C arriving mid-group is
     raised once every dictionary is written, so the demo never holds a mix of new and old ones."""
-    import signal
-
-    from sprout.files.folders import uninterrupted
     saes = [interp.SAE(D, 16, kind="relu", hook_name=f"blocks.{i}.hook_resid_post", seed=i) for i in range(3)]
-    # Python's own Ctrl-C handler, whatever this run started with (a background job starts with SIGINT ignored)
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with pytest.raises(KeyboardInterrupt, match="every write of the group finished"):
-            with uninterrupted():
-                for i, sae in enumerate(saes):
-                    if i == 1:
-                        os.kill(os.getpid(), signal.SIGINT)
-                    sae.save(tmp_path / f"sae{i}")
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    finally:
-        signal.signal(signal.SIGINT, before)
+    sigint(signal.default_int_handler)
+    with pytest.raises(KeyboardInterrupt, match="every write of the group finished"):
+        with uninterrupted():
+            for i, sae in enumerate(saes):
+                if i == 1:
+                    os.kill(os.getpid(), signal.SIGINT)
+                sae.save(tmp_path / f"sae{i}")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert all(torch.equal(interp.SAE.load(tmp_path / f"sae{i}").W_dec, s.W_dec) for i, s in enumerate(saes))
 
 
-def test_an_ignored_ctrl_c_stays_ignored_through_a_group_of_writes(tmp_path):
+def test_an_ignored_ctrl_c_stays_ignored_through_a_group_of_writes(tmp_path, sigint):
     """Where SIGINT is ignored (a script's background job, nohup), `uninterrupted` leaves it so: the group
     is written and nothing is raised."""
-    import signal
-
-    from sprout.files.folders import uninterrupted
-    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sigint(signal.SIG_IGN)
     try:
         with uninterrupted():
             os.kill(os.getpid(), signal.SIGINT)
             interp.SAE(D, 16, kind="relu", hook_name="blocks.0.hook_resid_post").save(tmp_path / "sae")
-        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
     except KeyboardInterrupt:
         pytest.fail("an ignored Ctrl-C was raised after the group")
-    finally:
-        signal.signal(signal.SIGINT, before)
+    assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
     assert (tmp_path / "sae" / "cfg.json").exists()
 
