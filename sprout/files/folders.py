@@ -68,7 +68,7 @@ def folder_lock(target: Union[str, os.PathLike], wait: float = LOCK_WAIT_S, kind
     except Timeout:
         raise FolderLocked(f"{Path(target)} is in use: {what} in another process holds {path}"
                            + (f" (waited {wait:.0f} s)" if wait > 0 else "") + "; wait for it to end, or use another "
-                           "folder") from None
+                           + ("file" if os.path.isfile(target) else "folder")) from None
     try:
         yield path
     finally:

@@ -14,7 +14,7 @@ import torch
 import interp
 from interp.saes.files import CFG, WEIGHTS, is_ours
 from sprout.files import FolderLocked, write_folder
-from sprout.files.folders import lock_path, uninterrupted
+from sprout.files.folders import folder_lock, lock_path, uninterrupted
 
 D = 8
 
@@ -65,6 +65,27 @@ def test_a_second_run_on_a_checkpoint_folder_in_use_fails_at_once(tmp_path):
     sae = interp.train_sae(torch.randn(256, D), kind="topk", d_sae=16, k=2, steps=3, batch_size=64, checkpoint=folder,
                            progress=False)  # the lock died with its process
     assert sae.info["steps"] == 3 and lock_path(folder, "run.lock").exists()
+
+
+def test_a_lock_held_on_a_file_names_a_file_as_the_way_out(tmp_path):
+    """A page's writer locks the page (a file): the error says to use another file, not another folder."""
+    page = tmp_path / "page.md"
+    page.write_text("# page\n")
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import time, filelock\n"
+        f"with filelock.FileLock({str(lock_path(page))!r}, timeout=0):\n"
+        "    print('held', flush=True); time.sleep(60)")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(FolderLocked, match=r"page\.md is in use.*use another file$"):
+            with folder_lock(page, wait=0):
+                pass
+        with pytest.raises(FolderLocked, match="use another folder$"):
+            with folder_lock(page.with_name("missing"), wait=0), folder_lock(page.with_name("missing"), wait=0):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_a_replace_swaps_in_one_step_and_a_killed_writers_old_copy_comes_back(tmp_path):
