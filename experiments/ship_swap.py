@@ -29,7 +29,7 @@ from sprout.files.folders import exchange, folder_lock, fsync_dir, remove_ours, 
 
 SAES = "saes"
 # all shipped dictionaries of all demos together (per-layer and cross-layer): 8x skip transcoders on sprout-mini,
-# and its 8x MLP-6 transcoder without a skip (docs/features.md, "Eight d_model at MLP 6")
+# and its 8x MLP-4 and MLP-6 transcoders without a skip (docs/features.md, "Eight d_model at MLP 6")
 MAX_MB = 56
 OWN = frozenset({CFG, WEIGHTS})  # the files of one dictionary's folder
 

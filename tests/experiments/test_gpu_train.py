@@ -75,7 +75,9 @@ def test_runs_still_going_at_the_deadline_are_interrupted_and_the_others_reporte
     quick = subprocess.Popen([sys.executable, "-c", "print('ok')"], stdout=subprocess.PIPE, text=True,
                              start_new_session=True)
     ready = tmp_path / "slow.ready"  # written once the slow child's handler is in place (a loaded machine is slow)
-    slow = subprocess.Popen([sys.executable, "-c", "import pathlib, sys, time\ntry:\n    pathlib.Path(sys.argv[1]).touch()\n"
+    # its own Ctrl-C handler: a child of a background job (pytest under nohup or `&`) starts with SIGINT ignored
+    slow = subprocess.Popen([sys.executable, "-c", "import pathlib, signal, sys, time\n"
+                             "signal.signal(signal.SIGINT, signal.default_int_handler)\ntry:\n    pathlib.Path(sys.argv[1]).touch()\n"
                              "    time.sleep(60)\nexcept KeyboardInterrupt:\n    raise SystemExit(130)", str(ready)],
                             stdout=subprocess.PIPE, text=True, start_new_session=True)
     done = []
