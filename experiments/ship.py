@@ -236,12 +236,12 @@ class ShipPlan:
 # 7's (trained again at its override's AuxK) 0.744 -> 0.882 at 3,000 steps, 0.878 at 6,000. At 4 d_model (half the
 # width of those with a skip; the CLT stays at 2: clt_compare names the MLPs whose width differs) and 1,500 steps of
 # fine-tuning, without a skip: MLP 2 0.862 -> 0.917, MLP 3 0.786 -> 0.915, MLP 5 0.801 -> 0.926 (each meets every
-# target on both texts), MLP 6 0.704 -> 0.866, MLP 7 0.744 -> 0.899998 (the test's text 0.947). MLP 4's EV margin
-# (+0.069 at 2 d_model) is short before fine-tuning, which costs EV: it stays as it was. Last, MLP 6's at 8 d_model
-# 0.866 -> 0.901 (the test's text 0.935) and MLP 7's fine-tuned 3,000 steps 0.899998 -> 0.908 (0.928): each meets every
-# target on both texts. The fine-tuning, not the width, lowered their interpretability scores (docs/features.md).
-# MLP 4's at 8 d_model on equal shares (the frontier's rows, 2026-12-05, were on the text in its shares): EV margin
-# +0.177, CE 0.836; fine-tuned +0.139, 0.927 (the test's text +0.129, 0.908). All 36 meet every target.
+# target on both texts), MLP 6 0.704 -> 0.866, MLP 7 0.744 -> 0.899998 (the test's text 0.947). Last, MLP 6's at 8
+# d_model 0.866 -> 0.901 (the test's text 0.935), MLP 7's fine-tuned 3,000 steps 0.899998 -> 0.908 (0.928), and MLP
+# 4's at 8 d_model (2 before, EV margin +0.069, not fine-tuned): +0.177 and 0.836, fine-tuned +0.139 and 0.927 (the
+# test's text +0.129, 0.908; the frontier's rows, 2026-12-05, were on the text in its shares). All 36 meet every
+# target. The fine-tuning, not the width, lowered the interpretability scores of those at MLPs 2, 3, 5 and 6
+# (docs/features.md).
 KL = dict(kl_steps=1500, kl_lr=3e-3, kl_mse_coefficient=0.1)  # the trials' settings (the defaults but for the steps)
 SHIP_PLANS = {"gpt-4": ShipPlan(aux_k_coefficient=1.0, dead_tokens=10_000, noskip_expansion=4, noskip_steps=6000, overrides={
                   "transcoder 0": dict(dead_tokens=3000), "transcoder 1": dict(train_mix="equal"),

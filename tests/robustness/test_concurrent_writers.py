@@ -68,21 +68,21 @@ def test_a_second_run_on_a_checkpoint_folder_in_use_fails_at_once(tmp_path):
 
 
 def test_a_lock_held_on_a_file_names_a_file_as_the_way_out(tmp_path):
-    """A page's writer locks the page (a file): the error says to use another file, not another folder."""
-    page = tmp_path / "page.md"
+    """A page's writer locks the page (a file): the error says to use another file; a folder's, another folder."""
+    page, folder = tmp_path / "page.md", tmp_path / "saes"
     page.write_text("# page\n")
+    folder.mkdir()
     holder = subprocess.Popen([sys.executable, "-c", (
         "import time, filelock\n"
-        f"with filelock.FileLock({str(lock_path(page))!r}, timeout=0):\n"
+        f"with filelock.FileLock({str(lock_path(page))!r}, timeout=0), "
+        f"filelock.FileLock({str(lock_path(folder))!r}, timeout=0):\n"
         "    print('held', flush=True); time.sleep(60)")], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(FolderLocked, match=r"page\.md is in use.*use another file$"):
-            with folder_lock(page, wait=0):
-                pass
-        with pytest.raises(FolderLocked, match="use another folder$"):
-            with folder_lock(page.with_name("missing"), wait=0), folder_lock(page.with_name("missing"), wait=0):
-                pass
+        for target, way_out in ((page, "file"), (folder, "folder")):
+            with pytest.raises(FolderLocked, match=rf"{target.name} is in use.*use another {way_out}$"):
+                with folder_lock(target, wait=0):
+                    pass
     finally:
         holder.kill()
         holder.wait()
